@@ -1,0 +1,156 @@
+"""`cifar-ray` command line: a thin layer over the library (config, sweep, orchestrate, report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import runlog
+from .config import ConfigError, parse_overrides
+from .data import DataError
+
+USAGE_ERROR = 2
+SUMMARY_COLUMNS = ("trial", "status", "epochs", "test_acc", "best_test_acc", "train_acc", "epoch_time_s", "samples_per_s", "peak_mem_mb")
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints usage + exits 2; we want one line
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
+    """One trial as the --json output and summary see it: config, status, final metrics."""
+    last = trial.epochs[-1] if trial.epochs else {}
+    accs = [row["test_acc"] for row in trial.epochs if row.get("test_acc") is not None]
+    return {
+        "trial": trial.name, "status": trial.status, "error": trial.meta.get("error"), "swept": trial.swept,
+        **trial.config, "epochs_done": len(trial.epochs), "best_test_acc": max(accs) if accs else None,
+        # the epoch's "lr" is the scheduled value; the config key lr (peak LR) keeps its name
+        **{("final_lr" if k == "lr" else k): v for k, v in last.items() if k != "epoch"},
+    }
+
+
+def _cell(value: Any, key: str) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("acc"):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    return str(value)
+
+
+def text_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def summary_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [trial_result(t) | {"epochs": f"{len(t.epochs)}/{t.config.get('epochs', '?')}"} for t in runlog.load_run(run_dir).trials]
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides, e.g. --set dataset=synthetic epochs=1")
+    parser.add_argument("--storage", default="runs", help="folder for run logs and checkpoints (default: runs/)")
+    parser.add_argument("--name", help="run name (folder under --storage)")
+    parser.add_argument("--max-concurrent", type=int, default=None, metavar="N", help="run at most N trials at once (default: as many as fit)")
+    parser.add_argument("--address", default=None, help="Ray cluster to use (default: start a local Ray)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="cifar-ray", description="Ray-based sweep orchestrator for CIFAR-10 CNN training.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    train = commands.add_parser("train", help="train one configuration data-parallel through Ray Train")
+    add_common(train)
+    sweep = commands.add_parser("sweep", help="run a sweep file (a grid of trials) through Ray Tune")
+    sweep.add_argument("file", help="sweep YAML file, e.g. sweeps/quickstart.yaml")
+    add_common(sweep)
+    sweep.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    report = commands.add_parser("report", help="write a Markdown report (with plots) from a run folder")
+    report.add_argument("run_dir", help="a run folder, e.g. runs/quickstart")
+    report.add_argument("--out", default=None, help="output folder (default: reports/<name>)")
+    report.add_argument("--baseline", default=None, metavar="KEY=VALUE", help="grid value the deltas are measured against (default: each factor's first value)")
+    report.add_argument("--format", default="md", choices=("md", "csv", "json"), help="md: README.md + PNG plots; csv/json: the aggregated tables")
+    return parser
+
+
+def run_plan_command(plan, args: argparse.Namespace) -> int:
+    from .orchestrate import init_ray, run_plan
+
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
+    owns_ray = init_ray(address=args.address, verbose=args.verbose)
+    try:
+        run_dir = run_plan(plan, storage=args.storage, max_concurrent=args.max_concurrent,
+                           print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True))
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+    rows = summary_rows(run_dir)
+    out = sys.stderr if args.json else sys.stdout
+    print(f"\n{plan.name}: {len(rows)} trial(s), logs in {run_dir}", file=out)
+    print(text_table(rows, SUMMARY_COLUMNS), file=out)
+    print(f"report: cifar-ray report {run_dir}", file=out)
+    if args.json:
+        results = [{k: v for k, v in r.items() if k != "epochs"} for r in rows]
+        print(json.dumps(results[0] if args.command == "train" else results))
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "report":
+            from .config import parse_value
+            from .report import write_report
+
+            baseline = None
+            if args.baseline:
+                key, sep, value = args.baseline.partition("=")
+                if not sep:
+                    raise UsageError(f"--baseline expects KEY=VALUE, got '{args.baseline}'")
+                baseline = {key.strip(): parse_value(value.strip())}
+            print(write_report(args.run_dir, out_dir=args.out, baseline=baseline, fmt=args.format))
+            return 0
+        overrides = parse_overrides(args.set)
+        if args.command == "train":
+            from .sweep import single_run_plan
+
+            return run_plan_command(single_run_plan(overrides, args.name or time.strftime("train-%Y%m%d-%H%M%S")), args)
+        from .sweep import load_sweep, trial_table
+
+        plan = load_sweep(args.file, overrides, args.name)
+        if args.dry_run:
+            print(f"{plan.name}: {plan.description}".rstrip(": "))
+            rows = trial_table(plan)
+            print(text_table(rows, list(rows[0])))
+            print(f"{len(rows)} trial(s)")
+            if args.json:
+                print(json.dumps([t.as_dict() for t in plan.trials]))
+            return 0
+        return run_plan_command(plan, args)
+    except (UsageError, ConfigError, DataError, FileNotFoundError) as error:
+        print(f"cifar-ray: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("cifar-ray: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

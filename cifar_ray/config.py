@@ -1,0 +1,193 @@
+"""The one typed configuration of a training run, and strict parsing of user overrides.
+
+Every key is flat, documented and validated here; the CLI, sweep files and the training loop all
+read this class. Errors are `ConfigError`s with one line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error: its message is one line, fit to print as is."""
+
+
+def default_data_dir() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "cifar-ray", "data")
+
+
+Dataset = Literal["cifar10", "synthetic"]
+Augment = Literal["none", "flip", "flip_crop", "flip_crop_cutout"]
+ModelName = Literal["simple_cnn", "resnet9"]
+Norm = Literal["batch", "group", "layer", "instance", "none"]
+Optimizer = Literal["sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop"]
+Scheduler = Literal["constant", "cosine", "onecycle", "step"]
+TriState = Literal["auto", "true", "false"]
+Backend = Literal["auto", "nccl", "gloo"]
+Strategy = Literal["ddp", "dp", "single"]
+Amp = Literal["off", "fp16", "bf16"]
+
+
+class TrainConfig(BaseModel):
+    """One training run. `batch_size` is the global micro-batch of one forward/backward step."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    # --- data
+    dataset: Dataset = Field("cifar10", description="`cifar10` (downloaded into data_dir) or `synthetic` (offline, learnable)")
+    data_dir: str = Field(default_factory=default_data_dir, description="folder holding (or receiving) `cifar-10-batches-py`")
+    train_subset: int = Field(0, ge=0, description="train on the first N images (0 = all: 50000)")
+    test_subset: int = Field(0, ge=0, description="evaluate on the first N test images (0 = all: 10000)")
+    augment: Augment = Field("flip_crop", description="batched on-device augmentation: none, flip, flip_crop (pad 4 + random crop), flip_crop_cutout")
+    # --- model
+    model: ModelName = Field("simple_cnn", description="`simple_cnn` (assignment-style conv/norm/pool blocks + MLP head) or `resnet9` (airbench-style residual net)")
+    width: int = Field(32, ge=1, le=1024, description="channels of the first block; each block doubles them")
+    depth: int = Field(3, ge=1, le=5, description="simple_cnn: number of conv blocks (each halves the resolution)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the classifier layers")
+    norm: Norm = Field("batch", description="normalisation layer after each conv: batch, group, layer, instance or none")
+    # --- optimisation
+    epochs: int = Field(10, ge=1, description="passes over the training set")
+    batch_size: int = Field(128, ge=1, description="GLOBAL micro-batch per step, split evenly across workers")
+    accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step; effective batch = batch_size x accum_steps")
+    optimizer: Optimizer = Field("momentum", description="sgd, momentum (SGD+momentum), nesterov, adam, adamw, rmsprop")
+    lr: float = Field(0.05, gt=0.0, description="peak learning rate")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="momentum of momentum/nesterov; beta1 of adam/adamw (rmsprop has none)")
+    weight_decay: float = Field(5e-4, ge=0.0, description="L2 penalty (decoupled for adamw)")
+    scheduler: Scheduler = Field("cosine", description="LR schedule after warm-up: constant, cosine, onecycle (linear up/down), step (x0.1 at 50% and 75%)")
+    warmup_epochs: float = Field(0.0, ge=0.0, description="linear LR warm-up from 0, in epochs (may be fractional)")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="cross-entropy label smoothing")
+    seed: int = Field(0, ge=0, description="seeds weights, data order and augmentation")
+    # --- distribution
+    workers: int = Field(1, ge=1, description="Ray Train workers (ddp: processes; dp: GPUs of the one worker)")
+    cpus_per_worker: int = Field(1, ge=1, description="CPU cores reserved per worker; also its torch thread count")
+    use_gpu: TriState = Field("auto", description="auto (GPUs if the cluster has any), true, false")
+    backend: Backend = Field("auto", description="torch.distributed backend: auto (nccl with GPUs, else gloo), nccl, gloo")
+    strategy: Strategy = Field("ddp", description="ddp (DistributedDataParallel), dp (one process, nn.DataParallel), single (one process)")
+    amp: Amp = Field("off", description="mixed precision: off, fp16 (CUDA, with GradScaler), bf16 (CUDA or CPU)")
+
+    @field_validator("use_gpu", mode="before")
+    @classmethod
+    def _bool_to_tristate(cls, value: Any) -> Any:
+        # YAML and JSON give real booleans; the key's values are the strings auto/true/false.
+        return str(value).lower() if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "TrainConfig":
+        if self.strategy == "single" and self.workers != 1:
+            raise ValueError(f"strategy=single runs one process: workers must be 1 (got {self.workers}); use strategy=ddp or dp")
+        if self.strategy == "ddp" and self.batch_size % self.workers:
+            raise ValueError(f"batch_size={self.batch_size} must be divisible by workers={self.workers} (each worker gets batch_size/workers)")
+        if self.use_gpu == "false":
+            if self.backend == "nccl":
+                raise ValueError("backend=nccl needs GPUs but use_gpu=false; use backend=gloo or auto")
+            if self.amp == "fp16":
+                raise ValueError("amp=fp16 needs a GPU but use_gpu=false; use amp=bf16 on CPU")
+            if self.strategy == "dp" and self.workers > 1:
+                raise ValueError("strategy=dp splits batches over GPUs but use_gpu=false; use strategy=ddp on CPU")
+        if self.train_subset and self.train_subset < self.effective_batch:
+            raise ValueError(
+                f"train_subset={self.train_subset} is smaller than the effective batch "
+                f"{self.effective_batch} (batch_size x accum_steps): not one optimizer step per epoch"
+            )
+        return self
+
+    @property
+    def effective_batch(self) -> int:
+        """Samples per optimizer step, over all workers and accumulation steps."""
+        return self.batch_size * self.accum_steps
+
+    @property
+    def ray_workers(self) -> int:
+        """Ray Train worker processes: dp drives all its GPUs from one process."""
+        return 1 if self.strategy == "dp" else self.workers
+
+    @property
+    def per_worker_batch(self) -> int:
+        return self.batch_size if self.strategy == "dp" else self.batch_size // self.workers
+
+    def resolved(self, cluster_has_gpus: bool) -> "TrainConfig":
+        """`auto` values made concrete for the cluster at hand; raises ConfigError when impossible."""
+        use_gpu = {"auto": cluster_has_gpus, "true": True, "false": False}[self.use_gpu]
+        if use_gpu and not cluster_has_gpus:
+            raise ConfigError("use_gpu=true but the Ray cluster has no GPUs; use use_gpu=auto or false")
+        backend = self.backend if self.backend != "auto" else ("nccl" if use_gpu else "gloo")
+        values = self.model_dump() | {"use_gpu": str(use_gpu).lower(), "backend": backend}
+        return parse_config(values)
+
+
+KEYS: tuple[str, ...] = tuple(TrainConfig.model_fields)
+
+
+def allowed_values(key: str) -> str:
+    """Human description of what `key` accepts, for error messages."""
+    annotation = TrainConfig.model_fields[key].annotation
+    choices = get_args(annotation)
+    if choices and all(isinstance(choice, str) for choice in choices):
+        return "one of " + ", ".join(choices)
+    return {int: "an integer", float: "a number", str: "a string"}.get(annotation, str(annotation))
+
+
+def unknown_key_message(key: str, where: str = "") -> str:
+    close = difflib.get_close_matches(key, KEYS, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{where}unknown config key '{key}'{hint}; known keys: {', '.join(KEYS)}"
+
+
+def _one_line(error: ValidationError, where: str) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return unknown_key_message(key, where)
+    message = first["msg"].removeprefix("Value error, ")
+    if not key:  # a cross-field check from _check_combinations
+        return f"{where}{message}"
+    # "Input should be a valid integer, unable to parse ..." -> "should be a valid integer"
+    message = "not allowed" if first["type"] == "literal_error" else message.split(",")[0].removeprefix("Input ")
+    got = first.get("input")
+    return f"{where}{key}={got!r}: {message}; allowed: {allowed_values(key)}"
+
+
+def parse_config(values: dict[str, Any], where: str = "") -> TrainConfig:
+    """Validate a dict of config keys; `where` prefixes the message (e.g. a file name)."""
+    try:
+        return TrainConfig(**values)
+    except ValidationError as error:
+        raise ConfigError(_one_line(error, where)) from None
+
+
+def parse_value(text: str) -> Any:
+    """A --set value, read as a YAML scalar so `lr=0.1` is a number and `use_gpu=true` a bool."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (str, int, float, bool)) else text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["lr=0.1", "workers=2"]` -> {"lr": 0.1, "workers": 2}; unknown keys are rejected."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
+        if key not in KEYS:
+            raise ConfigError(unknown_key_message(key, "--set: "))
+        overrides[key] = parse_value(text.strip())
+    return overrides
+
+
+def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:
+    """Ray workers run in their own working directory: make path keys absolute on the driver."""
+    if "data_dir" in values:
+        values = values | {"data_dir": str(Path(values["data_dir"]).expanduser().resolve())}
+    return values

@@ -1,0 +1,954 @@
+"""Turn a run's logs into a report: Markdown with PNG plots, or CSV / JSON tables.
+
+    write_report(run_dir)                 -> reports/<sweep name>/README.md (+ *.png beside it)
+    write_report(run_dir, fmt="csv")      -> reports/<sweep name>/trials.csv (+ factor_<key>.csv, ...)
+    write_report(run_dir, fmt="json")     -> reports/<sweep name>/report.json
+
+Pipeline: load_run() -> pandas frames (epochs, trials, per-factor groups, configurations) ->
+tables -> plots -> Markdown. Only the logs are read, never the clock or the current checkout: the
+same logs give byte-identical files.
+
+Aggregates (factor tables, configurations, findings) use finished trials only; failed, diverged,
+out-of-memory and unfinished trials appear in the trial table and are listed with their reason.
+In CSV/JSON, accuracies stay fractions 0-1 as in metrics.jsonl; Markdown shows percentages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .config import ConfigError
+from .runlog import SWEEP_FILE, TRIAL_FILE, RunLog, load_run
+
+FORMATS = ("md", "csv", "json")
+EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
+              "peak_mem_mb", "lr", "amp_skipped_steps")
+# Step-time breakdown keys, shown in this order when present; other `time_*_s` keys follow sorted.
+BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
+
+OVERFIT_RISE = 0.02
+OVERFIT_RULE = (
+    "A trial is flagged as overfitting when, after the epoch m with its lowest test loss, a later "
+    f"epoch has a test loss more than {OVERFIT_RISE:.0%} above that minimum while its train loss is "
+    "below the train loss at epoch m (still falling); the first such epoch is reported as the onset."
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    column: str
+    label: str
+    better: str  # "max" or "min"
+    kind: str    # "acc": fraction shown as %, deltas in percentage points; "cost": deltas in %
+
+
+FACTOR_METRICS = (
+    Metric("final_test_acc", "final test acc (%)", "max", "acc"),
+    Metric("best_test_acc", "best test acc (%)", "max", "acc"),
+    Metric("time_per_epoch_s", "time/epoch (s)", "min", "cost"),
+    Metric("samples_per_s", "throughput (samples/s)", "max", "cost"),
+    Metric("peak_mem_mb", "peak memory (MB)", "min", "cost"),
+)
+
+
+@dataclass(frozen=True)
+class Overfit:
+    min_epoch: int
+    test_min: float
+    train_at_min: float
+    onset: int
+    test_at_onset: float
+    train_at_onset: float
+
+
+@dataclass
+class Report:
+    run: RunLog
+    name: str
+    factors: list[str]           # grid keys other than seed, in grid order
+    grid: dict[str, list]        # factor -> its values, in grid order
+    baseline: dict[str, Any]     # factor -> baseline value (a grid value)
+    seed_column: bool            # trials differ by seed (repeats > 1 or seed in the grid)
+    breakdown: list[str]         # step-time keys present in the epochs
+    epochs: pd.DataFrame         # one row per (trial, epoch)
+    trials: pd.DataFrame         # one row per trial
+    groups: dict[str, pd.DataFrame]  # factor -> one row per grid value
+    configs: pd.DataFrame        # one row per combination of factor values
+
+
+# ----------------------------------------------------------------------------------------- load
+
+
+def load(run_dir: str | Path) -> RunLog:
+    """The run's logs; ConfigError when the folder is missing or holds no trial."""
+    try:
+        run = load_run(run_dir)
+    except FileNotFoundError:
+        raise ConfigError(f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} "
+                          "(<storage>/<sweep name>)") from None
+    if not run.trials:
+        listed = len(run.sweep.get("trials", []))
+        what = f"{SWEEP_FILE} lists {listed} trial(s) but none has started" if run.sweep \
+            else f"no {SWEEP_FILE} either"
+        raise ConfigError(f"no trials in {run.path}: no <trial>/{TRIAL_FILE} found ({what}); nothing to report")
+    return run
+
+
+def _fmt_value(value: Any) -> str:
+    """A config value as a user writes it: true/false, 0.001, resnet9."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value)).lower()
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(float(value))
+    if value is None:
+        return "—"
+    return str(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or _fmt_value(a) == _fmt_value(b)
+
+
+def resolve_baseline(sweep: dict, factors: list[str], grid: dict[str, list],
+                     baseline: dict | None) -> dict[str, Any]:
+    """Baseline value per factor: the first grid value unless `baseline` names another one."""
+    chosen = {key: grid[key][0] for key in factors if grid[key]}
+    for key, value in (baseline or {}).items():
+        if key not in factors:
+            swept = ", ".join(factors) if factors else "none"
+            raise ConfigError(f"--baseline {key}={_fmt_value(value)}: '{key}' is not a swept factor of "
+                              f"sweep '{sweep.get('name', '?')}'; swept keys: {swept}")
+        match = [v for v in grid[key] if _same(v, value)]
+        if not match:
+            allowed = ", ".join(_fmt_value(v) for v in grid[key])
+            raise ConfigError(f"--baseline {key}={_fmt_value(value)}: value not in the grid; allowed: {allowed}")
+        chosen[key] = match[0]
+    return chosen
+
+
+# --------------------------------------------------------------------------------------- frames
+
+
+def _breakdown_keys(run: RunLog) -> list[str]:
+    present = {k for t in run.trials for row in t.epochs for k in row
+               if k.startswith("time_") and k.endswith("_s")}
+    return [k for k in BREAKDOWN_KEYS if k in present] + sorted(present - set(BREAKDOWN_KEYS))
+
+
+def epochs_frame(run: RunLog, breakdown: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per (trial, epoch); known numeric keys only, null/non-numeric values as NaN."""
+    columns = ["trial", "epoch", *EPOCH_KEYS, *breakdown]
+    rows = [{"trial": t.name, **row} for t in run.trials for row in t.epochs]
+    frame = pd.DataFrame(rows).reindex(columns=columns)
+    for column in columns[1:]:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
+    frame["trial"] = frame["trial"].astype(object)
+    return frame
+
+
+def find_overfitting(epochs: Sequence[int], train_loss: Sequence[float],
+                     test_loss: Sequence[float]) -> Overfit | None:
+    """Apply OVERFIT_RULE to one trial's curves (epochs with a missing loss are skipped)."""
+    points = [(int(e), float(tr), float(te)) for e, tr, te in zip(epochs, train_loss, test_loss)
+              if tr is not None and te is not None and math.isfinite(tr) and math.isfinite(te)]
+    if len(points) < 2:
+        return None
+    m = min(range(len(points)), key=lambda i: points[i][2])  # the first minimum
+    min_epoch, train_at_min, test_min = points[m]
+    for epoch, train, test in points[m + 1:]:
+        if test > test_min + OVERFIT_RISE * abs(test_min) and train < train_at_min:
+            return Overfit(min_epoch, test_min, train_at_min, epoch, test, train)
+    return None
+
+
+def _device(system: dict) -> str:
+    if not system:
+        return ""
+    name = system.get("device_name") or ""
+    if system.get("device_type") == "cuda":
+        return name or "GPU"
+    return f"CPU ({name})" if name else "CPU"
+
+
+def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]) -> dict:
+    cfg = trial.config
+    row: dict[str, Any] = {"trial": trial.name, "status": trial.status}
+    for key in keys:
+        row[key] = trial.swept.get(key, cfg.get(key))
+    row["workers"] = cfg.get("workers")
+    batch, accum = cfg.get("batch_size"), cfg.get("accum_steps", 1)
+    row["effective_batch"] = batch * accum if isinstance(batch, int) and isinstance(accum, int) else None
+    row["epochs_done"] = len(e)
+    row["epochs_planned"] = cfg.get("epochs")
+
+    def final(column: str) -> float:
+        return float(e[column].iloc[-1]) if len(e) else math.nan
+
+    row["final_test_acc"] = final("test_acc")
+    acc = e["test_acc"]
+    if acc.notna().any():
+        best = acc.idxmax()
+        row["best_test_acc"], row["best_epoch"] = float(acc[best]), int(e.loc[best, "epoch"])
+    else:
+        row["best_test_acc"], row["best_epoch"] = math.nan, None
+    row["final_train_acc"] = final("train_acc")
+    row["gap"] = row["final_train_acc"] - row["final_test_acc"]
+    row["final_train_loss"] = final("train_loss")
+    row["final_test_loss"] = final("test_loss")
+    row["train_time_s"] = float(e["epoch_time_s"].sum(min_count=1))
+    row["time_per_epoch_s"] = float(e["epoch_time_s"].mean())
+    row["samples_per_s"] = float(e["samples_per_s"].mean())
+    row["peak_mem_mb"] = float(e["peak_mem_mb"].max())
+    for key in breakdown:
+        row[key] = float(e[key].mean())
+    over = find_overfitting(e["epoch"].tolist(), e["train_loss"].tolist(), e["test_loss"].tolist())
+    row["overfitting"] = over is not None
+    row["overfit_epoch"] = over.onset if over else None
+    row["error"] = trial.meta.get("error")
+    row["diverged_epoch"] = trial.meta.get("diverged_epoch")
+    system = trial.meta.get("system") or {}
+    row["device"] = _device(system)
+    row["gpus"] = system.get("num_gpus") if system.get("device_type") == "cuda" else 0
+    return row
+
+
+def trial_frame(run: RunLog, epochs: pd.DataFrame, keys: list[str], breakdown: Sequence[str]) -> pd.DataFrame:
+    """One row per trial, in sweep order: swept values, final/best metrics, costs, status."""
+    rows = []
+    for trial in run.trials:
+        e = epochs[epochs["trial"] == trial.name].sort_values("epoch").reset_index(drop=True)
+        rows.append(_trial_row(trial, e, keys, breakdown))
+    frame = pd.DataFrame(rows)
+    for column in ("best_epoch", "overfit_epoch", "diverged_epoch", "epochs_planned", "effective_batch", "workers",
+                   "gpus"):
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        try:
+            frame[column] = numbers.astype("Int64")
+        except (TypeError, ValueError):  # not whole numbers: keep them as floats
+            frame[column] = numbers
+    return frame
+
+
+def _stats(values: pd.Series) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1); NaN std for fewer than two values."""
+    values = values.dropna()
+    mean = float(values.mean()) if len(values) else math.nan
+    std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+    return mean, std
+
+
+def _with(frame: pd.DataFrame, key: str, value: Any) -> pd.DataFrame:
+    """Rows whose `key` is `value` (64 matches 64.0; an empty frame keeps its columns)."""
+    return frame.loc[frame[key].map(lambda x: _same(x, value)).astype(bool)]
+
+
+def _metric_columns(breakdown: Sequence[str]) -> list[str]:
+    return [m.column for m in FACTOR_METRICS] + list(breakdown)
+
+
+def factor_frame(trials: pd.DataFrame, key: str, values: list, baseline: Any,
+                 breakdown: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per grid value of `key`: n finished trials, mean/std of each metric, delta vs baseline."""
+    done = trials[trials["status"] == "finished"]
+    rows = []
+    for value in values:
+        chosen = _with(done, key, value)
+        row: dict[str, Any] = {key: value, "n": len(chosen), "is_baseline": _same(value, baseline)}
+        for column in _metric_columns(breakdown):
+            row[f"{column}_mean"], row[f"{column}_std"] = _stats(chosen[column])
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    base = frame[frame["is_baseline"]].iloc[0]
+    for metric in FACTOR_METRICS:
+        mean = frame[f"{metric.column}_mean"]
+        frame[f"{metric.column}_delta"] = mean - base[f"{metric.column}_mean"]
+        if metric.kind == "cost":
+            frame[f"{metric.column}_delta_pct"] = 100.0 * (mean / base[f"{metric.column}_mean"] - 1.0)
+    return frame
+
+
+def config_frame(trials: pd.DataFrame, factors: list[str], grid: dict[str, list],
+                 breakdown: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per combination of factor values (seeds averaged): n, mean/std of each metric."""
+    done = trials[trials["status"] == "finished"]
+    rows = []
+    for combo in itertools.product(*(grid[key] for key in factors)):
+        chosen = done
+        for key, value in zip(factors, combo):
+            chosen = _with(chosen, key, value)
+        row: dict[str, Any] = dict(zip(factors, combo)) | {"n": len(chosen)}
+        for column in _metric_columns(breakdown):
+            row[f"{column}_mean"], row[f"{column}_std"] = _stats(chosen[column])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def build_report(run_dir: str | Path, baseline: dict | None = None) -> Report:
+    """Everything the Markdown, CSV and JSON outputs need, computed once from the logs."""
+    run = load(run_dir)
+    sweep = run.sweep
+    raw_grid = sweep.get("grid") or {}
+    grid = {key: list(values) if isinstance(values, list) else [values] for key, values in raw_grid.items()}
+    factors = [key for key in grid if key != "seed" and grid[key]]
+    chosen = resolve_baseline(sweep, factors, grid, baseline)
+    seed_column = "seed" in grid or any("seed" in t.swept for t in run.trials)
+    breakdown = _breakdown_keys(run)
+    epochs = epochs_frame(run, breakdown)
+    keys = factors + (["seed"] if seed_column else [])
+    trials = trial_frame(run, epochs, keys, breakdown)
+    groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown) for key in factors}
+    configs = config_frame(trials, factors, grid, breakdown)
+    name = str(sweep.get("name") or run.path.name)
+    return Report(run, name, factors, grid, chosen, seed_column, breakdown, epochs, trials, groups, configs)
+
+
+# ------------------------------------------------------------------------------------ formatting
+
+
+def _places(x: float) -> int:
+    """Decimals that show `x` with about three significant digits (none at 1000 and above)."""
+    x = abs(x)
+    if x >= 1000:
+        return 0
+    if x >= 100:
+        return 1
+    if x >= 1 or x == 0:
+        return 2
+    return min(-math.floor(math.log10(x)) + 2, 12)
+
+
+def _missing(x: Any) -> bool:
+    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+
+
+def _num(x: Any, like: float | None = None) -> str:
+    """A number rounded for reading; `like` sets the decimals (a std shown as its mean is)."""
+    if _missing(x):
+        return "—"
+    x = float(x)
+    places = _places(x if _missing(like) else like)
+    return f"{x:,.{places}f}"
+
+
+def _pct(fraction: Any) -> str:
+    return "—" if _missing(fraction) else f"{100 * fraction:.2f}"
+
+
+def _loss(x: Any) -> str:
+    return "—" if _missing(x) else f"{x:.4f}"
+
+
+def _int(x: Any) -> str:
+    return "—" if _missing(x) else str(int(x))
+
+
+def _duration(seconds: float | None) -> str:
+    if _missing(seconds):
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _mean_std(metric: Metric | None, mean: float, std: float) -> str:
+    """`mean ± std`, both to the same decimals; the std of a single trial is shown as —."""
+    if math.isnan(mean):
+        return "—"
+    if metric is not None and metric.kind == "acc":
+        return f"{_pct(mean)} ± {_pct(std) if not math.isnan(std) else '—'}"
+    return f"{_num(mean)} ± {_num(std, like=mean) if not math.isnan(std) else '—'}"
+
+
+def _delta(metric: Metric, row: pd.Series) -> str:
+    if row["is_baseline"]:
+        return "baseline"
+    if metric.kind == "acc":
+        d = row[f"{metric.column}_delta"]
+        return "—" if math.isnan(d) else f"{100 * d:+.2f} pp"
+    d = row[f"{metric.column}_delta_pct"]
+    return "—" if math.isnan(d) or math.isinf(d) else f"{d:+.1f} %"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A GitHub-flavoured Markdown table; `align` is one letter per column: l, r or c."""
+    def cell(x: Any) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+    align = align or "l" * len(headers)
+    rule = {"l": "---", "r": "---:", "c": ":---:"}
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
+             "|" + "|".join(rule[a] for a in align) + "|"]
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _label(row: pd.Series | dict, keys: Sequence[str]) -> str:
+    return ", ".join(f"{k}={_fmt_value(row[k])}" for k in keys)
+
+
+def _short(key: str) -> str:
+    return key.removeprefix("time_").removesuffix("_s")
+
+
+def _last_line(text: Any) -> str:
+    if _missing(text):  # None, or NaN once in a frame
+        return ""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+# ---------------------------------------------------------------------------------------- header
+
+
+def _date(text: str | None) -> str:
+    if not text:
+        return "unknown"
+    try:
+        dt = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return str(text)
+    return dt.strftime("%Y-%m-%d %H:%M") + (dt.strftime(" (UTC%z)") if dt.tzinfo else "")
+
+
+def _wall_time(sweep: dict) -> tuple[float | None, str]:
+    wall = sweep.get("wall_time_s")
+    if isinstance(wall, (int, float)):
+        return float(wall), _duration(float(wall))
+    try:
+        start = datetime.fromisoformat(sweep["started_at"])
+        end = datetime.fromisoformat(sweep["finished_at"])
+        seconds = (end - start).total_seconds()
+        return seconds, _duration(seconds)
+    except (KeyError, TypeError, ValueError):
+        return None, "not finished (no finished_at in sweep.json)" if sweep else "unknown (no sweep.json)"
+
+
+def hardware(report: Report) -> str:
+    """GPU model and count from the trials' system info, else the host's CPU model and cores."""
+    sweep = report.run.sweep
+    host, cluster = sweep.get("host") or {}, sweep.get("cluster") or {}
+    systems = [t.meta.get("system") or {} for t in report.run.trials]
+    gpus = sorted({s.get("device_name", "GPU") for s in systems if s.get("device_type") == "cuda"})
+    nodes = cluster.get("nodes")
+    where = f" on {nodes} node{'s' if nodes != 1 else ''}" if isinstance(nodes, int) else ""
+    if gpus:
+        count = cluster.get("gpus") or max((s.get("num_gpus") or 0) for s in systems)
+        most = max((s.get("num_gpus") or 0) for s in systems)
+        return (f"{_fmt_value(float(count))} × {' / '.join(gpus)}{where} (up to {most} per trial); "
+                f"host CPU {host.get('cpu_model', 'unknown')}")
+    cores = host.get("cpu_count")
+    cpus = cluster.get("cpus")
+    ray = f", {_fmt_value(float(cpus))} CPUs in the Ray cluster{where}" if isinstance(cpus, (int, float)) else ""
+    return f"CPU only: {host.get('cpu_model', 'unknown CPU')}, {cores if cores else '?'} cores{ray}"
+
+
+def _status_counts(trials: pd.DataFrame) -> dict[str, int]:
+    counts = trials["status"].value_counts()
+    return {s: int(counts.get(s, 0)) for s in ("finished", "failed", "diverged", "oom", "running", "pending")}
+
+
+def _trials_line(report: Report) -> str:
+    counts = _status_counts(report.trials)
+    n = len(report.trials)
+    n_configs = len(report.configs)
+    repeats = report.run.sweep.get("repeats", 1)
+    shape = f" ({n_configs} configuration{'s' if n_configs != 1 else ''} × {repeats} repeats)" \
+        if isinstance(repeats, int) and repeats > 1 else ""
+    parts = [f"{counts[s]} {s}" for s in ("finished", "failed", "diverged", "oom")]
+    parts += [f"{counts[s]} {s}" for s in ("running", "pending") if counts[s]]
+    return f"{n} run{'s' if n != 1 else ''}{shape}: " + ", ".join(parts)
+
+
+def _fixed_settings(report: Report) -> str:
+    configs = [t.config for t in report.run.trials if t.config]
+    if not configs:
+        return "—"
+    varying = set(report.factors) | {"seed", "data_dir"}
+    same = [k for k in configs[0] if k not in varying and all(c.get(k) == configs[0][k] for c in configs)]
+    return ", ".join(f"{k}={_fmt_value(configs[0][k])}" for k in same) or "—"
+
+
+def header_info(report: Report) -> dict:
+    sweep = report.run.sweep
+    versions = sweep.get("versions") or {}
+    wall_s, wall = _wall_time(sweep)
+    return {
+        "name": report.name,
+        "description": sweep.get("description", ""),
+        "date": _date(sweep.get("started_at")),
+        "started_at": sweep.get("started_at"),
+        "git_revision": sweep.get("git_revision", "unknown"),
+        "hardware": hardware(report),
+        "versions": {k: versions.get(k, "unknown") for k in ("python", "torch", "ray", "cuda")},
+        "wall_time_s": wall_s,
+        "wall_time": wall,
+        "runs": len(report.trials),
+        "status_counts": _status_counts(report.trials),
+        "metric": sweep.get("metric", "test_acc"),
+        "mode": sweep.get("mode", "max"),
+        "grid": report.grid,
+        "baseline": report.baseline,
+        "repeats": sweep.get("repeats", 1),
+        "overfitting_rule": OVERFIT_RULE,
+    }
+
+
+def _header_md(report: Report) -> list[str]:
+    info = header_info(report)
+    v = info["versions"]
+    grid = "; ".join(f"{k}: {', '.join(_fmt_value(x) for x in vals)}" for k, vals in report.grid.items()) or "—"
+    rows = [
+        ("Date", info["date"]),
+        ("Git revision", f"`{info['git_revision']}`"),
+        ("Hardware", info["hardware"]),
+        ("Software", f"Python {v['python']}, torch {v['torch']}, Ray {v['ray']}, CUDA {v['cuda']}"),
+        ("Wall time", info["wall_time"]),
+        ("Trials", _trials_line(report)),
+        ("Grid", grid),
+        ("Fixed settings", _fixed_settings(report)),
+    ]
+    lines = [f"# {report.name}", ""]
+    if info["description"]:
+        lines += [f"> {line}" for line in str(info["description"]).splitlines()] + [""]
+    lines += [markdown_table(["", ""], rows), ""]
+    return lines
+
+
+# -------------------------------------------------------------------------------------- findings
+
+
+def _best(frame: pd.DataFrame, column: str, better: str) -> tuple[int, int] | None:
+    """Row labels of the best and the worst value of `column` (NaN ignored), or None."""
+    values = frame[column].dropna()
+    if len(values) < 1:
+        return None
+    return (values.idxmax(), values.idxmin()) if better == "max" else (values.idxmin(), values.idxmax())
+
+
+def findings(report: Report) -> list[str]:
+    """Facts read off the configuration and factor tables: fastest, most accurate, least memory."""
+    configs = report.configs[report.configs["n"] > 0]
+    done = int((report.trials["status"] == "finished").sum())
+    if not len(configs):
+        return ["No trial finished: there is nothing to compare yet."]
+    lines = []
+    repeated = report.run.sweep.get("repeats", 1) not in (None, 1) or "seed" in report.grid
+    unit = "configuration (mean over its finished seeds)" if repeated else "configuration"
+    name = (lambda i: _label(configs.loc[i], report.factors) or "the only configuration")
+
+    def n_note(i: int) -> str:
+        n = int(configs.loc[i, "n"])
+        return f", mean of {n} trials" if n > 1 else ""
+
+    if len(configs) == 1:
+        i = configs.index[0]
+        return [f"One {unit}: final test accuracy {_mean_std(FACTOR_METRICS[0], configs.loc[i, 'final_test_acc_mean'], configs.loc[i, 'final_test_acc_std'])} %, "
+                f"{_num(configs.loc[i, 'time_per_epoch_s_mean'])} s/epoch, peak memory {_num(configs.loc[i, 'peak_mem_mb_mean'])} MB "
+                f"({done} finished trial{'s' if done != 1 else ''})."]
+
+    pick = _best(configs, "time_per_epoch_s_mean", "min")
+    if pick:
+        fast, slow = pick
+        t_fast, t_slow = configs.loc[fast, "time_per_epoch_s_mean"], configs.loc[slow, "time_per_epoch_s_mean"]
+        lines.append(f"**Fastest** {unit}: {name(fast)} at {_num(t_fast)} s/epoch{n_note(fast)}; "
+                     f"{t_slow / t_fast:.2f}× faster than the slowest, {name(slow)} ({_num(t_slow)} s/epoch).")
+    pick = _best(configs, "final_test_acc_mean", "max")
+    if pick:
+        top, low = pick
+        a_top, a_low = configs.loc[top, "final_test_acc_mean"], configs.loc[low, "final_test_acc_mean"]
+        ratio = f"; {(1 - a_low) / (1 - a_top):.2f}× fewer test errors" if a_top < 1 else ""
+        lines.append(f"**Most accurate**: {name(top)} at {_pct(a_top)} % final test accuracy{n_note(top)}; "
+                     f"{100 * (a_top - a_low):+.2f} pp over the least accurate, {name(low)} ({_pct(a_low)} %){ratio}.")
+    pick = _best(configs, "peak_mem_mb_mean", "min")
+    if pick:
+        small, big = pick
+        m_small, m_big = configs.loc[small, "peak_mem_mb_mean"], configs.loc[big, "peak_mem_mb_mean"]
+        ratio = f"{m_big / m_small:.2f}× less than" if m_small > 0 else "versus"
+        lines.append(f"**Least memory**: {name(small)} at {_num(m_small)} MB peak{n_note(small)}; "
+                     f"{ratio} the most, {name(big)} ({_num(m_big)} MB).")
+    for key in report.factors:
+        lines.extend(_factor_finding(report, key))
+    return lines
+
+
+def _factor_finding(report: Report, key: str) -> list[str]:
+    frame = report.groups[key]
+    frame = frame[frame["n"] > 0]
+    if len(frame) < 2:
+        return []
+    acc, time = FACTOR_METRICS[0], FACTOR_METRICS[2]
+    parts = []
+    ordered = frame.sort_values("final_test_acc_mean", ascending=False, kind="stable")
+    top, second = ordered.iloc[0], ordered.iloc[1]
+    part = (f"highest final test accuracy at {key}={_fmt_value(top[key])} "
+            f"({_mean_std(acc, top['final_test_acc_mean'], top['final_test_acc_std'])} %, {_delta(acc, top)})")
+    diff, spread = top["final_test_acc_mean"] - second["final_test_acc_mean"], \
+        max(top["final_test_acc_std"], second["final_test_acc_std"])
+    if not math.isnan(spread) and diff <= spread:
+        part += (f", but only {100 * diff:.2f} pp above {key}={_fmt_value(second[key])}, within one std "
+                 f"({100 * spread:.2f} pp): not conclusive")
+    parts.append(part)
+    fastest = frame.loc[frame["time_per_epoch_s_mean"].idxmin()] if frame["time_per_epoch_s_mean"].notna().any() else None
+    if fastest is not None:
+        parts.append(f"fastest at {key}={_fmt_value(fastest[key])} ({_num(fastest['time_per_epoch_s_mean'])} s/epoch, "
+                     f"{_delta(time, fastest)})")
+    base = _fmt_value(report.baseline[key])
+    return [f"**{key}** (baseline {base}, over {int(frame['n'].sum())} finished trials): " + "; ".join(parts) + "."]
+
+
+# ------------------------------------------------------------------------------------- md tables
+
+
+def _trial_table(report: Report) -> str:
+    t = report.trials
+    keys = report.factors + (["seed"] if report.seed_column else [])
+    show_workers = "workers" not in keys
+    show_device = t["device"].nunique() > 1
+    show_gpus = bool((t["gpus"].fillna(0) > 0).any())
+    headers = ["trial", *keys] + (["workers"] if show_workers else []) + (["GPUs"] if show_gpus else []) \
+        + (["device"] if show_device else []) + [
+        "eff. batch", "epochs", "final test acc (%)", "best test acc (%) (epoch)", "final train acc (%)",
+        "gap (pp)", "train loss", "test loss", "time", "time/epoch (s)", "samples/s", "peak mem (MB)",
+        "status", "overfitting"]
+    rows = []
+    for _, r in t.iterrows():
+        best = f"{_pct(r['best_test_acc'])} ({_int(r['best_epoch'])})" if not math.isnan(r["best_test_acc"]) else "—"
+        planned = _int(r["epochs_planned"])
+        rows.append([f"`{r['trial']}`", *(_fmt_value(r[k]) for k in keys)]
+                    + ([_int(r["workers"])] if show_workers else []) + ([_int(r["gpus"])] if show_gpus else []) \
+                    + ([r["device"]] if show_device else []) + [
+            _int(r["effective_batch"]), f"{r['epochs_done']}/{planned}", _pct(r["final_test_acc"]), best,
+            _pct(r["final_train_acc"]), _pct(r["gap"]), _loss(r["final_train_loss"]), _loss(r["final_test_loss"]),
+            _duration(r["train_time_s"]), _num(r["time_per_epoch_s"]), _num(r["samples_per_s"]),
+            _num(r["peak_mem_mb"]), r["status"],
+            f"**yes** (from epoch {_int(r['overfit_epoch'])})" if r["overfitting"]
+            else ("no" if r["epochs_done"] >= 2 else "—")])
+    align = "l" * (1 + len(keys)) + ("r" if show_workers else "") + ("r" if show_gpus else "") \
+        + ("l" if show_device else "") + "r" * 12 + "ll"
+    return markdown_table(headers, rows, align)
+
+
+def _factor_table(report: Report, key: str) -> str:
+    frame = report.groups[key]
+    headers = [key, "n"]
+    for metric in FACTOR_METRICS:
+        headers += [metric.label, "Δ"]
+    best = {}
+    for metric in FACTOR_METRICS:
+        means = frame.loc[frame["n"] > 0, f"{metric.column}_mean"].dropna()
+        best[metric.column] = (means.max() if metric.better == "max" else means.min()) if len(means) else None
+    rows = []
+    for _, r in frame.iterrows():
+        row = [_fmt_value(r[key]) + (" (baseline)" if r["is_baseline"] else ""), str(r["n"])]
+        for metric in FACTOR_METRICS:
+            mean = r[f"{metric.column}_mean"]
+            text = _mean_std(metric, mean, r[f"{metric.column}_std"])
+            if best[metric.column] is not None and mean == best[metric.column]:
+                text = f"**{text}**"
+            row += [text, _delta(metric, r)]
+        rows.append(row)
+    return markdown_table(headers, rows, "lr" + "r" * 2 * len(FACTOR_METRICS))
+
+
+def _factor_breakdown_table(report: Report, key: str) -> str:
+    frame = report.groups[key]
+    headers = [key, "n", "epoch (s)"] + [f"{_short(k)} (s)" for k in report.breakdown]
+    rows = [[_fmt_value(r[key]), str(r["n"]), _mean_std(None, r["time_per_epoch_s_mean"], r["time_per_epoch_s_std"])]
+            + [_mean_std(None, r[f"{k}_mean"], r[f"{k}_std"]) for k in report.breakdown] for _, r in frame.iterrows()]
+    return markdown_table(headers, rows, "lr" + "r" * (1 + len(report.breakdown)))
+
+
+def _trial_breakdown_table(report: Report) -> str:
+    headers = ["trial", "epoch (s)"] + [f"{_short(k)} (s, share)" for k in report.breakdown]
+    rows = []
+    for _, r in report.trials.iterrows():
+        if r["epochs_done"] == 0:
+            continue
+        total = r["time_per_epoch_s"]
+        cells = []
+        for k in report.breakdown:
+            share = f" ({100 * r[k] / total:.0f} %)" if total and not math.isnan(r[k]) else ""
+            cells.append(_num(r[k]) + share)
+        rows.append([f"`{r['trial']}`", _num(total), *cells])
+    return markdown_table(headers, rows, "l" + "r" * (1 + len(report.breakdown)))
+
+
+def _overfit_sentences(report: Report) -> list[str]:
+    keys = report.factors + (["seed"] if report.seed_column else [])
+    lines = []
+    for _, r in report.trials[report.trials["overfitting"]].iterrows():
+        e = report.epochs[report.epochs["trial"] == r["trial"]].sort_values("epoch")
+        o = find_overfitting(e["epoch"].tolist(), e["train_loss"].tolist(), e["test_loss"].tolist())
+        label = _label(r, keys) or r["trial"]
+        lines.append(f"- `{r['trial']}` ({label}): test loss bottomed at {o.test_min:.4f} in epoch {o.min_epoch}, "
+                     f"then rose to {o.test_at_onset:.4f} in epoch {o.onset} "
+                     f"({100 * (o.test_at_onset / o.test_min - 1):+.1f} %) while train loss fell from "
+                     f"{o.train_at_min:.4f} to {o.train_at_onset:.4f}; final train−test accuracy gap "
+                     f"{_pct(r['gap'])} pp.")
+    return lines
+
+
+def _excluded_lines(report: Report) -> list[str]:
+    keys = report.factors + (["seed"] if report.seed_column else [])
+    lines = []
+    for _, r in report.trials[report.trials["status"] != "finished"].iterrows():
+        label = _label(r, keys) or r["trial"]
+        done, planned = r["epochs_done"], _int(r["epochs_planned"])
+        status = r["status"]
+        error = _last_line(r["error"])
+        if status == "diverged":
+            why = f"diverged at epoch {_int(r['diverged_epoch'])} (non-finite loss)"
+        elif status == "failed":
+            why = f"failed after {done} of {planned} epochs"
+        elif status == "oom":
+            why = f"ran out of memory after {done} of {planned} epochs"
+        elif status == "running":
+            why = f"still running: {done} of {planned} epochs so far"
+        else:
+            why = f"{status}: {done} of {planned} epochs"
+        lines.append(f"- `{r['trial']}` ({label}): {why}" + (f" — `{error}`" if error else "") + ".")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------- plots
+
+
+def _colors(n: int) -> list:
+    import matplotlib
+
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    return [matplotlib.colormaps["viridis"](i / max(n - 1, 1)) for i in range(n)]
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _save(fig, path: Path) -> None:
+    # No Software/date chunks: the same data give the same bytes.
+    fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
+
+
+def _legend(ax, n: int) -> None:
+    if n:
+        ax.legend(fontsize=7 if n > 6 else 8, ncol=1 if n <= 12 else 2, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def _trial_labels(report: Report) -> list[str]:
+    keys = report.factors + (["seed"] if report.seed_column else [])
+    return [_label(r, keys) or r["trial"] for _, r in report.trials.iterrows()]
+
+
+def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
+    """Loss curves (train dashed, test solid) and test accuracy per epoch, one colour per trial."""
+    from matplotlib.ticker import MaxNLocator
+
+    names = report.trials["trial"].tolist()
+    labels, colors = _trial_labels(report), _colors(len(names))
+    fig = _figure(10, 5)
+    ax = fig.subplots()
+    positive = []
+    for name, label, color in zip(names, labels, colors):
+        e = report.epochs[report.epochs["trial"] == name].sort_values("epoch")
+        if not len(e):
+            continue
+        ax.plot(e["epoch"], e["train_loss"], linestyle="--", color=color, marker=".")
+        ax.plot(e["epoch"], e["test_loss"], linestyle="-", color=color, marker=".", label=label)
+        positive += [x for x in pd.concat([e["train_loss"], e["test_loss"]]).dropna() if x > 0]
+    if positive and max(positive) / min(positive) > 100:
+        ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="epoch", ylabel="loss", title="Loss per epoch (train dashed, test solid)")
+    _legend(ax, len(ax.get_lines()) // 2)
+    _save(fig, out_dir / "curves_loss.png")
+
+    fig = _figure(10, 5)
+    ax = fig.subplots()
+    for name, label, color in zip(names, labels, colors):
+        e = report.epochs[report.epochs["trial"] == name].sort_values("epoch")
+        if len(e):
+            ax.plot(e["epoch"], 100 * e["test_acc"], color=color, marker=".", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy per epoch")
+    _legend(ax, len(ax.get_lines()))
+    _save(fig, out_dir / "curves_test_acc.png")
+    return [("curves_loss.png", "Train (dashed) and test (solid) loss per epoch"),
+            ("curves_test_acc.png", "Test accuracy per epoch")]
+
+
+def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]]:
+    """Bars of time/epoch, throughput and peak memory per value (error bars = std); accuracy vs value."""
+    frame = report.groups[key]
+    ticks = [_fmt_value(v) for v in frame[key]]
+    x = np.arange(len(frame))
+    fig = _figure(12, 3.8)
+    axes = fig.subplots(1, 3)
+    for ax, metric in zip(axes, FACTOR_METRICS[2:]):
+        mean = frame[f"{metric.column}_mean"].to_numpy(dtype=float)
+        std = np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
+        colors = np.array(["0.6" if b else "tab:blue" for b in frame["is_baseline"]])
+        have = np.isfinite(mean)
+        ax.bar(x[have], mean[have], yerr=std[have], color=colors[have], capsize=4)
+        for i in x[~have]:  # no finished trial, or the metric was not logged
+            ax.text(i, 0, "no data", ha="center", va="bottom", fontsize=8, color="0.4")
+        if not have.any():
+            ax.set_ylim(0, 1)
+            ax.set_yticks([])
+        ax.set_xlim(-0.6, len(x) - 0.4)
+        ax.set_xticks(x, ticks)
+        ax.set(xlabel=key, title=metric.label)
+    fig.suptitle(f"Cost per {key} value (mean ± std over finished trials; grey = baseline)")
+    _save(fig, out_dir / f"{key}_cost.png")
+
+    fig = _figure(7, 4.5)
+    ax = fig.subplots()
+    done = report.trials[report.trials["status"] == "finished"]
+    for offset, metric, color in ((-0.08, FACTOR_METRICS[0], "tab:blue"), (0.08, FACTOR_METRICS[1], "tab:orange")):
+        mean = 100 * frame[f"{metric.column}_mean"].to_numpy(dtype=float)
+        std = 100 * np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
+        ax.errorbar(x + offset, mean, yerr=std, fmt="o-", color=color, capsize=4, label=f"{metric.label}, mean ± std")
+        for i, value in enumerate(frame[key]):
+            points = 100 * _with(done, key, value)[metric.column].dropna()
+            ax.scatter(np.full(len(points), x[i] + offset), points, color=color, alpha=0.35, s=14)
+    ax.set_xticks(x, ticks)
+    ax.set(xlabel=key, ylabel="test accuracy (%)", title=f"Accuracy vs {key} (dots = trials)")
+    ax.legend(fontsize=8)
+    _save(fig, out_dir / f"{key}_accuracy.png")
+    return [(f"{key}_accuracy.png", f"Final and best test accuracy vs {key}"),
+            (f"{key}_cost.png", f"Time per epoch, throughput and peak memory per {key} value")]
+
+
+# -------------------------------------------------------------------------------------- markdown
+
+
+def render_markdown(report: Report, plots: dict[str, list[tuple[str, str]]]) -> str:
+    counts = _status_counts(report.trials)
+    excluded = len(report.trials) - counts["finished"]
+    lines = _header_md(report)
+    lines += ["## Findings", ""] + [f"- {line}" for line in findings(report)]
+    scope = (f"Aggregates use the {counts['finished']} finished trial(s) only; the {excluded} other trial(s) "
+             "are excluded (listed under *Excluded trials*)." if excluded
+             else "Every trial finished and enters the aggregates.")
+    lines += ["", scope, ""]
+
+    for key in report.factors:
+        lines += [f"## Effect of `{key}`", "",
+                  f"Mean ± sample std (ddof=1; — for a single trial) over finished trials with each value, "
+                  f"all other keys and seeds pooled. Δ vs the baseline {key}={_fmt_value(report.baseline[key])}: "
+                  "accuracy in percentage points, costs in percent. Best value in bold.", "",
+                  _factor_table(report, key), ""]
+        if report.breakdown:
+            lines += ["Step-time breakdown (seconds per epoch, mean ± std):", "", _factor_breakdown_table(report, key), ""]
+        lines += [f"![{caption}]({file})" for file, caption in plots.get(key, [])]
+        lines += [""]
+
+    lines += ["## Trials", "", _trial_table(report), "",
+              "Accuracies are at the last logged epoch unless marked best; gap = final train acc − final test acc "
+              "(percentage points); "
+              "time = sum of epoch times; time/epoch and samples/s are means over logged epochs; peak mem is the "
+              "maximum over epochs; eff. batch = batch_size × accum_steps.", ""]
+    if report.breakdown:
+        lines += ["### Step-time breakdown", "", "Mean seconds per epoch (share of the epoch time):", "",
+                  _trial_breakdown_table(report), ""]
+
+    lines += ["## Overfitting", "", OVERFIT_RULE, ""]
+    flagged = _overfit_sentences(report)
+    lines += flagged if flagged else ["No trial is flagged."]
+    lines += [""]
+
+    excluded_lines = _excluded_lines(report)
+    if excluded_lines:
+        lines += ["## Excluded trials", "", "Not in the aggregates above:", ""] + excluded_lines + [""]
+
+    lines += ["## Training curves", ""] + [f"![{caption}]({file})" for file, caption in plots.get("", [])] + [""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------- exports
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{str(k): _plain(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def export_json(report: Report, out_dir: Path) -> Path:
+    info = header_info(report)
+    data = {
+        "sweep": {k: _plain(v) if not isinstance(v, dict) else v for k, v in info.items()},
+        "trials": _records(report.trials),
+        "configurations": _records(report.configs),
+        "factors": {key: {"baseline": report.baseline[key], "rows": _records(frame)}
+                    for key, frame in report.groups.items()},
+        "findings": findings(report),
+    }
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def export_csv(report: Report, out_dir: Path) -> Path:
+    path = out_dir / "trials.csv"
+    report.trials.to_csv(path, index=False)
+    report.configs.to_csv(out_dir / "configurations.csv", index=False)
+    for key, frame in report.groups.items():
+        frame.to_csv(out_dir / f"factor_{key}.csv", index=False)
+    report.epochs.to_csv(out_dir / "epochs.csv", index=False)
+    return path
+
+
+def export_markdown(report: Report, out_dir: Path) -> Path:
+    import matplotlib.style
+
+    with matplotlib.style.context("default"):
+        plots = {"": plot_curves(report, out_dir)}
+        for key in report.factors:
+            plots[key] = plot_factor(report, key, out_dir)
+    path = out_dir / "README.md"
+    path.write_text(render_markdown(report, plots), encoding="utf-8")
+    return path
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None,
+                 baseline: dict | None = None, fmt: str = "md") -> Path:
+    """Write the report of the run at `run_dir`; returns the main file (README.md, trials.csv or report.json).
+
+    `out_dir` defaults to reports/<sweep name>; `baseline` ({key: grid value}) picks the reference value
+    of a factor for the Δ columns (default: its first grid value). Raises ConfigError on bad input.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")
+    report = build_report(run_dir, baseline)
+    out = Path(out_dir) if out_dir is not None else Path("reports") / report.name
+    out.mkdir(parents=True, exist_ok=True)
+    return {"md": export_markdown, "csv": export_csv, "json": export_json}[fmt](report, out)

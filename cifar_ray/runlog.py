@@ -1,0 +1,142 @@
+"""The on-disk record of a run: what training writes and what the report reads, without Ray.
+
+    RUN_DIR/                    one sweep (or one `cifar-ray train`), = <storage>/<name>
+      sweep.json                the sweep: name, description, grid, base, host, versions, git, times
+      <trial>/trial.json        one trial: swept values, full config, status, error, system info
+      <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
+
+Ray Tune writes its own files (result.json, progress.csv, ...) into the same trial folders; they are
+not read back: after a driver restore they may lag behind, while metrics.jsonl is written by the
+training itself as each epoch ends.
+
+Epoch keys: epoch (1-based), train_loss, train_acc, test_loss, test_acc (fractions 0-1),
+epoch_time_s, samples_per_s, peak_mem_mb, lr, amp_skipped_steps, and the step-time breakdown.
+Trial status: pending | running | finished | failed | diverged | oom.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SWEEP_FILE = "sweep.json"
+TRIAL_FILE = "trial.json"
+EPOCHS_FILE = "metrics.jsonl"
+STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _jsonable(value: Any) -> Any:
+    # json has no NaN/inf: a diverged loss is written as null rather than invalid JSON.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomic write (temp file + rename): a killed process never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        json.dump(_jsonable(data), out, indent=2, sort_keys=False)
+        out.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def update_json(path: Path, **fields: Any) -> dict:
+    data = read_json(path) | fields
+    write_json(path, data)
+    return data
+
+
+def append_epoch(trial_dir: Path, metrics: dict) -> None:
+    with open(trial_dir / EPOCHS_FILE, "a") as out:
+        out.write(json.dumps(_jsonable(metrics)) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def read_epochs(trial_dir: Path) -> list[dict]:
+    """Per-epoch metrics; a line cut short by a kill is skipped, a repeated epoch keeps its last copy."""
+    by_epoch: dict[int, dict] = {}
+    try:
+        lines = (trial_dir / EPOCHS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("epoch"), int):
+            by_epoch[row["epoch"]] = row
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def truncate_epochs(trial_dir: Path, last_kept_epoch: int) -> None:
+    """Drop epochs after `last_kept_epoch` (a resumed trial redoes them), atomically."""
+    kept = [row for row in read_epochs(trial_dir) if row["epoch"] <= last_kept_epoch]
+    path = trial_dir / EPOCHS_FILE
+    fd, tmp = tempfile.mkstemp(dir=trial_dir, prefix=EPOCHS_FILE, suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        out.writelines(json.dumps(row) + "\n" for row in kept)
+    os.replace(tmp, path)
+
+
+@dataclass
+class TrialLog:
+    name: str
+    meta: dict
+    epochs: list[dict] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.meta.get("status", "pending")
+
+    @property
+    def swept(self) -> dict:
+        return self.meta.get("swept", {})
+
+    @property
+    def config(self) -> dict:
+        return self.meta.get("config", {})
+
+
+@dataclass
+class RunLog:
+    path: Path
+    sweep: dict
+    trials: list[TrialLog]
+
+
+def load_run(run_dir: str | Path) -> RunLog:
+    """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run folder at {run_dir}")
+    sweep = read_json(run_dir / SWEEP_FILE)
+    listed = list(sweep.get("trials", []))
+    found = sorted(p.parent.name for p in run_dir.glob(f"*/{TRIAL_FILE}"))
+    names = [n for n in listed if n in found] + [n for n in found if n not in listed]
+    trials = [TrialLog(n, read_json(run_dir / n / TRIAL_FILE), read_epochs(run_dir / n)) for n in names]
+    return RunLog(run_dir, sweep, trials)

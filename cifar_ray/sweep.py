@@ -1,0 +1,197 @@
+"""Sweep files: YAML -> a validated list of trials (the cartesian product of the grid x repeats).
+
+    name: batch-size
+    description: How do time, memory and accuracy change with batch size?
+    base: {model: simple_cnn, epochs: 10, workers: 2}
+    grid: {batch_size: [16, 32, 64, 128]}
+    repeats: 2            # seeds seed, seed+1, ... per grid point
+
+A grid factor whose values are mappings sets several keys together (the values must not be
+crossed, e.g. each optimizer with its own learning rate); its name is free:
+
+    grid:
+      optimizer:
+        - {optimizer: momentum, lr: 0.05}
+        - {optimizer: adam, lr: 0.001}
+    metric: test_acc      # what "best" means in the summary
+    mode: max
+
+Everything is validated before Ray starts; errors are one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .config import KEYS, ConfigError, TrainConfig, absolute_paths, parse_config, unknown_key_message
+
+METRICS = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s", "samples_per_s", "peak_mem_mb")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class SweepFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=80)
+    description: str = ""
+    base: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    repeats: int = Field(1, ge=1, le=100)
+    metric: Literal[METRICS] = "test_acc"  # type: ignore[valid-type]
+    mode: Literal["max", "min"] = "max"
+
+    @field_validator("grid")
+    @classmethod
+    def _grid_lists(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in grid.items():
+            if not values:
+                raise ValueError(f"grid.{key} is an empty list; give at least one value")
+            if len(set(map(repr, values))) != len(values):
+                raise ValueError(f"grid.{key} repeats a value: {values}")
+            bundles = [isinstance(value, dict) for value in values]
+            if any(bundles) and not all(bundles):
+                raise ValueError(f"grid.{key} mixes mappings and plain values; use one or the other")
+        return grid
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    index: int
+    name: str
+    swept: dict[str, Any]  # the grid values (and seed, with repeats) that make this trial
+    config: TrainConfig
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "name": self.name, "swept": self.swept, "config": self.config.model_dump()}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    name: str
+    description: str
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+    repeats: int
+    metric: str
+    mode: str
+    trials: list[TrialSpec]
+    source: str = ""
+
+    def summary(self) -> dict:
+        return {"name": self.name, "description": self.description, "metric": self.metric, "mode": self.mode,
+                "grid": self.grid, "base": self.base, "repeats": self.repeats, "source": self.source,
+                "trials": [t.name for t in self.trials]}
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", str(value)).strip("-") or "x"
+
+
+def trial_name(index: int, swept: dict[str, Any]) -> str:
+    """Deterministic folder-safe name: t003-batch_size=64-seed=1 (no timestamps, so a restored
+    sweep finds its trials again)."""
+    parts = [f"{key}={_slug(value)}" for key, value in swept.items()]
+    return "-".join([f"t{index:03d}", *parts])[:120]
+
+
+def bundle_label(factor: str, bundle: dict[str, Any]) -> str:
+    """How a mapping grid value is named in trial names and reports: 'adam (lr=0.001)'."""
+    rest = ", ".join(f"{k}={v}" for k, v in bundle.items() if k != factor)
+    if factor in bundle:
+        return f"{bundle[factor]} ({rest})" if rest else str(bundle[factor])
+    return rest
+
+
+def _pydantic_line(error: ValidationError, where: str) -> str:
+    first = error.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return f"{where}unknown top-level key '{loc}'; allowed: {', '.join(SweepFile.model_fields)}"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}{loc}: {message}" if loc else f"{where}{message}"
+
+
+def build_plan(data: Any, overrides: dict[str, Any] | None = None, source: str = "<sweep>", name: str | None = None) -> SweepPlan:
+    """Validate a parsed sweep document and expand it; `overrides` replace base keys for every
+    trial (and win over the grid, which then collapses to the overridden value)."""
+    where = f"{source}: "
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}a sweep file is a YAML mapping with keys {', '.join(SweepFile.model_fields)}")
+    try:
+        sweep = SweepFile(**data)
+    except ValidationError as error:
+        raise ConfigError(_pydantic_line(error, where)) from None
+    except TypeError as error:  # non-string keys
+        raise ConfigError(f"{where}{error}") from None
+    for key in sweep.base:
+        if key not in KEYS:
+            raise ConfigError(unknown_key_message(str(key), f"{where}base: "))
+    for factor, values in sweep.grid.items():
+        for key in [k for v in values if isinstance(v, dict) for k in v] or [factor]:
+            if key not in KEYS:
+                raise ConfigError(unknown_key_message(str(key), f"{where}grid.{factor}: "))
+    base_overrides = absolute_paths(overrides or {})
+    base = absolute_paths(sweep.base) | base_overrides
+    grid = {k: v for k, v in sweep.grid.items() if k not in base_overrides}
+    labels = {k: [bundle_label(k, v) if isinstance(v, dict) else v for v in values] for k, values in grid.items()}
+    if "seed" in grid and sweep.repeats > 1:
+        raise ConfigError(f"{where}grid.seed and repeats={sweep.repeats} both vary the seed; use one of them")
+    parse_config(base, f"{where}base: ")  # a bad base value is reported once, not per trial
+
+    first_seed = base.get("seed", 0)
+    trials = []
+    for point in itertools.product(*(range(len(v)) for v in grid.values())):
+        for repeat in range(sweep.repeats):
+            swept = {k: labels[k][i] for k, i in zip(grid, point)}
+            values = dict(base)
+            for factor, i in zip(grid, point):
+                value = grid[factor][i]
+                values |= value if isinstance(value, dict) else {factor: value}
+            values |= base_overrides  # --set wins over bundle values too
+            if sweep.repeats > 1:
+                swept["seed"] = values["seed"] = first_seed + repeat
+            label = ", ".join(f"{k}={v}" for k, v in swept.items())
+            config = parse_config(values, f"{where}trial ({label}): " if label else where)
+            index = len(trials)
+            trials.append(TrialSpec(index, trial_name(index, swept), swept, config))
+    return SweepPlan(name or sweep.name, sweep.description, base, labels, sweep.repeats, sweep.metric, sweep.mode, trials, source)
+
+
+def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: str | None = None) -> SweepPlan:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read sweep file {path}: {error.strerror or error}") from None
+    try:
+        data = yaml.safe_load(text)  # safe: Python object tags are refused, never constructed
+    except yaml.constructor.ConstructorError as error:
+        raise ConfigError(f"{path}: refused YAML tag {error.problem.split()[-1] if error.problem else ''} (only plain YAML is allowed)".rstrip()) from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: invalid YAML{at}: {getattr(error, 'problem', None) or error}") from None
+    return build_plan(data, overrides, str(path), name)
+
+
+def single_run_plan(overrides: dict[str, Any], name: str) -> SweepPlan:
+    """`cifar-ray train`: one trial of base config + overrides, recorded like a sweep."""
+    parse_config(absolute_paths(overrides), "--set: ")
+    return build_plan({"name": name, "description": "A single training run (cifar-ray train).", "base": {}}, overrides, "--set", name)
+
+
+def trial_table(plan: SweepPlan) -> list[dict[str, Any]]:
+    """Rows for --dry-run and the summary: swept values, workers, per-worker and effective batch."""
+    return [
+        {"trial": t.name, **t.swept, "workers": t.config.workers, "strategy": t.config.strategy,
+         "per_worker_batch": t.config.per_worker_batch, "effective_batch": t.config.effective_batch,
+         "epochs": t.config.epochs}
+        for t in plan.trials
+    ]

@@ -1,0 +1,61 @@
+"""What a result needs to be trusted: hardware, library versions, git revision."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_info(device_type: str, num_devices: int = 1) -> dict:
+    """The device a worker trains on: GPU model, or the CPU model and the cores it may use."""
+    import torch
+
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name(torch.cuda.current_device())
+    else:
+        name = cpu_model()
+    return {"device_type": device_type, "device_name": name, "devices_per_worker": num_devices}
+
+
+def versions() -> dict:
+    import ray
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "cuda": torch.version.cuda or "none",
+    }
+
+
+def git_revision(path: str | Path = ".") -> str:
+    """Short revision of the checkout at `path` (with -dirty), or 'unknown' outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=10"],
+            cwd=path, capture_output=True, text=True, timeout=5, check=True,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def host_info() -> dict:
+    import os
+
+    return {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform()}

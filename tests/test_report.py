@@ -1,0 +1,453 @@
+"""The report, on hand-made run folders written exactly as training writes them (no Ray, no mocks)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from pathlib import Path
+
+import matplotlib.image
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cifar_ray.config import ConfigError
+from cifar_ray.report import (
+    OVERFIT_RULE, _stats, build_report, find_overfitting, markdown_table, write_report,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+GRID = {"batch_size": [64, 128], "workers": [1, 2]}
+SEEDS = [0, 1]
+EPOCHS = 4
+STARTED = "2025-03-04T05:06:07+0000"
+
+# Trials in sweep order: batch_size x workers x seed. Index 3 overfits; 5 fails, 6 diverges, 7 never starts.
+OVERFIT, FAILED, DIVERGED, PENDING = 3, 5, 6, 7
+
+
+def trial_name(index: int) -> str:
+    return f"trial_{index:03d}"
+
+
+def combos() -> list[dict]:
+    return [{"batch_size": b, "workers": w, "seed": s}
+            for b, w, s in itertools.product(GRID["batch_size"], GRID["workers"], SEEDS)]
+
+
+def healthy_epochs(i: int, swept: dict, n: int = EPOCHS) -> list[dict]:
+    """Falling losses, rising accuracy; numbers differ per trial so aggregates are non-trivial."""
+    bs, w, seed = swept["batch_size"], swept["workers"], swept["seed"]
+    epoch_time = 12.0 / w * (64 / bs) + 0.3 * seed + 0.01 * i
+    rows = []
+    for e in range(1, n + 1):
+        rows.append({
+            "epoch": e,
+            "train_loss": 2.0 - 0.3 * e - 0.01 * i,
+            "train_acc": 0.40 + 0.10 * e + 0.011 * i,
+            "test_loss": 2.1 - 0.25 * e - 0.01 * i,
+            "test_acc": 0.35 + 0.09 * e + 0.013 * i - (0.12 if e == n and i == 1 else 0.0),
+            "epoch_time_s": epoch_time + 0.05 * e,
+            "samples_per_s": 50000 / (epoch_time + 0.05 * e),
+            "peak_mem_mb": 3.0 * bs * w + 7 * seed + e,
+            "lr": 0.05,
+            "amp_skipped_steps": 0,
+            "time_data_s": 0.1 * epoch_time,
+            "time_compute_s": 0.7 * epoch_time,
+            "future_key": "ignored",
+        })
+    return rows
+
+
+def overfitting_epochs(i: int, swept: dict) -> list[dict]:
+    rows = healthy_epochs(i, swept)
+    for row, train, test in zip(rows, [1.4, 1.0, 0.6, 0.3], [1.5, 1.2, 1.3, 1.45]):
+        row["train_loss"], row["test_loss"] = train, test
+    return rows
+
+
+def write_trial(run_dir: Path, index: int, swept: dict, status: str, epochs: list[dict],
+                error: str | None = None, diverged_epoch: int | None = None, gpus: bool = True) -> None:
+    folder = run_dir / trial_name(index)
+    folder.mkdir(parents=True)
+    config = {"model": "simple_cnn", "optimizer": "momentum", "epochs": EPOCHS, "accum_steps": 2, "amp": "off",
+              "backend": "nccl", "strategy": "ddp", "data_dir": "/data/somewhere"} | swept
+    system = ({"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "devices_per_worker": 1,
+               "world_size": swept["workers"], "num_gpus": swept["workers"]} if gpus else
+              {"device_type": "cpu", "device_name": "Test CPU", "devices_per_worker": 1,
+               "world_size": swept["workers"], "num_gpus": 0})
+    meta = {"name": trial_name(index), "index": index, "swept": swept, "config": config, "status": status,
+            "error": error, "diverged_epoch": diverged_epoch, "system": system,
+            "started_at": STARTED, "finished_at": STARTED}
+    (folder / "trial.json").write_text(json.dumps(meta, indent=2))
+    if epochs:
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in epochs))
+
+
+def write_sweep(run_dir: Path, names: list[str], grid: dict = GRID, repeats: int = 2, **extra) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sweep = {"name": "bs-workers", "description": "Does a bigger batch or more workers train faster at equal accuracy?",
+             "metric": "test_acc", "mode": "max", "grid": grid, "base": {"epochs": EPOCHS}, "repeats": repeats,
+             "trials": names, "started_at": STARTED, "finished_at": "2025-03-04T06:08:09+0000",
+             "wall_time_s": 3722.0, "git_revision": "abc1234def",
+             "host": {"hostname": "node1", "cpu_model": "Test CPU", "cpu_count": 16, "platform": "Linux"},
+             "versions": {"python": "3.11.9", "torch": "2.14.1", "ray": "2.60.0", "cuda": "12.8"},
+             "cluster": {"cpus": 16.0, "gpus": 4.0, "nodes": 1}} | extra
+    (run_dir / "sweep.json").write_text(json.dumps(sweep, indent=2))
+
+
+def make_run(run_dir: Path) -> dict[int, list[dict]]:
+    """The 2x2 grid with 2 seeds; returns the epochs written per trial index."""
+    written = {}
+    all_swept = combos()
+    write_sweep(run_dir, [trial_name(i) for i in range(len(all_swept))])
+    for i, swept in enumerate(all_swept):
+        if i == OVERFIT:
+            epochs = overfitting_epochs(i, swept)
+            write_trial(run_dir, i, swept, "finished", epochs)
+        elif i == FAILED:
+            epochs = healthy_epochs(i, swept, n=1)
+            write_trial(run_dir, i, swept, "failed", epochs,
+                        error="Traceback (most recent call last):\n  File x\nRuntimeError: boom in the loader")
+        elif i == DIVERGED:
+            epochs = healthy_epochs(i, swept, n=2)
+            epochs[1] |= {"train_loss": None, "test_loss": None, "test_acc": 0.1}
+            write_trial(run_dir, i, swept, "diverged", epochs, error="loss is nan", diverged_epoch=2)
+        elif i == PENDING:
+            epochs = []
+            write_trial(run_dir, i, swept, "pending", epochs)
+        else:
+            epochs = healthy_epochs(i, swept)
+            write_trial(run_dir, i, swept, "finished", epochs)
+        written[i] = epochs
+    return written
+
+
+def finished(written: dict) -> dict[int, list[dict]]:
+    return {i: e for i, e in written.items() if i not in (FAILED, DIVERGED, PENDING)}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, dict]:
+    run_dir = tmp_path_factory.mktemp("runs") / "bs-workers"
+    return run_dir, make_run(run_dir)
+
+
+@pytest.fixture(scope="module")
+def readme(run, tmp_path_factory) -> Path:
+    return write_report(run[0], tmp_path_factory.mktemp("out") / "report")
+
+
+def test_trial_table_has_one_row_per_trial_with_the_logged_numbers(run, readme):
+    run_dir, written = run
+    trials = build_report(run_dir).trials
+    assert trials["trial"].tolist() == [trial_name(i) for i in range(8)]
+    assert trials.loc[FAILED, "status"] == "failed" and trials.loc[PENDING, "epochs_done"] == 0
+    row, epochs = trials.loc[1], written[1]
+    assert row["final_test_acc"] == pytest.approx(epochs[-1]["test_acc"])
+    best = max(epochs, key=lambda e: e["test_acc"])
+    assert best["epoch"] == 3  # trial 1's last epoch drops: best != final
+    assert row["best_test_acc"] == pytest.approx(best["test_acc"]) and row["best_epoch"] == 3
+    assert row["gap"] == pytest.approx(epochs[-1]["train_acc"] - epochs[-1]["test_acc"])
+    assert row["time_per_epoch_s"] == pytest.approx(statistics.mean(e["epoch_time_s"] for e in epochs))
+    assert row["train_time_s"] == pytest.approx(sum(e["epoch_time_s"] for e in epochs))
+    assert row["peak_mem_mb"] == max(e["peak_mem_mb"] for e in epochs)
+    assert row["effective_batch"] == 2 * 64  # batch_size x accum_steps
+    assert row["time_data_s"] == pytest.approx(statistics.mean(e["time_data_s"] for e in epochs))
+    assert "future_key" not in trials.columns
+
+    text = readme.read_text()
+    table = text.split("## Trials")[1].split("\n\n")[1].splitlines()
+    assert len(table) == 2 + 8
+    line = next(line for line in table if trial_name(1) in line)
+    assert f"| {100 * epochs[-1]['test_acc']:.2f} |" in line
+    assert f"{100 * best['test_acc']:.2f} (3)" in line
+    assert "| 4/4 |" in line and "| finished |" in line
+    pending = next(line for line in table if trial_name(PENDING) in line)
+    assert "| 0/4 |" in pending and "| pending |" in pending
+
+
+def test_header_comes_from_the_logs(readme):
+    text = readme.read_text()
+    assert text.startswith("# bs-workers\n\n> Does a bigger batch")
+    assert "| Date | 2025-03-04 05:06 (UTC+0000) |" in text
+    assert "`abc1234def`" in text
+    assert "4 × NVIDIA H100 80GB HBM3" in text
+    assert "Python 3.11.9, torch 2.14.1, Ray 2.60.0" in text
+    assert "| Wall time | 1 h 02 min |" in text
+    assert "8 runs (4 configurations × 2 repeats): 5 finished, 1 failed, 1 diverged, 0 oom, 1 pending" in text
+    assert "data_dir" not in text.split("## Findings")[0]
+
+
+def test_factor_tables_mean_and_sample_std(run, readme):
+    run_dir, written = run
+    report = build_report(run_dir)
+    ok = finished(written)
+    swept = combos()
+    for key in GRID:
+        frame = report.groups[key].set_index(key)
+        for value in GRID[key]:
+            finals = [ok[i][-1]["test_acc"] for i in ok if swept[i][key] == value]
+            bests = [max(e["test_acc"] for e in ok[i]) for i in ok if swept[i][key] == value]
+            times = [statistics.mean(e["epoch_time_s"] for e in ok[i]) for i in ok if swept[i][key] == value]
+            assert frame.loc[value, "n"] == len(finals)
+            assert frame.loc[value, "final_test_acc_mean"] == pytest.approx(statistics.mean(finals))
+            assert frame.loc[value, "best_test_acc_mean"] == pytest.approx(statistics.mean(bests))
+            assert frame.loc[value, "time_per_epoch_s_mean"] == pytest.approx(statistics.mean(times))
+            if len(finals) > 1:
+                assert frame.loc[value, "final_test_acc_std"] == pytest.approx(statistics.stdev(finals))
+            else:
+                assert math.isnan(frame.loc[value, "final_test_acc_std"])
+    # batch_size=128 has one finished trial (4); the others failed, diverged or never started.
+    assert report.groups["batch_size"]["n"].tolist() == [4, 1]
+    assert report.groups["workers"]["n"].tolist() == [3, 2]
+
+    text = readme.read_text()
+    section = text.split("## Effect of `batch_size`")[1].split("## ")[0]
+    finals64 = [ok[i][-1]["test_acc"] for i in ok if swept[i]["batch_size"] == 64]
+    cell = f"{100 * statistics.mean(finals64):.2f} ± {100 * statistics.stdev(finals64):.2f}"
+    assert cell in section
+    assert f"{100 * ok[4][-1]['test_acc']:.2f} ± —" in section  # n = 1
+
+
+def test_best_value_is_bold(run, readme):
+    report = build_report(run[0])
+    frame = report.groups["workers"]
+    best = frame.loc[frame["time_per_epoch_s_mean"].idxmin()]
+    section = readme.read_text().split("## Effect of `workers`")[1].split("## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| {best['workers']}"))
+    assert f"**{best['time_per_epoch_s_mean']:.2f} ± {best['time_per_epoch_s_std']:.2f}**" in row
+
+
+def test_default_baseline_is_the_first_grid_value(run, readme):
+    report = build_report(run[0])
+    assert report.baseline == {"batch_size": 64, "workers": 1}
+    frame = report.groups["batch_size"].set_index("batch_size")
+    delta = frame.loc[128, "final_test_acc_mean"] - frame.loc[64, "final_test_acc_mean"]
+    assert frame.loc[128, "final_test_acc_delta"] == pytest.approx(delta)
+    pct = 100 * (frame.loc[128, "time_per_epoch_s_mean"] / frame.loc[64, "time_per_epoch_s_mean"] - 1)
+    assert frame.loc[128, "time_per_epoch_s_delta_pct"] == pytest.approx(pct)
+    assert frame.loc[64, "final_test_acc_delta"] == 0
+    section = readme.read_text().split("## Effect of `batch_size`")[1].split("## ")[0]
+    assert "| 64 (baseline) |" in section
+    row128 = next(line for line in section.splitlines() if line.startswith("| 128 |"))
+    assert f"{100 * delta:+.2f} pp" in row128 and f"{pct:+.1f} %" in row128
+
+
+def test_baseline_option_changes_the_reference(run):
+    report = build_report(run[0], baseline={"batch_size": 128})
+    frame = report.groups["batch_size"].set_index("batch_size")
+    assert frame.loc[128, "is_baseline"] and not frame.loc[64, "is_baseline"]
+    assert frame.loc[64, "final_test_acc_delta"] == pytest.approx(
+        frame.loc[64, "final_test_acc_mean"] - frame.loc[128, "final_test_acc_mean"])
+    assert report.baseline["workers"] == 1  # untouched factor keeps its first value
+
+
+def test_baseline_value_not_in_grid_is_rejected(run, tmp_path):
+    with pytest.raises(ConfigError, match=r"batch_size=100.*not in the grid; allowed: 64, 128"):
+        write_report(run[0], tmp_path, baseline={"batch_size": 100})
+
+
+def test_baseline_key_not_swept_is_rejected(run, tmp_path):
+    with pytest.raises(ConfigError, match=r"'lr' is not a swept factor.*swept keys: batch_size, workers"):
+        write_report(run[0], tmp_path, baseline={"lr": 0.1})
+    with pytest.raises(ConfigError, match="'seed' is not a swept factor"):
+        write_report(run[0], tmp_path, baseline={"seed": 0})
+
+
+def test_overfitting_rule():
+    epochs = [1, 2, 3, 4]
+    falling = [1.4, 1.0, 0.6, 0.3]
+    found = find_overfitting(epochs, falling, [1.5, 1.2, 1.3, 1.45])
+    assert (found.min_epoch, found.onset) == (2, 3)
+    assert find_overfitting(epochs, falling, [1.5, 1.2, 1.1, 1.0]) is None        # test loss keeps falling
+    assert find_overfitting(epochs, falling, [1.5, 1.2, 1.21, 1.215]) is None     # rise within 2 %: noise
+    assert find_overfitting(epochs, [1.4, 1.0, 1.1, 1.3], [1.5, 1.2, 1.3, 1.45]) is None  # train loss rises too
+    assert find_overfitting(epochs, [1.4, None, 0.6, 0.3], [1.5, None, 1.3, 1.45]) is not None  # nulls skipped
+    assert find_overfitting([1], [1.0], [1.0]) is None
+
+
+def test_overfitting_trial_is_flagged_and_explained(run, readme):
+    trials = build_report(run[0]).trials
+    assert trials["overfitting"].tolist() == [i == OVERFIT for i in range(8)]
+    assert trials.loc[OVERFIT, "overfit_epoch"] == 3
+    text = readme.read_text()
+    assert OVERFIT_RULE in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{trial_name(OVERFIT)}`"))
+    assert "**yes** (from epoch 3)" in row
+    healthy = next(line for line in text.splitlines() if line.startswith(f"| `{trial_name(0)}`"))
+    assert healthy.endswith("| no |")
+    sentences = [line for line in text.split("## Overfitting")[1].split("## ")[0].splitlines() if line.startswith("- ")]
+    assert len(sentences) == 1 and trial_name(OVERFIT) in sentences[0]
+    assert "1.2000 in epoch 2" in sentences[0] and "1.3000 in epoch 3" in sentences[0]
+
+
+def test_excluded_trials_are_listed_with_their_reason(readme):
+    text = readme.read_text()
+    section = text.split("## Excluded trials")[1].split("## ")[0]
+    assert f"`{trial_name(FAILED)}`" in section and "failed after 1 of 4 epochs" in section
+    assert "RuntimeError: boom in the loader" in section
+    assert f"`{trial_name(DIVERGED)}`" in section and "diverged at epoch 2" in section
+    assert f"`{trial_name(PENDING)}`" in section and "pending: 0 of 4 epochs" in section
+    assert "Aggregates use the 5 finished trial(s) only; the 3 other trial(s) are excluded" in text
+
+
+def test_findings_are_computed_from_the_tables(run, readme):
+    report = build_report(run[0])
+    configs = report.configs[report.configs["n"] > 0]
+    fast = configs.loc[configs["time_per_epoch_s_mean"].idxmin()]
+    slow = configs.loc[configs["time_per_epoch_s_mean"].idxmax()]
+    ratio = slow["time_per_epoch_s_mean"] / fast["time_per_epoch_s_mean"]
+    text = readme.read_text().split("## Findings")[1].split("## ")[0]
+    line = next(line for line in text.splitlines() if "**Fastest**" in line)
+    assert f"batch_size={int(fast['batch_size'])}, workers={int(fast['workers'])}" in line
+    assert f"{ratio:.2f}× faster than the slowest, batch_size={int(slow['batch_size'])}, workers={int(slow['workers'])}" in line
+    top = configs.loc[configs["final_test_acc_mean"].idxmax()]
+    line = next(line for line in text.splitlines() if "**Most accurate**" in line)
+    assert f"{100 * top['final_test_acc_mean']:.2f} % final test accuracy" in line
+    assert any("**Least memory**" in line for line in text.splitlines())
+    assert "**batch_size** (baseline 64" in text and "**workers** (baseline 1" in text
+
+
+def test_plots_are_valid_png_and_linked(readme):
+    text = readme.read_text()
+    links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert set(links) == {"curves_loss.png", "curves_test_acc.png", "batch_size_cost.png",
+                          "batch_size_accuracy.png", "workers_cost.png", "workers_accuracy.png"}
+    for link in links:
+        path = readme.parent / link
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        image = matplotlib.image.imread(path)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_same_logs_give_byte_identical_files(run, readme, tmp_path):
+    again = write_report(run[0], tmp_path / "again")
+    assert again.read_bytes() == readme.read_bytes()
+    pngs = sorted(p.name for p in readme.parent.glob("*.png"))
+    assert pngs == sorted(p.name for p in again.parent.glob("*.png")) and len(pngs) == 6
+    for name in pngs:
+        assert (again.parent / name).read_bytes() == (readme.parent / name).read_bytes(), name
+
+
+def test_csv_export(run, tmp_path):
+    run_dir, written = run
+    main = write_report(run_dir, tmp_path, fmt="csv")
+    assert main == tmp_path / "trials.csv"
+    trials = pd.read_csv(main)
+    assert len(trials) == 8 and trials["status"].tolist()[FAILED] == "failed"
+    group = pd.read_csv(tmp_path / "factor_batch_size.csv").set_index("batch_size")
+    ok, swept = finished(written), combos()
+    finals = [ok[i][-1]["test_acc"] for i in ok if swept[i]["batch_size"] == 64]
+    assert group.loc[64, "final_test_acc_mean"] == pytest.approx(statistics.mean(finals))
+    assert group.loc[64, "final_test_acc_std"] == pytest.approx(statistics.stdev(finals))
+    assert math.isnan(group.loc[128, "final_test_acc_std"])
+    assert pd.read_csv(tmp_path / "factor_workers.csv")["n"].tolist() == [3, 2]
+    assert len(pd.read_csv(tmp_path / "configurations.csv")) == 4
+    assert len(pd.read_csv(tmp_path / "epochs.csv")) == sum(len(e) for e in written.values())
+
+
+def test_json_export(run, tmp_path):
+    run_dir, written = run
+    main = write_report(run_dir, tmp_path, fmt="json", baseline={"workers": 2})
+    data = json.loads(main.read_text())
+    assert main.name == "report.json"
+    assert data["sweep"]["name"] == "bs-workers" and data["sweep"]["status_counts"]["diverged"] == 1
+    assert len(data["trials"]) == 8 and data["trials"][OVERFIT]["overfit_epoch"] == 3
+    assert data["factors"]["workers"]["baseline"] == 2
+    rows = {row["workers"]: row for row in data["factors"]["workers"]["rows"]}
+    ok, swept = finished(written), combos()
+    finals = {w: [ok[i][-1]["test_acc"] for i in ok if swept[i]["workers"] == w] for w in (1, 2)}
+    assert rows[1]["final_test_acc_mean"] == pytest.approx(statistics.mean(finals[1]))
+    assert rows[1]["final_test_acc_std"] == pytest.approx(statistics.stdev(finals[1]))
+    assert rows[1]["final_test_acc_delta"] == pytest.approx(statistics.mean(finals[1]) - statistics.mean(finals[2]))
+    assert rows[2]["is_baseline"] is True
+    rows128 = {row["batch_size"]: row for row in data["factors"]["batch_size"]["rows"]}
+    assert rows128[128]["final_test_acc_std"] is None  # one trial: no std
+
+
+def test_default_out_dir_is_reports_sweep_name(run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_report(run[0], fmt="json")
+    assert path == Path("reports") / "bs-workers" / "report.json" and path.is_file()
+
+
+def test_bad_inputs_raise_config_error(run, tmp_path):
+    empty = tmp_path / "empty"
+    write_sweep(empty, [trial_name(0)])
+    with pytest.raises(ConfigError, match="no trials in .*empty"):
+        write_report(empty, tmp_path / "out")
+    with pytest.raises(ConfigError, match="no run folder at"):
+        write_report(tmp_path / "missing", tmp_path / "out")
+    with pytest.raises(ConfigError, match="unknown report format 'pdf'; allowed: md, csv, json"):
+        write_report(run[0], tmp_path / "out", fmt="pdf")
+
+
+def test_single_cpu_run_without_grid(tmp_path):
+    """A `cifar-ray train` run: no grid, one trial on CPU, no step-time breakdown."""
+    run_dir = tmp_path / "single"
+    write_sweep(run_dir, ["t"], grid={}, repeats=1, cluster={"cpus": 8.0, "gpus": 0.0, "nodes": 1})
+    swept = {"batch_size": 64, "workers": 1, "seed": 0}
+    epochs = [{k: v for k, v in row.items() if not k.startswith("time_")} for row in healthy_epochs(0, swept)]
+    folder = run_dir / "t"
+    write_trial(run_dir, 0, swept, "finished", epochs, gpus=False)
+    (run_dir / trial_name(0)).rename(folder)
+    text = write_report(run_dir, tmp_path / "out").read_text()
+    assert "CPU only: Test CPU, 16 cores, 8 CPUs in the Ray cluster on 1 node" in text
+    assert "One configuration" in text and "Step-time" not in text and "## Effect of" not in text
+    with pytest.raises(ConfigError, match="swept keys: none"):
+        write_report(run_dir, tmp_path / "out", baseline={"batch_size": 64})
+
+
+def test_markdown_table_escapes_pipes():
+    table = markdown_table(["a", "b"], [["x|y", 1]], "lr")
+    assert table.splitlines() == ["| a | b |", "|---|---:|", "| x\\|y | 1 |"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=20))
+def test_stats_match_statistics_module(values):
+    mean, std = _stats(pd.Series(values, dtype=float))
+    assert mean == pytest.approx(statistics.mean(values), rel=1e-9, abs=1e-6)
+    if len(values) > 1:
+        assert std == pytest.approx(statistics.stdev(values), rel=1e-6, abs=1e-6)
+    else:
+        assert math.isnan(std)
+
+
+def test_no_finished_trial_still_reports(tmp_path):
+    run_dir = tmp_path / "allfail"
+    write_sweep(run_dir, [trial_name(0), trial_name(1)], grid={"workers": [1, 2]}, repeats=1)
+    for i, workers in enumerate([1, 2]):
+        swept = {"batch_size": 64, "workers": workers, "seed": 0}
+        write_trial(run_dir, i, swept, "oom", healthy_epochs(i, swept, n=1), error="CUDA out of memory")
+    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    assert "No trial finished: there is nothing to compare yet." in text
+    assert "ran out of memory after 1 of 4 epochs — `CUDA out of memory`" in text
+    assert build_report(run_dir).groups["workers"]["n"].tolist() == [0, 0]
+    data = json.loads(write_report(run_dir, tmp_path / "out", fmt="json").read_text(encoding="utf-8"))
+    assert data["factors"]["workers"]["rows"][0]["final_test_acc_mean"] is None
+
+
+def test_float_and_string_grid_with_cli_parsed_baseline(tmp_path):
+    from cifar_ray.config import parse_value
+
+    grid = {"lr": [0.1, 0.01], "amp": ["off", "bf16"]}
+    run_dir = tmp_path / "lr-amp"
+    names = [trial_name(i) for i in range(4)]
+    write_sweep(run_dir, names, grid=grid, repeats=1, finished_at=None, wall_time_s=None)
+    for i, (lr, amp) in enumerate(itertools.product(*grid.values())):
+        swept = {"batch_size": 64, "workers": 1, "seed": 0}
+        status, epochs = ("running", healthy_epochs(i, swept, n=2)) if i == 3 else ("finished", healthy_epochs(i, swept))
+        write_trial(run_dir, i, {"lr": lr, "amp": amp} | swept, status, epochs)
+    report = build_report(run_dir, baseline={"lr": parse_value("0.01"), "amp": parse_value("bf16")})
+    assert report.baseline == {"lr": 0.01, "amp": "bf16"}
+    assert report.groups["amp"]["n"].tolist() == [2, 1]  # the running trial is not aggregated
+    text = write_report(run_dir, tmp_path / "out", baseline={"lr": 0.01}).read_text(encoding="utf-8")
+    assert "| 0.01 (baseline) |" in text and "still running: 2 of 4 epochs so far" in text
+    assert "not finished" in text
+    with pytest.raises(ConfigError, match="allowed: off, bf16"):
+        build_report(run_dir, baseline={"amp": parse_value("fp16")})

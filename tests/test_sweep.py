@@ -1,0 +1,97 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from cifar_ray.cli import main
+from cifar_ray.config import ConfigError
+from cifar_ray.sweep import build_plan, load_sweep, trial_name
+
+SWEEPS = sorted((Path(__file__).parent.parent / "sweeps").glob("*.yaml"))
+
+
+def test_there_are_sweep_files():
+    assert any(p.name == "quickstart.yaml" for p in SWEEPS)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_every_shipped_sweep_dry_runs(path, capsys):
+    assert main(["sweep", str(path), "--dry-run", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    trials = json.loads(out[-1])
+    plan = load_sweep(path)
+    assert len(trials) == len(plan.trials) > 0
+    assert plan.description, f"{path.name} has no description (the question it answers)"
+    assert f"{len(trials)} trial(s)" in out
+    # and offline, as the README suggests for trying any sweep on a laptop
+    assert main(["sweep", str(path), "--dry-run", "--set", "dataset=synthetic", "epochs=1"]) == 0
+
+
+def test_grid_is_a_cartesian_product_with_repeats():
+    plan = build_plan({"name": "g", "base": {"epochs": 2, "seed": 10}, "grid": {"batch_size": [32, 64], "optimizer": ["sgd", "adam"]}, "repeats": 2})
+    assert len(plan.trials) == 8
+    assert [t.swept for t in plan.trials[:3]] == [
+        {"batch_size": 32, "optimizer": "sgd", "seed": 10},
+        {"batch_size": 32, "optimizer": "sgd", "seed": 11},
+        {"batch_size": 32, "optimizer": "adam", "seed": 10},
+    ]
+    assert plan.trials[2].config.optimizer == "adam" and plan.trials[2].config.epochs == 2
+    assert len({t.name for t in plan.trials}) == 8
+    assert plan.trials[0].name == "t000-batch_size=32-optimizer=sgd-seed=10"
+
+
+def test_bundled_grid_values_set_keys_together():
+    plan = build_plan({"name": "o", "grid": {"optimizer": [{"optimizer": "momentum", "lr": 0.05}, {"optimizer": "adam", "lr": 0.001}]}})
+    assert [(t.config.optimizer, t.config.lr) for t in plan.trials] == [("momentum", 0.05), ("adam", 0.001)]
+    assert [t.swept["optimizer"] for t in plan.trials] == ["momentum (lr=0.05)", "adam (lr=0.001)"]
+    assert plan.grid == {"optimizer": ["momentum (lr=0.05)", "adam (lr=0.001)"]}
+
+
+def test_set_overrides_base_and_collapses_the_grid():
+    plan = build_plan({"name": "o", "base": {"epochs": 5}, "grid": {"batch_size": [32, 64], "lr": [0.1, 0.2]}}, {"epochs": 1, "lr": 0.3})
+    assert len(plan.trials) == 2
+    assert all(t.config.epochs == 1 and t.config.lr == 0.3 for t in plan.trials)
+
+
+def test_trial_names_are_folder_safe():
+    assert trial_name(7, {"optimizer": "adam (lr=0.001)", "data_dir": "/a/b"}) == "t007-optimizer=adam-lr-0.001-data_dir=a-b"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("name: x\ngrid: {batch_size: []}\n", "grid.batch_size is an empty list"),
+        ("name: x\ngrid: {bach_size: [1]}\n", "grid.bach_size: unknown config key 'bach_size' (did you mean 'batch_size'?)"),
+        ("name: x\nbase: {optimiser: adam}\n", "base: unknown config key 'optimiser' (did you mean 'optimizer'?)"),
+        ("name: x\ngrids: {}\n", "unknown top-level key 'grids'"),
+        ("name: x\ngrid: {optimizer: [sgd, lamb]}\n", "trial (optimizer=lamb): optimizer='lamb': not allowed; allowed: one of sgd"),
+        ("name: x\nbase: {lr: -1}\n", "base: lr=-1: should be greater than 0"),
+        ("name: x\ngrid: {workers: [1, 3]}\nbase: {batch_size: 64}\n", "trial (workers=3): batch_size=64 must be divisible by workers=3"),
+        ("name: x\ngrid: {seed: [1, 2]}\nrepeats: 2\n", "grid.seed and repeats=2 both vary the seed"),
+        ("name: x\ngrid: {lr: [0.1, {lr: 0.2}]}\n", "grid.lr mixes mappings and plain values"),
+        ("description: no name\n", "name: Field required"),
+        ("name: has space\n", "name: String should match pattern"),
+        ("- just\n- a list\n", "a sweep file is a YAML mapping"),
+        ("name: x\nbase: {lr: 0.1\n", "invalid YAML at line"),
+        ("name: !!python/object/apply:os.system ['echo pwned']\n", "refused YAML tag"),
+        ("name: x\nmetric: accuracy\n", "metric: Input should be"),
+    ],
+)
+def test_invalid_sweep_files_fail_with_one_line(tmp_path, capsys, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_sweep(path)
+    assert expected in str(error.value) and str(path) in str(error.value)
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cifar-ray: error: ") and "\n" not in err and "Traceback" not in err
+
+
+def test_missing_file_and_bad_flags(capsys):
+    assert main(["sweep", "no/such.yaml", "--dry-run"]) == 2
+    assert "cannot read sweep file no/such.yaml" in capsys.readouterr().err
+    assert main(["sweep", str(SWEEPS[0]), "--set", "lr"]) == 2
+    assert main(["sweep"]) == 2
+    assert main(["train", "--bogus"]) == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
