@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -79,11 +82,17 @@ def build_parser() -> Parser:
     sweep.add_argument("file", help="sweep YAML file, e.g. sweeps/quickstart.yaml")
     add_common(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    sweep.add_argument("--resume", action="store_true", help="finish an interrupted run of this sweep: finished trials are kept, the rest continue from their checkpoints")
     report = commands.add_parser("report", help="write a Markdown report (with plots) from a run folder")
     report.add_argument("run_dir", help="a run folder, e.g. runs/quickstart")
     report.add_argument("--out", default=None, help="output folder (default: reports/<name>)")
     report.add_argument("--baseline", default=None, metavar="KEY=VALUE", help="grid value the deltas are measured against (default: each factor's first value)")
     report.add_argument("--format", default="md", choices=("md", "csv", "json"), help="md: README.md + PNG plots; csv/json: the aggregated tables")
+    check = commands.add_parser("check", help="prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each")
+    check.add_argument("--workers", type=int, default=2, metavar="N", help="DDP workers of the DDP check (default: 2)")
+    check.add_argument("--use-gpu", default="auto", choices=("auto", "true", "false"), help="run the checks on the GPU (DDP with nccl): auto (if CUDA is there), true, false")
+    check.add_argument("--address", default=None, help="Ray cluster to use (default: start a local Ray)")
+    check.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
     return parser
 
 
@@ -93,8 +102,10 @@ def run_plan_command(plan, args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
     owns_ray = init_ray(address=args.address, verbose=args.verbose)
+    # Tune stops gracefully on SIGINT (saving its state); give SIGTERM the same treatment.
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
-        run_dir = run_plan(plan, storage=args.storage, max_concurrent=args.max_concurrent,
+        run_dir = run_plan(plan, storage=args.storage, max_concurrent=args.max_concurrent, resume=getattr(args, "resume", False),
                            print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True))
     finally:
         if owns_ray:
@@ -106,10 +117,24 @@ def run_plan_command(plan, args: argparse.Namespace) -> int:
     print(f"\n{plan.name}: {len(rows)} trial(s), logs in {run_dir}", file=out)
     print(text_table(rows, SUMMARY_COLUMNS), file=out)
     print(f"report: cifar-ray report {run_dir}", file=out)
+    unfinished = [r["trial"] for r in rows if r["status"] not in runlog.FINAL_STATUSES]
+    if unfinished and args.command == "sweep":
+        print(f"interrupted: {len(unfinished)} trial(s) unfinished; continue with:\n  {resume_command(args)}", file=out)
     if args.json:
         results = [{k: v for k, v in r.items() if k != "epochs"} for r in rows]
         print(json.dumps(results[0] if args.command == "train" else results))
+    if unfinished:
+        return 130
     return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    parts = ["cifar-ray", "sweep", shlex.quote(args.file), "--resume", "--storage", shlex.quote(args.storage)]
+    if args.name:
+        parts += ["--name", shlex.quote(args.name)]
+    if args.set:
+        parts += ["--set", *map(shlex.quote, args.set)]
+    return " ".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,6 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 baseline = {key.strip(): parse_value(value.strip())}
             print(write_report(args.run_dir, out_dir=args.out, baseline=baseline, fmt=args.format))
             return 0
+        if args.command == "check":
+            from .check import run_checks
+
+            results = run_checks(workers=args.workers, use_gpu=args.use_gpu, address=args.address, verbose=args.verbose,
+                                 print_line=lambda line: print(line, flush=True))
+            return 1 if any(r.status == "FAIL" for r in results) else 0
         overrides = parse_overrides(args.set)
         if args.command == "train":
             from .sweep import single_run_plan

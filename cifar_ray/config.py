@@ -72,6 +72,9 @@ class TrainConfig(BaseModel):
     backend: Backend = Field("auto", description="torch.distributed backend: auto (nccl with GPUs, else gloo), nccl, gloo")
     strategy: Strategy = Field("ddp", description="ddp (DistributedDataParallel), dp (one process, nn.DataParallel), single (one process)")
     amp: Amp = Field("off", description="mixed precision: off, fp16 (CUDA, with GradScaler), bf16 (CUDA or CPU)")
+    # --- reliability
+    keep_checkpoints: int = Field(2, ge=1, description="per-epoch checkpoints kept per trial (the newest)")
+    max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint before a trial fails")
 
     @field_validator("use_gpu", mode="before")
     @classmethod
@@ -138,7 +141,7 @@ def allowed_values(key: str) -> str:
 def unknown_key_message(key: str, where: str = "") -> str:
     close = difflib.get_close_matches(key, KEYS, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"{where}unknown config key '{key}'{hint}; known keys: {', '.join(KEYS)}"
+    return f"{where}unknown config key {key!r}{hint}; known keys: {', '.join(KEYS)}"
 
 
 def _one_line(error: ValidationError, where: str) -> str:
@@ -179,7 +182,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         if key not in KEYS:
             raise ConfigError(unknown_key_message(key, "--set: "))
         overrides[key] = parse_value(text.strip())

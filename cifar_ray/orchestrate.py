@@ -164,6 +164,8 @@ def run_trial(tune_config: dict) -> None:
     cfg = TrainConfig(**spec["config"])
     trial_dir = run_dir / spec["name"]
     trial_file = trial_dir / runlog.TRIAL_FILE
+    if runlog.read_json(trial_file).get("status") in ("finished", "diverged"):
+        return  # done before the driver died; Tune's saved state may lag behind our log
     runlog.update_json(trial_file, **spec, status="running", error=None, started_at=runlog.now_iso())
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -171,7 +173,12 @@ def run_trial(tune_config: dict) -> None:
         torch_config=TorchConfig(backend=cfg.backend),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true",
                                                resources_per_worker=worker_resources(cfg)),
-        run_config=ray.train.RunConfig(name="train", storage_path=str(trial_dir), callbacks=[TuneReportCallback()]),
+        # A stable name per trial: a restored sweep's trial finds its run and checkpoints again.
+        run_config=ray.train.RunConfig(
+            name="train", storage_path=str(trial_dir), callbacks=[TuneReportCallback()],
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
+        ),
     )
     try:
         trainer.fit()
@@ -195,7 +202,27 @@ def format_epoch(trial: str, result: dict, epochs: int) -> str:
     )
 
 
-def progress_callback(print_line: Callable[[str], None]):
+def _print_progress(line: str) -> None:
+    """Where EpochPrinter writes; run_plan points it at the caller's printer. A module-level hook,
+    not a closure, because Tune pickles its callbacks with the experiment and a restored sweep
+    must print to the new process's terminal."""
+    _progress_printer[0](line)
+
+
+_progress_printer: list[Callable[[str], None]] = [print]
+
+
+def _trial_resources_of(config: dict):
+    from ray import tune
+
+    return tune.PlacementGroupFactory([trial_resources(TrainConfig(**config["trial"]["config"]))])
+
+
+def _trial_folder_name(trial) -> str:
+    return trial.config["trial"]["name"]
+
+
+def _epoch_printer():
     from ray.tune import Callback
 
     class EpochPrinter(Callback):
@@ -204,12 +231,12 @@ def progress_callback(print_line: Callable[[str], None]):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if "epoch" in result:
                 spec = trial.config["trial"]
-                print_line(format_epoch(spec["name"], result, spec["config"]["epochs"]))
+                _print_progress(format_epoch(spec["name"], result, spec["config"]["epochs"]))
 
         def on_trial_error(self, iteration, trials, trial, **info):
             spec = trial.config["trial"]
             meta = runlog.read_json(Path(trial.config["run_dir"]) / spec["name"] / runlog.TRIAL_FILE)
-            print_line(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see error.txt'}")
+            _print_progress(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see error.txt'}")
 
     return EpochPrinter()
 
@@ -219,36 +246,49 @@ def run_plan(
     storage: str | Path = "runs",
     max_concurrent: int | None = None,
     print_line: Callable[[str], None] = print,
+    resume: bool = False,
 ) -> Path:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
-    Trial failures do not raise: they are recorded in each trial.json."""
+    Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
+    interrupted run of the same plan continues: finished trials are kept, the others continue
+    from their last checkpoints."""
     from ray import tune
 
     capacity = cluster_capacity()
     plan = resolve_plan(plan, capacity)
     check_fits(plan, capacity)
     run_dir = (Path(storage).expanduser().resolve() / plan.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
     sweep_file = run_dir / runlog.SWEEP_FILE
-    runlog.write_json(sweep_file, plan.summary() | {
-        "started_at": runlog.now_iso(), "git_revision": sysinfo.git_revision(Path(__file__).parent),
-        "host": sysinfo.host_info(), "versions": sysinfo.versions(), "cluster": capacity, "command": " ".join(sys.argv),
-    })
-    for trial in plan.trials:
-        runlog.update_json(run_dir / trial.name / runlog.TRIAL_FILE, **trial.as_dict(), status="pending")
-
-    tuner = tune.Tuner(
-        tune.with_resources(run_trial, lambda config: tune.PlacementGroupFactory([trial_resources(TrainConfig(**config["trial"]["config"]))])),
-        param_space={"run_dir": str(run_dir), "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=max_concurrent,
-            trial_dirname_creator=lambda trial: trial.config["trial"]["name"],
-            trial_name_creator=lambda trial: trial.config["trial"]["name"],
-        ),
-        run_config=tune.RunConfig(name=plan.name, storage_path=str(run_dir.parent), verbose=0,
-                                  callbacks=[progress_callback(print_line)]),
-    )
+    previous = runlog.read_json(sweep_file)
+    names = [t.name for t in plan.trials]
+    trainable = tune.with_resources(run_trial, _trial_resources_of)
+    _progress_printer[0] = print_line
+    started = time.time()
+    if resume:
+        if not previous or not tune.Tuner.can_restore(str(run_dir)):
+            raise ConfigError(f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume")
+        if previous.get("trials") != names:
+            raise ConfigError(f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file and --set values, or use --name")
+        tuner = tune.Tuner.restore(str(run_dir), trainable=trainable, resume_errored=True)
+    else:
+        if previous:
+            raise ConfigError(f"{run_dir} already holds a run of '{plan.name}': pass --resume to finish it, --name NEW to start another, or delete the folder")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runlog.write_json(sweep_file, plan.summary() | {
+            "started_at": runlog.now_iso(), "git_revision": sysinfo.git_revision(Path(__file__).parent),
+            "host": sysinfo.host_info(), "versions": sysinfo.versions(), "cluster": capacity, "command": " ".join(sys.argv),
+        })
+        for trial in plan.trials:
+            runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"run_dir": str(run_dir), "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, trial_dirname_creator=_trial_folder_name,
+                                        trial_name_creator=_trial_folder_name),
+            run_config=tune.RunConfig(name=plan.name, storage_path=str(run_dir.parent), verbose=0, callbacks=[_epoch_printer()]),
+        )
     tuner.fit()
-    runlog.update_json(sweep_file, finished_at=runlog.now_iso(), wall_time_s=time.time() - started)
+    wall = runlog.read_json(sweep_file).get("wall_time_s") or 0.0  # a resumed run adds its own time
+    done = all(t.status in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials)
+    runlog.update_json(sweep_file, wall_time_s=wall + time.time() - started, **({"finished_at": runlog.now_iso()} if done else {}))
     return run_dir

@@ -29,6 +29,7 @@ SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
 EPOCHS_FILE = "metrics.jsonl"
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
+FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
 
 
 def now_iso() -> str:

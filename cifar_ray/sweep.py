@@ -177,7 +177,8 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: invalid YAML{at}: {getattr(error, 'problem', None) or error}") from None
+        detail = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{at}: {detail}") from None
     return build_plan(data, overrides, str(path), name)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterable
@@ -119,6 +120,32 @@ def broadcast_buffers(model: nn.Module) -> None:
             dist.broadcast(buffer, src=0)
 
 
+CHECKPOINT_FILE = "state.pt"
+
+
+def save_checkpoint(folder: Path, epoch: int, model: nn.Module, optimizer, scheduler, scaler) -> None:
+    """Everything needed to continue after `epoch` as if never stopped (RNG for dropout too)."""
+    state = {
+        "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+    torch.save(state, folder / CHECKPOINT_FILE)
+
+
+def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device) -> int:
+    """Restore a save_checkpoint folder; returns the last finished epoch."""
+    state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if state["cuda_rng"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state_all([rng.cpu() for rng in state["cuda_rng"]])
+    return state["epoch"]
+
+
 def select_device(cfg: TrainConfig) -> torch.device:
     if cfg.use_gpu == "true":
         import ray.train.torch
@@ -153,7 +180,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
-    for epoch in range(1, cfg.epochs + 1):
+    last_done = 0
+    checkpoint = ray.train.get_checkpoint()  # set after a worker failure or a driver restore
+    if checkpoint:
+        with checkpoint.as_directory() as folder:
+            last_done = load_checkpoint(Path(folder), raw_model, optimizer, scheduler, scaler, device)
+    if rank == 0:
+        runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
+
+    for epoch in range(last_done + 1, cfg.epochs + 1):
         lr = optimizer.param_groups[0]["lr"]
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -187,7 +222,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics["diverged"] = diverged
         if rank == 0:
             runlog.append_epoch(trial_dir, metrics)
-        ray.train.report(metrics)  # collective: every rank reports the same, all-reduced dict
+        with tempfile.TemporaryDirectory() as folder:
+            if rank == 0 and not diverged:
+                save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler)
+            # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint,
+            # which Ray copies to the trial's storage before report returns.
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder) if rank == 0 and not diverged else None)
         if diverged:
             break
 

@@ -1,0 +1,113 @@
+"""Things really die here: a Ray Train worker, the sweep driver; a run really diverges."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cifar_ray import runlog
+from cifar_ray.cli import main
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(0.2)
+
+
+def test_killed_worker_resumes_from_checkpoint_with_contiguous_epochs(tmp_path, capsys):
+    trial_dir = tmp_path / "wk" / "t000"
+    killed = []
+
+    def kill_a_worker_mid_epoch_two():
+        wait_for(lambda: len(runlog.read_epochs(trial_dir)) >= 1, 120, "epoch 1")
+        time.sleep(0.5)  # into epoch 2
+        workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+        workers[-1].kill()  # SIGKILL: no cleanup, like a crash or the OOM killer
+        killed.append(workers[-1].pid)
+
+    killer = threading.Thread(target=kill_a_worker_mid_epoch_two, daemon=True)
+    killer.start()
+    code = main(["train", "--storage", str(tmp_path), "--name", "wk", "--json", "--set", "dataset=synthetic",
+                 "train_subset=4096", "test_subset=256", "width=8", "epochs=4", "workers=2", "batch_size=64"])
+    killer.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert killed, "no worker was killed"
+    assert code == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["status"] == "finished" and result["epochs_done"] == 4
+    lines = [json.loads(line) for line in (trial_dir / runlog.EPOCHS_FILE).read_text().splitlines()]
+    assert [row["epoch"] for row in lines] == [1, 2, 3, 4]  # each epoch once, in order, on disk
+
+
+def _sweep_file(tmp_path: Path) -> Path:
+    path = tmp_path / "kill.yaml"
+    path.write_text(
+        "name: kill\n"
+        "description: driver kill and resume\n"
+        "base: {dataset: synthetic, train_subset: 2048, test_subset: 256, width: 8, epochs: 3, batch_size: 64, workers: 1, norm: none}\n"
+        "grid:\n  lr: [0.05, 1.0e+12, 0.02]\n"  # the middle one diverges
+    )
+    return path
+
+
+def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsys):
+    sweep, storage = _sweep_file(tmp_path), tmp_path / "runs"
+    run_dir = storage / "kill"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "cifar_ray.cli", "sweep", str(sweep), "--storage", str(storage)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        def progress() -> tuple[list[str], list[str]]:
+            """(trials done, unfinished trials with a checkpoint on disk)"""
+            trials = runlog.load_run(run_dir).trials if run_dir.exists() else []
+            done = [t.name for t in trials if t.status in ("finished", "diverged")]
+            checkpointed = [t.name for t in trials if t.name not in done and any((run_dir / t.name).glob("train/checkpoint_manager_snapshot.json"))]
+            return done, checkpointed
+
+        # Kill once a trial is done and another is cut off after its first checkpoint.
+        wait_for(lambda: all(progress()), 240, "a finished trial and a checkpointed running one")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started, no cleanup
+        driver.wait()
+    done_before, cut_off = progress()
+    snapshots = {name: (run_dir / name / runlog.EPOCHS_FILE).read_text() for name in done_before}
+    assert len(done_before) < 3
+    # Trials cut off mid-run: their checkpointed epochs must be kept, not trained again.
+    partial = {t.name: t.epochs[0] for t in runlog.load_run(run_dir).trials if t.name in cut_off}
+
+    assert main(["sweep", str(sweep), "--storage", str(storage)]) == 2  # refuses to clobber the old run
+    assert "pass --resume to finish it" in capsys.readouterr().err
+
+    code = main(["sweep", str(sweep), "--storage", str(storage), "--resume", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    results = {r["trial"]: r for r in json.loads(out.strip().splitlines()[-1])}
+    assert len(results) == 3
+    for name, text in snapshots.items():
+        assert (run_dir / name / runlog.EPOCHS_FILE).read_text() == text, f"{name} was re-run"
+    for name, first_epoch in partial.items():
+        assert runlog.read_epochs(run_dir / name)[0] == first_epoch, f"{name} restarted from scratch instead of its checkpoint"
+    statuses = {name: r["status"] for name, r in results.items()}
+    diverged = [name for name, r in results.items() if r["lr"] > 1]
+    assert statuses[diverged[0]] == "diverged", statuses
+    assert runlog.read_json(run_dir / diverged[0] / runlog.TRIAL_FILE)["diverged_epoch"] == 1
+    for name, result in results.items():
+        epochs = [row["epoch"] for row in runlog.read_epochs(run_dir / name)]
+        if name in diverged:
+            assert epochs == [1] and result["train_loss"] is None
+        else:
+            assert result["status"] == "finished" and epochs == [1, 2, 3], (name, epochs)
+    assert runlog.read_json(run_dir / runlog.SWEEP_FILE).get("finished_at")
