@@ -65,10 +65,10 @@ def summary_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides, e.g. --set dataset=synthetic epochs=1")
-    parser.add_argument("--storage", default="runs", help="folder for run logs and checkpoints (default: runs/)")
+    parser.add_argument("--storage", default="runs", help="folder for run logs and checkpoints (default: runs/); on a Ray cluster, one every node mounts at the same path")
     parser.add_argument("--name", help="run name (folder under --storage)")
     parser.add_argument("--max-concurrent", type=int, default=None, metavar="N", help="run at most N trials at once (default: as many as fit)")
-    parser.add_argument("--address", default=None, help="Ray cluster to use (default: start a local Ray)")
+    parser.add_argument("--address", default=None, help="existing Ray cluster: auto, HOST:PORT or ray://HOST:10001 (default: $RAY_ADDRESS, else start a local Ray)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
 
@@ -83,6 +83,9 @@ def build_parser() -> Parser:
     add_common(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
     sweep.add_argument("--resume", action="store_true", help="finish an interrupted run of this sweep: finished trials are kept, the rest continue from their checkpoints")
+    bench = commands.add_parser("bench", help="measure loop, orchestration, data-path and scaling speed; writes reports/bench/")
+    bench.add_argument("--quick", action="store_true", help="a smaller, faster run (for CI and a first look)")
+    bench.add_argument("--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)")
     report = commands.add_parser("report", help="write a Markdown report (with plots) from a run folder")
     report.add_argument("run_dir", help="a run folder, e.g. runs/quickstart")
     report.add_argument("--out", default=None, help="output folder (default: reports/<name>)")
@@ -97,10 +100,11 @@ def build_parser() -> Parser:
 
 
 def run_plan_command(plan, args: argparse.Namespace) -> int:
-    from .orchestrate import init_ray, run_plan
+    from .orchestrate import init_ray, run_plan, storage_folder
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
+    storage_folder(args.storage)  # a refused --storage fails before Ray starts
     owns_ray = init_ray(address=args.address, verbose=args.verbose)
     # Tune stops gracefully on SIGINT (saving its state); give SIGTERM the same treatment.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
@@ -132,6 +136,8 @@ def resume_command(args: argparse.Namespace) -> str:
     parts = ["cifar-ray", "sweep", shlex.quote(args.file), "--resume", "--storage", shlex.quote(args.storage)]
     if args.name:
         parts += ["--name", shlex.quote(args.name)]
+    if args.address:
+        parts += ["--address", shlex.quote(args.address)]
     if args.set:
         parts += ["--set", *map(shlex.quote, args.set)]
     return " ".join(parts)
@@ -158,6 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = run_checks(workers=args.workers, use_gpu=args.use_gpu, address=args.address, verbose=args.verbose,
                                  print_line=lambda line: print(line, flush=True))
             return 1 if any(r.status == "FAIL" for r in results) else 0
+        if args.command == "bench":
+            from .bench import run_bench
+
+            print(run_bench(quick=args.quick, out_dir=args.out, say=lambda line: print(line, flush=True)))
+            return 0
         overrides = parse_overrides(args.set)
         if args.command == "train":
             from .sweep import single_run_plan

@@ -28,12 +28,14 @@ Dataset = Literal["cifar10", "synthetic"]
 Augment = Literal["none", "flip", "flip_crop", "flip_crop_cutout"]
 ModelName = Literal["simple_cnn", "resnet9"]
 Norm = Literal["batch", "group", "layer", "instance", "none"]
-Optimizer = Literal["sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop"]
+Optimizer = Literal["sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "lars"]
 Scheduler = Literal["constant", "cosine", "onecycle", "step"]
 TriState = Literal["auto", "true", "false"]
 Backend = Literal["auto", "nccl", "gloo"]
 Strategy = Literal["ddp", "dp", "single"]
 Amp = Literal["off", "fp16", "bf16"]
+GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
+LrScaling = Literal["none", "linear", "sqrt"]
 
 
 class TrainConfig(BaseModel):
@@ -57,8 +59,11 @@ class TrainConfig(BaseModel):
     epochs: int = Field(10, ge=1, description="passes over the training set")
     batch_size: int = Field(128, ge=1, description="GLOBAL micro-batch per step, split evenly across workers")
     accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step; effective batch = batch_size x accum_steps")
-    optimizer: Optimizer = Field("momentum", description="sgd, momentum (SGD+momentum), nesterov, adam, adamw, rmsprop")
-    lr: float = Field(0.05, gt=0.0, description="peak learning rate")
+    optimizer: Optimizer = Field("momentum", description="sgd, momentum (SGD+momentum), nesterov, adam, adamw, rmsprop, lars (layer-wise adaptive rate scaling, You et al. 2017)")
+    lr: float = Field(0.05, gt=0.0, description="peak learning rate (at base_batch when lr_scaling is linear or sqrt)")
+    lr_scaling: LrScaling = Field("none", description="scale the peak LR with the effective batch: none, linear (lr x effective_batch/base_batch, Goyal et al. 2017), sqrt (lr x sqrt of that)")
+    base_batch: int = Field(256, ge=1, description="effective batch at which lr is the peak LR, for lr_scaling")
+    lars_eta: float = Field(0.001, gt=0.0, description="LARS trust coefficient eta: a layer's step is about lr x eta x its weight norm, so LARS wants lr of order 1-10")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="momentum of momentum/nesterov; beta1 of adam/adamw (rmsprop has none)")
     weight_decay: float = Field(5e-4, ge=0.0, description="L2 penalty (decoupled for adamw)")
     scheduler: Scheduler = Field("cosine", description="LR schedule after warm-up: constant, cosine, onecycle (linear up/down), step (x0.1 at 50% and 75%)")
@@ -68,10 +73,18 @@ class TrainConfig(BaseModel):
     # --- distribution
     workers: int = Field(1, ge=1, description="Ray Train workers (ddp: processes; dp: GPUs of the one worker)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU cores reserved per worker; also its torch thread count")
+    compile: bool = Field(False, description="torch.compile the model (faster steps after a one-off compile of tens of seconds)")
     use_gpu: TriState = Field("auto", description="auto (GPUs if the cluster has any), true, false")
     backend: Backend = Field("auto", description="torch.distributed backend: auto (nccl with GPUs, else gloo), nccl, gloo")
     strategy: Strategy = Field("ddp", description="ddp (DistributedDataParallel), dp (one process, nn.DataParallel), single (one process)")
     amp: Amp = Field("off", description="mixed precision: off, fp16 (CUDA, with GradScaler), bf16 (CUDA or CPU)")
+    # --- DDP communication (used only where DDP runs: strategy=ddp with workers > 1)
+    grad_compression: GradCompression = Field("none", description="DDP gradient all-reduce compression hook: none (fp32), fp16, bf16 (cast to 16 bits), powersgd (rank-r low-rank + error feedback); needs strategy=ddp and workers > 1")
+    powersgd_rank: int = Field(2, ge=1, le=64, description="PowerSGD matrix approximation rank r: an n x m gradient is sent as (n + m) x r numbers")
+    powersgd_start_iter: int = Field(2, ge=2, description="PowerSGD warm-up: plain fp32 all-reduce for the first N optimizer steps (torch needs >= 2)")
+    bucket_cap_mb: float = Field(25.0, gt=0.0, description="DDP gradient bucket size in MiB (all-reduces overlap backward bucket by bucket)")
+    gradient_as_bucket_view: bool = Field(False, description="DDP: gradients are views into the all-reduce buckets (saves one gradient copy of memory)")
+    static_graph: bool = Field(False, description="DDP static_graph optimisation (same used parameters every step); not with accum_steps > 1")
     # --- reliability
     keep_checkpoints: int = Field(2, ge=1, description="per-epoch checkpoints kept per trial (the newest)")
     max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint before a trial fails")
@@ -95,6 +108,13 @@ class TrainConfig(BaseModel):
                 raise ValueError("amp=fp16 needs a GPU but use_gpu=false; use amp=bf16 on CPU")
             if self.strategy == "dp" and self.workers > 1:
                 raise ValueError("strategy=dp splits batches over GPUs but use_gpu=false; use strategy=ddp on CPU")
+        if self.grad_compression != "none" and (self.strategy != "ddp" or self.workers < 2):
+            raise ValueError(
+                f"grad_compression={self.grad_compression} compresses DDP's gradient all-reduce: it needs strategy=ddp and "
+                f"workers > 1 (got strategy={self.strategy}, workers={self.workers}); use grad_compression=none"
+            )
+        if self.static_graph and self.accum_steps > 1:
+            raise ValueError(f"static_graph=true does not work with accum_steps={self.accum_steps} (DDP no_sync fails with a static graph); use static_graph=false")
         if self.train_subset and self.train_subset < self.effective_batch:
             raise ValueError(
                 f"train_subset={self.train_subset} is smaller than the effective batch "
@@ -122,6 +142,11 @@ class TrainConfig(BaseModel):
         if use_gpu and not cluster_has_gpus:
             raise ConfigError("use_gpu=true but the Ray cluster has no GPUs; use use_gpu=auto or false")
         backend = self.backend if self.backend != "auto" else ("nccl" if use_gpu else "gloo")
+        if self.grad_compression == "bf16":
+            from .comm import BF16_UNSUPPORTED, bf16_hook_supported  # imports torch: only when it matters
+
+            if not bf16_hook_supported():
+                raise ConfigError(BF16_UNSUPPORTED)
         values = self.model_dump() | {"use_gpu": str(use_gpu).lower(), "backend": backend}
         return parse_config(values)
 
@@ -135,7 +160,7 @@ def allowed_values(key: str) -> str:
     choices = get_args(annotation)
     if choices and all(isinstance(choice, str) for choice in choices):
         return "one of " + ", ".join(choices)
-    return {int: "an integer", float: "a number", str: "a string"}.get(annotation, str(annotation))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
 
 
 def unknown_key_message(key: str, where: str = "") -> str:

@@ -6,6 +6,7 @@ each step gathers its indices, normalises, flips, crops and cuts out in a few ba
 
 from __future__ import annotations
 
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,27 +71,48 @@ def cifar_present(data_dir: Path) -> bool:
 def ensure_cifar10(data_dir: str | Path) -> Path:
     """The `cifar-10-batches-py` folder under data_dir, downloaded and extracted once if missing.
 
-    A file lock serialises concurrent workers on one machine: the first downloads, the rest wait
-    and then find the files.
+    A file lock in data_dir serialises concurrent workers: the first downloads, the rest wait and
+    then find the files (on a cluster: once per node, or once in all if data_dir is a shared
+    folder). The archive is extracted beside the folder and each file moved in whole, so the
+    lock-free check above never sees a half-written batch. A pre-staged folder is only read.
     """
+    import shutil
+    import tempfile
+
     from filelock import FileLock
 
     data_dir = Path(data_dir)
     if cifar_present(data_dir):
         return data_dir / CIFAR_FOLDER
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(data_dir / ".cifar10.lock")):
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(data_dir / ".cifar10.lock"))
+        lock.acquire()
+    except OSError as error:
+        raise DataError(f"CIFAR-10 is not in {data_dir / CIFAR_FOLDER} and {data_dir} is not writable here "
+                        f"({type(error).__name__}: {error}); pre-stage the extracted '{CIFAR_FOLDER}' folder there, "
+                        "or set data_dir=... to a writable folder") from None
+    try:
         if not cifar_present(data_dir):
             from torchvision.datasets.utils import download_and_extract_archive
 
+            staging = Path(tempfile.mkdtemp(prefix=".cifar10-extract-", dir=data_dir))
             try:
-                download_and_extract_archive(CIFAR_URL, str(data_dir), md5=CIFAR_MD5)
-            except Exception as error:  # URLError, timeouts, bad archive: all mean "no data here"
-                raise DataError(
-                    f"CIFAR-10 is not in {data_dir / CIFAR_FOLDER} and the download from {CIFAR_URL} failed "
-                    f"({type(error).__name__}: {error}); put the extracted '{CIFAR_FOLDER}' folder in "
-                    f"{data_dir} (set data_dir=...), or use dataset=synthetic"
-                ) from None
+                try:
+                    download_and_extract_archive(CIFAR_URL, str(data_dir), extract_root=str(staging), md5=CIFAR_MD5)
+                except Exception as error:  # URLError, timeouts, bad archive: all mean "no data here"
+                    raise DataError(
+                        f"CIFAR-10 is not in {data_dir / CIFAR_FOLDER} and the download from {CIFAR_URL} failed "
+                        f"({type(error).__name__}: {error}); put the extracted '{CIFAR_FOLDER}' folder in "
+                        f"{data_dir} (set data_dir=...), or use dataset=synthetic"
+                    ) from None
+                (data_dir / CIFAR_FOLDER).mkdir(exist_ok=True)
+                for extracted in sorted((staging / CIFAR_FOLDER).iterdir()):
+                    os.replace(extracted, data_dir / CIFAR_FOLDER / extracted.name)  # atomic: whole file or none
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        lock.release()
     return data_dir / CIFAR_FOLDER
 
 

@@ -9,13 +9,23 @@ Packing: a trial's driver needs no core, its workers do. Each trial reserves the
 its workers in custom resources that mirror the cluster's (RESOURCE_CPU, RESOURCE_GPU), so Tune
 starts a trial only when its workers will fit: two 1-worker trials run side by side on 2 cores,
 2-worker trials one after another, and no trial's driver holds a core its workers wait for (which
-deadlocks on small machines).
+deadlocks on small machines). A trial reserves one mirror bundle per worker, so on a cluster its
+workers, like the Train workers, may sit on different nodes.
+
+On an existing cluster (`--address`, RAY_ADDRESS) the mirror resources exist only if its nodes
+were started with `ray start --resources='{"cifar_ray_cpu": <CPUs>, "cifar_ray_gpu": <GPUs>}'`
+("slots" packing, exact). Without them ("cap" packing) a trial's driver still reserves no core and
+Tune runs at most as many trials at once as copies of the largest trial fit the nodes: never a
+deadlock, but a smaller trial may wait while a slot would be free.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -57,13 +67,40 @@ def quiet_ray_logs() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The existing Ray cluster to use: `address` (auto, HOST:PORT, ray://HOST:10001), else the
+    RAY_ADDRESS variable (`ray job submit` sets it for its entrypoint). None or "local": none,
+    start an embedded local Ray."""
+    address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
+    return None if address in ("", "local") else address
+
+
+def cluster_runtime_env(verbose: bool) -> dict[str, Any]:
+    """Our job's runtime env on an existing cluster. Its workers start from the nodes'
+    environment, not this process's, so RAY_ENV_DEFAULTS travel as env_vars. Under `ray job
+    submit` Ray merges this into the job's own runtime env and refuses keys set in both: the
+    job's settings win."""
+    try:
+        job_env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        job_env = {}
+    taken = set(job_env.get("env_vars") or {})
+    env: dict[str, Any] = {"env_vars": {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items() if k not in taken}}
+    if not verbose and "worker_process_setup_hook" not in job_env:
+        env["worker_process_setup_hook"] = "cifar_ray.orchestrate.quiet_ray_logs"
+    return env
+
+
 def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
-    """Connect to `address`, or start an embedded local Ray. Returns True when we started it
-    (and so must shut it down). An already initialised Ray (tests) is used as is."""
+    """Connect to the cluster at `address` (or RAY_ADDRESS, see cluster_address), or start an
+    embedded local Ray (num_cpus/num_gpus apply to that one only). Returns True when this call
+    initialised Ray (and so the caller must shut it down). An already initialised Ray (tests)
+    is used as is."""
     import ray
 
     if ray.is_initialized():
         return False
+    address = cluster_address(address)
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     if not verbose:
@@ -75,13 +112,38 @@ def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | 
         "runtime_env": {"worker_process_setup_hook": "cifar_ray.orchestrate.quiet_ray_logs"} if not verbose else None,
     }
     if address:
-        ray.init(address=address, **options)
+        options["runtime_env"] = cluster_runtime_env(verbose)
+        if address.startswith("ray://"):
+            options["log_to_driver"] = True  # Ray Client runs Tune on the cluster: progress lines come back as its logs
+        _check_reachable(address)
+        try:
+            ray.init(address=address, **options)
+        except (ConnectionError, RuntimeError, ValueError, ImportError, ray.exceptions.RayError) as error:
+            ray.shutdown()
+            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise ConfigError(f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}") from None
     else:
         cpus = num_cpus or os.cpu_count() or 1
         gpus = num_gpus if num_gpus is not None else _local_gpu_count()
-        ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False,
+        # address="local": always a new Ray, never one that `ray start` left running on this machine
+        ray.init(address="local", num_cpus=cpus, num_gpus=gpus, include_dashboard=False,
                  resources={RESOURCE_CPU: cpus, RESOURCE_GPU: gpus}, **options)
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """HOST:PORT (or ray://HOST:PORT) must accept a connection: Ray itself retries a dead
+    address for minutes before it gives up."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and the like: Ray resolves them
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as error:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {error.strerror or error}; "
+                          "start it with `ray start --head --port=PORT` or pass the head's address") from None
 
 
 def _local_gpu_count() -> int:
@@ -97,8 +159,11 @@ def cluster_capacity() -> dict[str, float]:
     import ray
 
     total = ray.cluster_resources()
-    return {"cpus": total.get("CPU", 0.0), "gpus": total.get("GPU", 0.0), "nodes": len([n for n in ray.nodes() if n.get("Alive")]),
-            "slot_cpus": total.get(RESOURCE_CPU, 0.0), "slot_gpus": total.get(RESOURCE_GPU, 0.0)}
+    keys = ("CPU", "GPU", RESOURCE_CPU, RESOURCE_GPU)
+    per_node = [{k: float(n["Resources"].get(k, 0.0)) for k in keys} for n in ray.nodes() if n.get("Alive")]
+    return {"cpus": total.get("CPU", 0.0), "gpus": total.get("GPU", 0.0), "nodes": len(per_node),
+            "slot_cpus": total.get(RESOURCE_CPU, 0.0), "slot_gpus": total.get(RESOURCE_GPU, 0.0),
+            "packing": "slots" if total.get(RESOURCE_CPU, 0.0) > 0 else "cap", "per_node": per_node}
 
 
 def worker_resources(cfg: TrainConfig) -> dict[str, float]:
@@ -109,27 +174,139 @@ def worker_resources(cfg: TrainConfig) -> dict[str, float]:
     return resources
 
 
-def trial_resources(cfg: TrainConfig) -> dict[str, float]:
-    """What a Tune trial (the driver of one TorchTrainer) reserves: its workers' total, in the
-    mirror resources. "memory": 1 byte keeps Ray from rejecting a bundle with no CPU."""
+def mirror_resources(per_worker: dict[str, float]) -> dict[str, float]:
+    """A worker's CPUs and GPUs under the mirror (slot) resource names."""
+    mirror = {RESOURCE_CPU: per_worker["CPU"]}
+    if per_worker.get("GPU"):
+        mirror[RESOURCE_GPU] = per_worker["GPU"]
+    return mirror
+
+
+def trial_bundles(cfg: TrainConfig, slots: bool = True) -> list[dict[str, float]]:
+    """What a Tune trial (the driver of one TorchTrainer) reserves: no core for the driver
+    ("memory": 1 byte keeps Ray from rejecting a bundle with no CPU) and, with slot packing, one
+    bundle of mirror resources per worker (PACK: on one node if they fit, else spread)."""
+    head = {"CPU": 0.0, "memory": 1.0}
+    return [head] + [mirror_resources(worker_resources(cfg))] * cfg.ray_workers if slots else [head]
+
+
+def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
+    """How many workers of this shape the nodes hold at once (a worker lives on one node)."""
+    need = {k: v for k, v in per_worker.items() if v > 0}
+    return sum(min(int((node.get(k, 0.0) + 1e-9) // v) for k, v in need.items()) for node in nodes) if need else 0
+
+
+def trials_that_fit(cfg: TrainConfig, nodes: list[dict[str, float]], slots: bool) -> int:
+    """How many copies of this trial run at once on empty nodes (slots: also in the mirror resources)."""
     per_worker = worker_resources(cfg)
-    reserve = {"CPU": 0.0, "memory": 1.0, RESOURCE_CPU: per_worker["CPU"] * cfg.ray_workers}
-    if "GPU" in per_worker:
-        reserve[RESOURCE_GPU] = per_worker["GPU"] * cfg.ray_workers
-    return reserve
+    fit = workers_that_fit(per_worker, nodes)
+    if slots:
+        fit = min(fit, workers_that_fit(mirror_resources(per_worker), nodes))
+    return fit // cfg.ray_workers
 
 
-def check_fits(plan: SweepPlan, capacity: dict[str, float]) -> None:
-    """A trial bigger than the cluster would wait forever: refuse it up front."""
+def _per_node(nodes: list[dict[str, float]], key: str) -> str:
+    return "+".join(f"{node.get(key, 0.0):g}" for node in nodes) or "0"
+
+
+def check_fits(plan: SweepPlan, capacity: dict[str, Any]) -> None:
+    """A trial that fits no placement on the cluster's nodes would wait forever: refuse it up front."""
+    nodes = capacity["per_node"]
     for trial in plan.trials:
-        need = trial_resources(trial.config)
-        if need[RESOURCE_CPU] > capacity["slot_cpus"]:
+        cfg = trial.config
+        per_worker = worker_resources(cfg)
+        gpus = f" and {per_worker['GPU']:g} GPU(s)" if "GPU" in per_worker else ""
+        need = (f"trial {trial.name} needs {cfg.ray_workers} worker(s) x {per_worker['CPU']:g} CPU(s){gpus} "
+                f"(workers={cfg.workers}, cpus_per_worker={cfg.cpus_per_worker})")
+        if workers_that_fit(per_worker, nodes) < cfg.ray_workers:
+            raise ConfigError(f"{need} but the cluster's {len(nodes)} node(s) have CPUs {_per_node(nodes, 'CPU')}, "
+                              f"GPUs {_per_node(nodes, 'GPU')}: it can never run")
+        if capacity["packing"] == "slots" and workers_that_fit(mirror_resources(per_worker), nodes) < cfg.ray_workers:
             raise ConfigError(
-                f"trial {trial.name} needs {need[RESOURCE_CPU]:g} CPUs (workers={trial.config.workers} x "
-                f"cpus_per_worker={trial.config.cpus_per_worker}) but the cluster has {capacity['slot_cpus']:g}"
+                f"{need} but the nodes' slot resources are {RESOURCE_CPU} {_per_node(nodes, RESOURCE_CPU)}, "
+                f"{RESOURCE_GPU} {_per_node(nodes, RESOURCE_GPU)}: start every node with "
+                f"--resources='{{\"{RESOURCE_CPU}\": <its CPUs>, \"{RESOURCE_GPU}\": <its GPUs>}}', or none of them"
             )
-        if need.get(RESOURCE_GPU, 0) > capacity["slot_gpus"]:
-            raise ConfigError(f"trial {trial.name} needs {need[RESOURCE_GPU]:g} GPUs but the cluster has {capacity['slot_gpus']:g}")
+
+
+def concurrency_cap(plan: SweepPlan, capacity: dict[str, Any], max_concurrent: int | None) -> int | None:
+    """Tune's max_concurrent_trials. Slot packing: --max-concurrent as given (Tune packs by
+    resources). Cap packing: at most as many trials as copies of the most demanding one fit."""
+    if capacity["packing"] == "slots":
+        return max_concurrent
+    fit = max(1, min(trials_that_fit(t.config, capacity["per_node"], slots=False) for t in plan.trials))
+    return min(fit, max_concurrent) if max_concurrent else fit
+
+
+URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def storage_folder(storage: str | Path) -> Path:
+    """--storage as an absolute folder. Every process of a trial (driver, rank 0 on any node)
+    writes its logs and checkpoints straight there, so on a cluster it must be a folder that
+    every node mounts at the same path (NFS, ...). file:// URIs are folders; other URIs
+    (s3://, gs://) are refused: the run log is written with local file operations."""
+    text = str(storage)
+    match = URI.match(text)
+    if match and match.group(1).lower() == "file":
+        text = text[len(match.group(0)):]
+    elif match:
+        raise ConfigError(f"--storage {text}: {match.group(1)}:// URIs are not supported yet; pass a folder "
+                          "(on a Ray cluster, one that every node mounts at the same path, e.g. NFS)")
+    return Path(text).expanduser().resolve()
+
+
+def _storage_probe(marker: str) -> dict[str, Any]:
+    """Runs on one node: can it see the driver's marker file and write beside it?"""
+    import socket
+
+    import ray
+
+    path = Path(marker)
+    return {"ip": ray.util.get_node_ip_address(), "host": socket.gethostname(),
+            "ok": path.is_file() and os.access(path.parent, os.W_OK)}
+
+
+def check_shared_storage(folder: Path, print_line: Callable[[str], None] = print, timeout_s: float = 180.0) -> None:
+    """On a multi-node cluster, prove that every node sees `folder` (the --storage root): the
+    driver writes a marker file, a zero-CPU task on each node looks for it. A node that cannot
+    see it is a ConfigError; one that does not answer in time (e.g. still installing a runtime
+    env) is only reported."""
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / f".cifar-ray-storage-check-{uuid.uuid4().hex}"
+    marker.write_text("written by the cifar-ray driver; every node must see this file\n")
+    probe = ray.remote(num_cpus=0, max_retries=0)(_storage_probe)
+    try:
+        refs = {node["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(str(marker))
+                for node in ray.nodes() if node.get("Alive")}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        blind, errors, silent = [], [], []
+        for node_id, ref in refs.items():
+            if ref not in ready:
+                silent.append(node_id[:8])
+                continue
+            try:
+                answer = ray.get(ref)
+            except Exception as error:  # e.g. cifar_ray not importable there
+                errors.append(f"node {node_id[:8]}: {_error_line(error)}")
+                continue
+            if not answer["ok"]:
+                blind.append(f"{answer['ip']} ({answer['host']})")
+    finally:
+        marker.unlink(missing_ok=True)
+    if blind:
+        raise ConfigError(f"--storage {folder} is not visible (or not writable) from node(s) {', '.join(blind)}: on a Ray "
+                          "cluster it must be a folder every node mounts at the same path (NFS, ...)")
+    if errors:
+        raise ConfigError(f"cannot run cifar_ray code on every node ({'; '.join(errors)}): install the package on every "
+                          "node, or ship it with `ray job submit --runtime-env-json '{\"working_dir\": \".\"}'`")
+    if silent:
+        print_line(f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they see {folder}")
 
 
 def resolve_plan(plan: SweepPlan, capacity: dict[str, float]) -> SweepPlan:
@@ -166,7 +343,8 @@ def run_trial(tune_config: dict) -> None:
     trial_file = trial_dir / runlog.TRIAL_FILE
     if runlog.read_json(trial_file).get("status") in ("finished", "diverged"):
         return  # done before the driver died; Tune's saved state may lag behind our log
-    runlog.update_json(trial_file, **spec, status="running", error=None, started_at=runlog.now_iso())
+    runlog.update_json(trial_file, **spec, status="running", error=None, started_at=runlog.now_iso(), started_unix=time.time())
+    runlog.update_json(trial_file, driver=sysinfo.worker_placement())  # the node running this trial's Tune driver
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": cfg.model_dump(), "trial_dir": str(trial_dir)},
@@ -189,7 +367,8 @@ def run_trial(tune_config: dict) -> None:
     epochs = runlog.read_epochs(trial_dir)
     diverged = [row["epoch"] for row in epochs if row.get("diverged")]
     status = "diverged" if diverged else "finished"
-    runlog.update_json(trial_file, status=status, diverged_epoch=diverged[0] if diverged else None, finished_at=runlog.now_iso())
+    runlog.update_json(trial_file, status=status, diverged_epoch=diverged[0] if diverged else None,
+                       finished_at=runlog.now_iso(), finished_unix=time.time())
 
 
 def format_epoch(trial: str, result: dict, epochs: int) -> str:
@@ -212,10 +391,20 @@ def _print_progress(line: str) -> None:
 _progress_printer: list[Callable[[str], None]] = [print]
 
 
-def _trial_resources_of(config: dict):
+def _trial_resources_of(config: dict, slots: bool = True):
     from ray import tune
 
-    return tune.PlacementGroupFactory([trial_resources(TrainConfig(**config["trial"]["config"]))])
+    return tune.PlacementGroupFactory(trial_bundles(TrainConfig(**config["trial"]["config"]), slots))
+
+
+def _ray_client() -> bool:
+    """Connected through Ray Client (ray://): this process is on no cluster node."""
+    try:
+        from ray.util.client import ray as client
+
+        return client.is_connected()
+    except Exception:
+        return False
 
 
 def _trial_folder_name(trial) -> str:
@@ -257,11 +446,18 @@ def run_plan(
     capacity = cluster_capacity()
     plan = resolve_plan(plan, capacity)
     check_fits(plan, capacity)
-    run_dir = (Path(storage).expanduser().resolve() / plan.name)
+    run_dir = storage_folder(storage) / plan.name
+    if capacity["nodes"] > 1 or _ray_client():
+        check_shared_storage(run_dir.parent, print_line)
+    limit = concurrency_cap(plan, capacity, max_concurrent)
+    if capacity["packing"] == "cap":
+        print_line(f"packing: the cluster has no {RESOURCE_CPU} resources, so at most {limit} trial(s) run at once (copies of "
+                   f"the largest trial that fit its {capacity['nodes']} node(s)); start each node with `ray start "
+                   f"--resources='{{\"{RESOURCE_CPU}\": <CPUs>, \"{RESOURCE_GPU}\": <GPUs>}}'` to pack exactly")
     sweep_file = run_dir / runlog.SWEEP_FILE
     previous = runlog.read_json(sweep_file)
     names = [t.name for t in plan.trials]
-    trainable = tune.with_resources(run_trial, _trial_resources_of)
+    trainable = tune.with_resources(run_trial, functools.partial(_trial_resources_of, slots=capacity["packing"] == "slots"))
     _progress_printer[0] = print_line
     started = time.time()
     if resume:
@@ -283,7 +479,7 @@ def run_plan(
         tuner = tune.Tuner(
             trainable,
             param_space={"run_dir": str(run_dir), "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
-            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, trial_dirname_creator=_trial_folder_name,
+            tune_config=tune.TuneConfig(max_concurrent_trials=limit, trial_dirname_creator=_trial_folder_name,
                                         trial_name_creator=_trial_folder_name),
             run_config=tune.RunConfig(name=plan.name, storage_path=str(run_dir.parent), verbose=0, callbacks=[_epoch_printer()]),
         )

@@ -10,7 +10,8 @@ not read back: after a driver restore they may lag behind, while metrics.jsonl i
 training itself as each epoch ends.
 
 Epoch keys: epoch (1-based), train_loss, train_acc, test_loss, test_acc (fractions 0-1),
-epoch_time_s, samples_per_s, peak_mem_mb, lr, amp_skipped_steps, and the step-time breakdown.
+epoch_time_s, samples_per_s, peak_mem_mb, lr, peak_lr (after lr_scaling), allreduce_bytes_per_step,
+amp_skipped_steps, and the step-time breakdown.
 Trial status: pending | running | finished | failed | diverged | oom.
 """
 

@@ -59,3 +59,30 @@ def host_info() -> dict:
     import os
 
     return {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform()}
+
+
+def worker_placement() -> dict:
+    """Where this process runs: its Ray node id (unique per node, also for several nodes on one
+    machine; None outside Ray) and the hostname."""
+    node_id = None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node_id = ray.get_runtime_context().get_node_id()
+    except Exception:  # placement is information, never a reason to fail a run
+        pass
+    return {"node_id": node_id, "hostname": socket.gethostname()}
+
+
+def gather_placement() -> dict:
+    """{"nodes": [...], "hostnames": [...]} of every rank, in rank order. Collective when
+    torch.distributed runs with several ranks: every rank must call it."""
+    import torch.distributed as dist
+
+    mine = worker_placement()
+    every = [mine]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    return {"nodes": [p["node_id"] for p in every], "hostnames": [p["hostname"] for p in every]}

@@ -22,12 +22,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import runlog, sysinfo
+from . import comm, runlog, sysinfo
 from .config import TrainConfig
 from .data import Split, iterate_train, load_splits, normalise, test_shard
 from .models import build_model
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, peak_lr
 
+# Step-time breakdown of an epoch, in seconds (mean over ranks): see PhaseTimer.
+BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
 
@@ -49,8 +51,64 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, device: torch.device, world: 
     if cfg.strategy == "dp" and device.type == "cuda" and cfg.workers > 1:
         return nn.DataParallel(model, device_ids=list(range(cfg.workers)))
     if cfg.strategy == "ddp" and world > 1:
-        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **comm.ddp_kwargs(cfg))
+        comm.register_comm_hook(ddp, cfg)  # grad_compression: fp16/bf16/PowerSGD all-reduce hook
+        return ddp
     return model  # one process, one device: nothing to synchronise
+
+
+class PhaseTimer:
+    """Wall time per phase of the training loop, accumulated lap by lap. On CPU, ops run
+    synchronously and perf_counter is exact; on CUDA, events are recorded on the stream and read
+    once when the epoch ends, so timing adds no synchronisation to the hot path."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.cuda = device.type == "cuda"
+        self.enabled = enabled
+        self.totals: dict[str, float] = {}
+        self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self.mark = None
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        if self.enabled:
+            self.mark = self._now()
+
+    def lap(self, phase: str) -> None:
+        """The time since the previous lap (or start) is spent in `phase`."""
+        if not self.enabled:
+            return
+        now = self._now()
+        if self.cuda:
+            self.pending.append((phase, self.mark, now))
+        else:
+            self.totals[phase] = self.totals.get(phase, 0.0) + now - self.mark
+        self.mark = now
+
+    def seconds(self) -> dict[str, float]:
+        if self.pending:
+            torch.cuda.synchronize()
+            for phase, begin, end in self.pending:
+                self.totals[phase] = self.totals.get(phase, 0.0) + begin.elapsed_time(end) / 1000
+            self.pending.clear()
+        return dict(self.totals)
+
+
+def allreduce_wait_per_step(model: nn.Module) -> float:
+    """Seconds per synchronised step that backward waits on DDP's gradient all-reduce beyond the
+    compute it overlaps with, from DDP's own runtime statistics (torch samples the first
+    iterations and every 100th; a private API, so 0.0 when absent)."""
+    try:
+        stats = model._get_ddp_logging_data()  # type: ignore[operator]
+        return max(0.0, stats["avg_backward_comm_time"] - stats["avg_backward_compute_comm_overlap_time"]) / 1e9
+    except (AttributeError, KeyError, RuntimeError):
+        return 0.0
 
 
 def train_epoch(
@@ -62,13 +120,18 @@ def train_epoch(
     criterion: nn.Module,
     cfg: TrainConfig,
     device: torch.device,
+    timer: "PhaseTimer | None" = None,
 ) -> torch.Tensor:
     """One pass over this rank's steps. Returns this rank's [loss sum, correct, samples, skipped
-    steps] as a device tensor: no .item() per step, one host sync per epoch."""
+    steps] as a device tensor: no .item() per step, one host sync per epoch. `timer` (optional)
+    splits the time into data, forward+backward and optimizer phases."""
     model.train()
     totals = torch.zeros(4, device=device, dtype=torch.float64)
     autocast = torch.autocast(device.type, dtype=AMP_DTYPES.get(cfg.amp, torch.float32), enabled=cfg.amp != "off")
+    timer = timer or PhaseTimer(device, enabled=False)
+    timer.start()
     for micro_batches in steps:
+        timer.lap("data")  # the steps generator gathers, normalises and augments the batch
         for i, (images, labels) in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             # Skip DDP's all-reduce on all but the last micro-batch of the accumulation window.
@@ -81,6 +144,7 @@ def train_epoch(
             totals[0] += loss.detach().double() * len(labels)
             totals[1] += (logits.argmax(1) == labels).sum()
             totals[2] += len(labels)
+        timer.lap("forward_backward")
         if scaler.is_enabled():
             scale_before = scaler.get_scale()  # one host sync per step, paid only with fp16
             scaler.step(optimizer)
@@ -91,6 +155,7 @@ def train_epoch(
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
+        timer.lap("optimizer")
     return totals
 
 
@@ -123,23 +188,26 @@ def broadcast_buffers(model: nn.Module) -> None:
 CHECKPOINT_FILE = "state.pt"
 
 
-def save_checkpoint(folder: Path, epoch: int, model: nn.Module, optimizer, scheduler, scaler) -> None:
+def save_checkpoint(folder: Path, epoch: int, model: nn.Module, optimizer, scheduler, scaler, comm_states=None) -> None:
     """Everything needed to continue after `epoch` as if never stopped (RNG for dropout too)."""
     state = {
         "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "torch_rng": torch.get_rng_state(),
+        "comm": comm_states,  # PowerSGD state of every rank (comm.gather_hook_state), else None
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
     torch.save(state, folder / CHECKPOINT_FILE)
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device) -> int:
+def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device,
+                    comm_state=None, rank: int = 0, world: int = 1) -> int:
     """Restore a save_checkpoint folder; returns the last finished epoch."""
     state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=False)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
+    comm.restore_hook_state(comm_state, state.get("comm"), rank, world, device)
     torch.set_rng_state(state["torch_rng"].cpu())
     if state["cuda_rng"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state_all([rng.cpu() for rng in state["cuda_rng"]])
@@ -159,21 +227,28 @@ def train_loop_per_worker(loop_config: dict) -> None:
     "trial_dir": absolute folder for metrics.jsonl}."""
     import ray.train
 
+    loop_started = time.time()
     cfg = TrainConfig(**loop_config["config"])
     trial_dir = Path(loop_config["trial_dir"])
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     torch.set_num_threads(cfg.cpus_per_worker)
     device = select_device(cfg)
+    placement = sysinfo.gather_placement()  # collective: node id + hostname of every rank, in rank order
     if rank == 0:
         devices = cfg.workers if cfg.strategy == "dp" and device.type == "cuda" else 1
         system = sysinfo.device_info(device.type, devices) | {"world_size": world, "num_gpus": devices * world if device.type == "cuda" else 0}
-        runlog.update_json(trial_dir / runlog.TRIAL_FILE, system=system | {"versions": sysinfo.versions()})
+        runlog.update_json(trial_dir / runlog.TRIAL_FILE, system=system | placement | {"versions": sysinfo.versions()})
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in load_splits(cfg))
     model = build_model(cfg).to(device)
+    if device.type == "cuda":
+        # NHWC lets cuDNN use tensor-core convolutions without transposes (airbench, torchvision recipes).
+        model = model.to(memory_format=torch.channels_last)
     raw_model, model = model, wrap_model(model, cfg, device, world)
+    if cfg.compile:
+        model = torch.compile(model)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
     optimizer = build_optimizer(model.parameters(), cfg)
     steps_per_epoch = len(train) // cfg.effective_batch
     scheduler = build_scheduler(optimizer, cfg, steps_per_epoch)
@@ -184,9 +259,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
     checkpoint = ray.train.get_checkpoint()  # set after a worker failure or a driver restore
     if checkpoint:
         with checkpoint.as_directory() as folder:
-            last_done = load_checkpoint(Path(folder), raw_model, optimizer, scheduler, scaler, device)
+            last_done = load_checkpoint(Path(folder), raw_model, optimizer, scheduler, scaler, device, comm.hook_state(model), rank, world)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
+        # Where a trial's time goes outside the epochs (read by `cifar-ray bench`).
+        runlog.update_json(trial_dir / runlog.TRIAL_FILE, timeline={"loop_started_unix": loop_started, "ready_unix": time.time()})
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
         lr = optimizer.param_groups[0]["lr"]
@@ -194,12 +271,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
         steps = iterate_train(train, cfg, epoch, rank, world)
-        train_totals = all_reduce(train_epoch(model, steps, optimizer, scheduler, scaler, criterion, cfg, device))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        timer = PhaseTimer(device)
+        train_totals = all_reduce(train_epoch(model, steps, optimizer, scheduler, scaler, criterion, cfg, device, timer))
+        phases = timer.seconds()  # synchronises CUDA once
         train_time = time.perf_counter() - started
         broadcast_buffers(raw_model)
         test_totals = all_reduce(evaluate(raw_model, test, cfg, device, rank, world))
+        eval_time = time.perf_counter() - started - train_time
+        allreduce = min(allreduce_wait_per_step(model) * steps_per_epoch, phases.get("forward_backward", 0.0))
+        breakdown = torch.tensor([phases.get("data", 0.0), phases.get("forward_backward", 0.0) - allreduce, allreduce,
+                                  phases.get("optimizer", 0.0), eval_time], dtype=torch.float64, device=device)
+        breakdown = (all_reduce(breakdown) / world).tolist()  # mean over ranks
         peak = all_reduce(torch.tensor([peak_memory_mb(device)], device=device, dtype=torch.float64), dist.ReduceOp.MAX)
         epoch_time = time.perf_counter() - started
         loss_sum, correct, samples, skipped = train_totals.tolist()
@@ -212,19 +294,24 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             "eval_time_s": epoch_time - train_time,
+            **dict(zip(BREAKDOWN_KEYS, breakdown)),
             "train_samples": int(samples),  # over all ranks: steps x effective batch
             "samples_per_s": samples / train_time,
             "peak_mem_mb": peak.item(),
             "lr": lr,
+            "peak_lr": peak_lr(cfg),  # lr after lr_scaling
+            "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(raw_model, cfg, world, (epoch - 1) * steps_per_epoch, steps_per_epoch),
             "amp_skipped_steps": int(skipped),
+            "end_unix": time.time(),
         }
         diverged = not math.isfinite(metrics["train_loss"])
         metrics["diverged"] = diverged
         if rank == 0:
             runlog.append_epoch(trial_dir, metrics)
+        comm_states = comm.gather_hook_state(comm.hook_state(model), device) if not diverged else None  # collective
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0 and not diverged:
-                save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler)
+                save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler, comm_states)
             # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint,
             # which Ray copies to the trial's storage before report returns.
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder) if rank == 0 and not diverged else None)

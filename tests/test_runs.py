@@ -6,6 +6,7 @@ import pytest
 
 from cifar_ray import runlog
 from cifar_ray.cli import main
+from cifar_ray.report import write_report
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -38,6 +39,7 @@ def test_train_two_workers_on_cifar_fixture(cifar_dir, tmp_path, capsys):
         for key in ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s", "peak_mem_mb", "lr"):
             assert isinstance(row[key], float) and row[key] >= 0, key
     assert trial.meta["system"]["world_size"] == 2 and trial.meta["system"]["device_type"] == "cpu"
+    assert len(trial.meta["system"]["nodes"]) == 2 and all(trial.meta["system"]["nodes"])  # gathered from both ranks
     assert run.sweep["versions"]["torch"] and run.sweep["finished_at"]
 
 
@@ -62,3 +64,13 @@ def test_sweep_grid_mixing_one_and_two_workers_learns(tmp_path, capsys):
         assert [row["epoch"] for row in epochs] == [1, 2, 3]
         assert epochs[-1]["test_acc"] == result["test_acc"]
     assert sum(" epoch " in line for line in err.splitlines()) == 12
+
+    # the report reads these real logs without Ray
+    readme = write_report(tmp_path / "runs" / "mixed", out_dir=tmp_path / "report")
+    text = readme.read_text()
+    assert "tiny grid for the test suite" in text and "4 finished" in text
+    for result in results:
+        assert f"`{result['trial']}`" in text
+    for png in tmp_path.joinpath("report").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "report" / "curves_loss.png").exists()

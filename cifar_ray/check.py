@@ -1,0 +1,471 @@
+"""Equivalence checks of the training semantics, run on real code (`cifar-ray check`, and the tests).
+
+Every check builds the model, optimizer, schedule and scaler exactly as `train_loop_per_worker`
+does and runs a few optimizer steps through the real `train_epoch` over `iterate_train` step lists,
+then compares two ways of computing the same thing:
+
+- accumulation: k micro-batches of b == one batch of k*b (no batch-norm); with batch-norm the
+  statistics are over b, not k*b, and the difference is measured (it must be far above the no-BN one);
+- DDP: W Ray Train workers (gloo on CPU, nccl on GPU) == one process on the same global batch,
+  parameters and all-reduced train metrics (one TorchTrainer run);
+- strategies: single == dp == ddp with one worker;
+- seeds: the same seed repeats exactly (CPU), another seed differs;
+- mixed precision: bf16 autocast (and fp16 + GradScaler on CUDA) stays near fp32 over a few steps;
+- GradScaler: a step with an inf gradient is skipped and counted (train_epoch's totals[3]).
+
+The exactness checks run in float64 (model.double(), double inputs): float32 rounding differences
+grow chaotically with steps, float64 ones stay ~1e-15, so a tight tolerance proves the semantics.
+The parameter difference is measured against the size of the update, not of the parameters:
+`update rel diff = |theta_a - theta_b| / |theta_b - theta_0|` (2-norms over all parameters), so
+a wrong gradient cannot hide behind large weights.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from .config import ConfigError, TrainConfig, parse_config
+from .data import Split, iterate_train, load_splits
+from .models import build_model
+from .optim import build_optimizer, build_scheduler
+from .train import all_reduce, select_device, train_epoch, wrap_model
+
+# Tolerances (see README "Evidence"): float64 exactness, float32 repeatability, mixed precision.
+TOL_FLOAT64 = 1e-9  # update rel diff of two float64 runs that should be the same computation
+TOL_METRIC64 = 1e-12  # relative difference of float64 loss sums
+BN_MIN_DIFF = 1e-4  # the batch-norm accumulation difference must exceed this (measured: 0.37)
+TOL_SEED_CUDA = 1e-5  # CUDA kernels need not be bitwise repeatable; CPU must be exact (0)
+TOL_AMP_UPDATE = 0.3  # bf16/fp16 vs fp32: update rel diff after AMP_STEPS steps (bf16 CPU: ~0.13)
+TOL_AMP_LOSS = 0.01  # bf16/fp16 vs fp32: relative difference of the mean train loss (bf16 CPU: <1e-3)
+AMP_STEPS = 3
+
+# The model and data of every check: small enough for seconds on a laptop CPU, real code paths.
+BASE = {
+    "dataset": "synthetic", "train_subset": 512, "test_subset": 16, "augment": "none",
+    "model": "simple_cnn", "width": 8, "depth": 2, "norm": "none",
+    "epochs": 1, "optimizer": "momentum", "lr": 0.05, "weight_decay": 5e-4, "scheduler": "cosine",
+    "seed": 0, "use_gpu": "false", "backend": "gloo",
+}
+
+
+@dataclass
+class CheckResult:
+    """One line of `cifar-ray check`: status PASS, FAIL or SKIP, the measured numbers in `detail`."""
+
+    name: str
+    status: str
+    detail: str
+    values: dict[str, Any] = field(default_factory=dict)
+    seconds: float | None = None  # wall time of the check (a DDP run gives two lines: its total)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+    def line(self) -> str:
+        took = f"  [{self.seconds:.1f} s]" if self.seconds is not None else ""
+        return f"{self.status:<5} {self.name:<47} {self.detail}{took}"
+
+
+def result(name: str, ok: bool, detail: str, **values: Any) -> CheckResult:
+    return CheckResult(name, "PASS" if ok else "FAIL", detail, values)
+
+
+@dataclass
+class Trained:
+    """What a few steps of training left: parameter vectors before/after (float64, CPU), the
+    state_dict, this rank's train totals and the all-reduced ones ([loss sum, correct, samples,
+    skipped steps])."""
+
+    initial: torch.Tensor
+    final: torch.Tensor
+    state: dict[str, torch.Tensor]
+    local: torch.Tensor
+    totals: torch.Tensor
+
+
+def make_config(**overrides: Any) -> TrainConfig:
+    return parse_config(BASE | overrides)
+
+
+def param_vector(params) -> torch.Tensor:
+    return torch.cat([p.detach().double().flatten().cpu() for p in params])
+
+
+def update_rel_diff(initial: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
+    """|a - b| / |b - initial|: the difference of two runs relative to how far training moved."""
+    return ((a - b).norm() / (b - initial).norm()).item()
+
+
+def rel_diff(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-300)
+
+
+def cast_steps(steps: Iterator[list[tuple[torch.Tensor, torch.Tensor]]], dtype: torch.dtype):
+    for micro_batches in steps:
+        yield [(images.to(dtype), labels) for images, labels in micro_batches]
+
+
+_SPLITS: dict[tuple, tuple[Split, Split]] = {}
+
+
+def cached_splits(cfg: TrainConfig) -> tuple[Split, Split]:
+    """load_splits, generated once per (dataset, subsets) in this process (the checks build the
+    same small synthetic data ~20 times)."""
+    key = (cfg.dataset, cfg.data_dir, cfg.train_subset, cfg.test_subset)
+    if key not in _SPLITS:
+        _SPLITS[key] = load_splits(cfg)
+    return _SPLITS[key]
+
+
+def train_steps(
+    cfg: TrainConfig,
+    n_steps: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    rank: int = 0,
+    world: int = 1,
+    scaler: torch.amp.GradScaler | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> Trained:
+    """The first `n_steps` optimizer steps of epoch 1, set up exactly as train_loop_per_worker
+    does (seed, data, model, wrap_model, optimizer, schedule, scaler, criterion), in `dtype`.
+    `prepare(model)` may instrument the model before training (e.g. poison one gradient).
+    Runs with cfg.cpus_per_worker torch threads, as a Ray Train worker does (and tiny models on
+    a busy machine run many times faster on one thread than on contended ones)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.cpus_per_worker)
+    try:
+        return _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> Trained:
+    torch.manual_seed(cfg.seed)  # same order as train_loop_per_worker: seed, data, model
+    train, _ = (split.to(device) for split in cached_splits(cfg))
+    model = build_model(cfg).to(device=device, dtype=dtype)
+    initial = param_vector(model.parameters())
+    if prepare is not None:
+        prepare(model)
+    raw_model, model = model, wrap_model(model, cfg, device, world)
+    optimizer = build_optimizer(model.parameters(), cfg)
+    scheduler = build_scheduler(optimizer, cfg, len(train) // cfg.effective_batch)
+    if scaler is None:
+        scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    step_list = cast_steps(itertools.islice(iterate_train(train, cfg, 1, rank, world), n_steps), dtype)
+    local = train_epoch(model, step_list, optimizer, scheduler, scaler, criterion, cfg, device)
+    totals = all_reduce(local.clone())  # as train_loop_per_worker: sums over all ranks
+    state = {k: v.detach().cpu() for k, v in raw_model.state_dict().items()}
+    return Trained(initial, param_vector(raw_model.parameters()), state, local.cpu(), totals.cpu())
+
+
+# ---------------------------------------------------------------- device
+
+def resolve_device(use_gpu: str) -> torch.device:
+    """auto: the first CUDA GPU if torch sees one, else the CPU; true without CUDA is a ConfigError."""
+    if use_gpu not in ("auto", "true", "false"):
+        raise ConfigError(f"use_gpu={use_gpu!r}: not allowed; allowed: one of auto, true, false")
+    cuda = torch.cuda.is_available()
+    if use_gpu == "true" and not cuda:
+        raise ConfigError("use_gpu=true but torch sees no CUDA GPU; use --use-gpu auto or false")
+    return torch.device("cuda", 0) if cuda and use_gpu != "false" else torch.device("cpu")
+
+
+def device_keys(device: torch.device) -> dict[str, str]:
+    gpu = device.type == "cuda"
+    return {"use_gpu": "true" if gpu else "false", "backend": "nccl" if gpu else "gloo"}
+
+
+# ---------------------------------------------------------------- in-process checks
+
+def check_accumulation(device: torch.device, accum: int = 4, micro: int = 16, n_steps: int = 3, norm: str = "none") -> CheckResult:
+    """k micro-batches of b == one batch of k*b after `n_steps` optimizer steps (float64)."""
+    common = device_keys(device) | {"norm": norm}
+    big = train_steps(make_config(**common, batch_size=accum * micro, accum_steps=1), n_steps, device, torch.float64)
+    acc = train_steps(make_config(**common, batch_size=micro, accum_steps=accum), n_steps, device, torch.float64)
+    diff = update_rel_diff(big.initial, acc.final, big.final)
+    loss = rel_diff(acc.totals[0].item(), big.totals[0].item())
+    name = f"accumulation {accum}x{micro} == {accum * micro} ({'no BN' if norm != 'batch' else 'batch-norm'})"
+    same_data = acc.totals[1:3].tolist() == big.totals[1:3].tolist()
+    ok = diff <= TOL_FLOAT64 and loss <= TOL_METRIC64 and same_data
+    return result(name, ok, f"update rel diff {diff:.1e} (tol {TOL_FLOAT64:.0e}), loss rel diff {loss:.1e}, float64, {n_steps} steps",
+                  update_rel_diff=diff, loss_rel_diff=loss, big=big, acc=acc)
+
+
+def check_accumulation_batchnorm(device: torch.device, accum: int = 4, micro: int = 16, n_steps: int = 3,
+                                 no_bn: CheckResult | None = None) -> CheckResult:
+    """With batch-norm, accumulation is NOT the big batch: each micro-batch is normalised with its
+    own statistics (over b samples, not k*b) and the running statistics are updated k times per
+    step. The check measures that difference and passes when it is clearly visible (so the no-BN
+    comparison above is sensitive enough to see a real semantic difference)."""
+    common = device_keys(device) | {"norm": "batch"}
+    big = train_steps(make_config(**common, batch_size=accum * micro, accum_steps=1), n_steps, device, torch.float64)
+    acc = train_steps(make_config(**common, batch_size=micro, accum_steps=accum), n_steps, device, torch.float64)
+    diff = update_rel_diff(big.initial, acc.final, big.final)
+    floor = max(BN_MIN_DIFF, 100 * no_bn.values["update_rel_diff"]) if no_bn else BN_MIN_DIFF
+    loss = rel_diff(acc.totals[0].item(), big.totals[0].item())
+    return result(f"accumulation {accum}x{micro} vs {accum * micro} (batch-norm)", diff > floor,
+                  f"update rel diff {diff:.1e} (expected > {floor:.0e}: BN statistics over {micro}, not {accum * micro}), "
+                  f"loss rel diff {loss:.1e}", update_rel_diff=diff, loss_rel_diff=loss)
+
+
+def check_strategies(device: torch.device, workers: int = 1, n_steps: int = 3) -> CheckResult:
+    """single == dp == ddp with one worker (float64). On CPU, or one GPU, wrap_model leaves the
+    model as it is for all three; with >= 2 GPUs dp splits each batch over `workers` GPUs."""
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    dp_workers = max(1, min(workers, gpus))
+    common = device_keys(device) | {"norm": "group", "batch_size": 32, "accum_steps": 2}
+    runs = {
+        "ddp": train_steps(make_config(**common, strategy="ddp", workers=1), n_steps, device, torch.float64),
+        "single": train_steps(make_config(**common, strategy="single", workers=1), n_steps, device, torch.float64),
+        f"dp({dp_workers})": train_steps(make_config(**common, strategy="dp", workers=dp_workers), n_steps, device, torch.float64),
+    }
+    ref = runs["ddp"]
+    diffs = {name: update_rel_diff(ref.initial, run.final, ref.final) for name, run in runs.items() if name != "ddp"}
+    losses = {name: rel_diff(run.totals[0].item(), ref.totals[0].item()) for name, run in runs.items() if name != "ddp"}
+    worst = max(diffs.values())
+    ok = worst <= TOL_FLOAT64 and max(losses.values()) <= TOL_METRIC64
+    shown = ", ".join(f"{name} {value:.1e}" for name, value in diffs.items())
+    return result(f"single == {' == '.join(n for n in runs if n.startswith('dp'))} == ddp(1 worker)", ok,
+                  f"update rel diff {shown} (tol {TOL_FLOAT64:.0e}), float64", diffs=diffs, loss_rel_diffs=losses)
+
+
+def check_seeds(device: torch.device, n_steps: int = 3) -> CheckResult:
+    """The same seed repeats exactly (CPU; within TOL_SEED_CUDA on CUDA), another seed differs.
+    float32 with flip_crop augmentation and dropout, so every random source is covered."""
+    common = device_keys(device) | {"norm": "batch", "batch_size": 32, "augment": "flip_crop", "dropout": 0.1}
+    first = train_steps(make_config(**common, seed=0), n_steps, device)
+    again = train_steps(make_config(**common, seed=0), n_steps, device)
+    other = train_steps(make_config(**common, seed=1), n_steps, device)
+    repeat_params = (again.final - first.final).abs().max().item()
+    repeat_metrics = (again.totals - first.totals).abs().max().item()
+    other_diff = ((other.final - first.final).norm() / first.final.norm()).item()
+    tol = 0.0 if device.type == "cpu" else TOL_SEED_CUDA
+    metrics_differ = other.totals[:2].tolist() != first.totals[:2].tolist()
+    ok = repeat_params <= tol and repeat_metrics <= tol and other_diff > 0.1 and metrics_differ
+    return result("same seed repeats, other seed differs", ok,
+                  f"seed 0 twice: max param diff {repeat_params:.1e}, metric diff {repeat_metrics:.1e} (tol {tol:.0e}); "
+                  f"seed 1: param rel diff {other_diff:.1e}", repeat_param_diff=repeat_params,
+                  repeat_metric_diff=repeat_metrics, other_seed_diff=other_diff, first=first, again=again, other=other)
+
+
+def check_amp(device: torch.device, amp: str, n_steps: int = AMP_STEPS) -> CheckResult:
+    """amp (bf16 autocast, or fp16 autocast + GradScaler) vs fp32 over `n_steps` steps."""
+    name = f"{amp} autocast{' + GradScaler' if amp == 'fp16' else ''} ~ fp32 ({device.type})"
+    if amp == "fp16" and device.type != "cuda":
+        return CheckResult(name, "SKIP", "needs a CUDA GPU (fp16 + GradScaler is the CUDA path)")
+    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return CheckResult(name, "SKIP", "this GPU does not support bf16")
+    common = device_keys(device) | {"norm": "batch", "batch_size": 32}
+    ref = train_steps(make_config(**common, amp="off"), n_steps, device)
+    # fp16: a smaller initial scale than GradScaler's 65536, so the comparison is not spoilt by
+    # the scaler's warm-up skipping a step (skipped steps are checked by check_grad_scaler).
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10) if amp == "fp16" else None
+    low = train_steps(make_config(**common, amp=amp), n_steps, device, scaler=scaler)
+    diff = update_rel_diff(ref.initial, low.final, ref.final)
+    ref_loss = ref.totals[0].item() / ref.totals[2].item()
+    low_loss = low.totals[0].item() / low.totals[2].item()
+    loss = rel_diff(low_loss, ref_loss)
+    skipped = int(low.totals[3].item())
+    ok = diff <= TOL_AMP_UPDATE and loss <= TOL_AMP_LOSS and skipped == 0
+    return result(name, ok, f"update rel diff {diff:.1e} (tol {TOL_AMP_UPDATE:g}), mean loss {low_loss:.4f} vs {ref_loss:.4f} "
+                  f"(rel {loss:.1e}, tol {TOL_AMP_LOSS:g}), {n_steps} steps, {skipped} skipped",
+                  update_rel_diff=diff, loss_rel_diff=loss, skipped=skipped)
+
+
+class GradientPoison:
+    """A `prepare` hook for train_steps: the gradient of the model's first parameter becomes inf
+    in backward pass `step` (0-based; one backward per micro-batch) while the loss stays finite, as
+    when an fp16 gradient overflows. It records the parameters as the poisoned backward and the
+    one after it see them: before and after the poisoned step's optimizer.step."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.calls = 0
+        self.seen: list[torch.Tensor] = []  # parameter vectors at backward `step` and `step + 1`
+
+    def __call__(self, model: nn.Module) -> None:
+        params = list(model.parameters())
+
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls in (self.step + 1, self.step + 2):
+                self.seen.append(param_vector(params))
+            return torch.full_like(grad, float("inf")) if self.calls == self.step + 1 else grad
+
+        params[0].register_hook(hook)
+
+
+def check_grad_scaler(device: torch.device, n_steps: int = 3, bad_step: int = 1) -> CheckResult:
+    """A step with an inf gradient is skipped by GradScaler and counted in train_epoch's
+    totals[3] (reported per epoch as amp_skipped_steps): exactly 1 of `n_steps`, the parameters
+    unchanged by it (bitwise), the epoch's loss still finite. On CPU the scaler is
+    torch.amp.GradScaler("cpu") around an fp32 forward; on CUDA it is the real fp16 path."""
+    if not 0 <= bad_step < n_steps - 1:
+        raise ValueError("bad_step needs a step after it")
+    amp = "fp16" if device.type == "cuda" else "off"
+    cfg = make_config(**device_keys(device), norm="group", batch_size=32, amp=amp)
+    poison = GradientPoison(bad_step)
+    run = train_steps(cfg, n_steps, device, scaler=torch.amp.GradScaler(device.type, enabled=True), prepare=poison)
+    skipped = int(run.totals[3].item())
+    before, after = poison.seen
+    unchanged = (after - before).abs().max().item()
+    moved = (run.final - after).abs().max().item()  # the step after the skipped one trains again
+    finite_loss = bool(torch.isfinite(run.totals[0]))
+    ok = skipped == 1 and unchanged == 0.0 and moved > 0 and finite_loss
+    return result(f"GradScaler skipped steps counted ({device.type})", ok,
+                  f"inf gradient forced in step {bad_step + 1} of {n_steps}: {skipped} skipped step counted (expected 1), "
+                  f"params changed by it {unchanged:.1e} (expected 0), loss {'finite' if finite_loss else 'NOT finite'}",
+                  skipped=skipped, unchanged=unchanged, moved_after=moved, finite_loss=finite_loss, run=run)
+
+
+# ---------------------------------------------------------------- DDP through Ray Train
+
+def ddp_worker(loop_config: dict) -> None:
+    """Ray Train worker of the DDP check: `train_steps` with this worker's rank and world (so
+    wrap_model gives DDP), then rank 0 saves the state_dict and the totals to loop_config["out"]
+    (an absolute path: workers run in a Ray session folder)."""
+    import ray.train
+
+    cfg = TrainConfig(**loop_config["config"])
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    device = select_device(cfg)
+    dtype = getattr(torch, loop_config["dtype"])
+    trained = train_steps(cfg, loop_config["steps"], device, dtype, rank, world)
+    if rank == 0:
+        torch.save({"state": trained.state, "local": trained.local, "totals": trained.totals,
+                    "initial": trained.initial, "final": trained.final, "world": world}, loop_config["out"])
+
+
+def ddp_configs(workers: int, device: torch.device, n_steps: int) -> tuple[TrainConfig, TrainConfig]:
+    """(ddp config, single-process config): the same global batch 16*workers, accumulation 2 (so
+    DDP's no_sync path is exercised), n_steps steps = the whole (tiny) epoch."""
+    batch = 16 * workers
+    common = device_keys(device) | {"norm": "group", "batch_size": batch, "accum_steps": 2, "train_subset": n_steps * batch * 2}
+    return make_config(**common, strategy="ddp", workers=workers), make_config(**common, strategy="single", workers=1)
+
+
+def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -> dict[str, Any]:
+    """One TorchTrainer fit of `ddp_worker` on the connected Ray; returns what rank 0 saved."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from .orchestrate import worker_resources
+
+    trainer = TorchTrainer(
+        ddp_worker,
+        train_loop_config={"config": cfg.model_dump(), "steps": n_steps, "dtype": dtype, "out": str(out)},
+        torch_config=TorchConfig(backend=cfg.backend),
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu == "true",
+                                               resources_per_worker=worker_resources(cfg)),
+        run_config=ray.train.RunConfig(name="cifar-ray-check", storage_path=str(out.parent)),
+    )
+    trainer.fit()
+    return torch.load(out, weights_only=True)
+
+
+def check_ddp(device: torch.device, workers: int = 2, n_steps: int = 4) -> tuple[CheckResult, CheckResult]:
+    """DDP with `workers` Ray Train workers == one process on the same global batch (float64):
+    (parameters after n_steps, all-reduced train metrics). One TorchTrainer run for both."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    ddp_cfg, single_cfg = ddp_configs(workers, device, n_steps)
+    batch = ddp_cfg.batch_size
+    with tempfile.TemporaryDirectory(prefix="cifar-ray-check-") as tmp:
+        saved = run_ddp(ddp_cfg, n_steps, Path(tmp) / "rank0.pt")
+    single = train_steps(single_cfg, n_steps, device, torch.float64)
+    names = [name for name, _ in build_model(single_cfg).named_parameters()]
+    ddp_final = torch.cat([saved["state"][name].double().flatten() for name in names])
+    diff = update_rel_diff(single.initial, ddp_final, single.final)
+    init_diff = (saved["initial"] - single.initial).abs().max().item()
+    params = result(f"ddp {workers} worker{'s' if workers > 1 else ''} ({backend}) == 1 process, batch {batch}", diff <= TOL_FLOAT64 and init_diff == 0.0,
+                    f"update rel diff {diff:.1e} (tol {TOL_FLOAT64:.0e}), float64, {n_steps} steps x accum 2",
+                    update_rel_diff=diff, saved=saved, single=single)
+    totals, ref = saved["totals"], single.totals
+    loss = rel_diff(totals[0].item(), ref[0].item())
+    counts = [int(totals[1]), int(totals[2])] == [int(ref[1]), int(ref[2])]
+    local_share = int(saved["local"][2]) * workers == int(totals[2])
+    metrics = result(f"metrics all-reduced over {workers} ranks == 1 process", loss <= TOL_METRIC64 and counts and local_share,
+                     f"loss sum rel diff {loss:.1e} (tol {TOL_METRIC64:.0e}), correct {int(totals[1])} vs {int(ref[1])}, "
+                     f"samples {int(totals[2])} vs {int(ref[2])} (rank 0 alone: {int(saved['local'][2])})",
+                     loss_rel_diff=loss)
+    return params, metrics
+
+
+# ---------------------------------------------------------------- the command
+
+def failed(name: str, error: BaseException) -> CheckResult:
+    text = str(error).strip().splitlines()
+    return CheckResult(name, "FAIL", f"{type(error).__name__}: {text[-1] if text else ''}"[:300])
+
+
+def run_checks(workers: int = 2, use_gpu: str = "auto", print_line: Callable[[str], None] = print,
+               address: str | None = None, verbose: bool = False) -> list[CheckResult]:
+    """All checks, one printed line each: the in-process ones, then the one DDP run on Ray Train.
+    Ray is started locally (and shut down afterwards) if it is not running. Usage errors
+    (ConfigError) are raised before any check runs."""
+    from .orchestrate import cluster_capacity, init_ray
+
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    device = resolve_device(use_gpu)
+    need, have = ("gpus", "GPUs") if device.type == "cuda" else ("cpus", "CPUs")
+
+    def check_capacity(capacity: dict[str, float], where: str) -> None:
+        if workers > capacity[need]:
+            raise ConfigError(f"--workers {workers} needs {workers} {have} but {where} has {capacity[need]:g}")
+
+    import ray
+
+    if address is None and not ray.is_initialized():  # refuse before starting a local Ray
+        check_capacity({"cpus": os.cpu_count() or 1, "gpus": torch.cuda.device_count()}, "this machine")
+    started = time.perf_counter()
+    owns_ray = init_ray(address=address, verbose=verbose)
+    try:
+        check_capacity(cluster_capacity(), "the Ray cluster")
+        gpu = f", GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+        print_line(f"cifar-ray check on {device.type} ({os.cpu_count()} CPU cores{gpu}), torch {torch.__version__}; "
+                   f"exactness checks in float64; update rel diff = |theta_a - theta_b| / |theta_b - theta_0|")
+        results: list[CheckResult] = []
+
+        def run(name: str, fn: Callable[[], CheckResult | tuple[CheckResult, ...]]) -> list[CheckResult]:
+            began = time.perf_counter()
+            try:
+                out = fn()
+            except Exception as error:  # a crashing check is a failing check, with its reason
+                out = failed(name, error)
+            out = list(out) if isinstance(out, tuple) else [out]
+            seconds = time.perf_counter() - began
+            for item in out:
+                item.seconds = seconds
+                results.append(item)
+                print_line(item.line())
+            return out
+
+        no_bn = run("accumulation (no BN)", lambda: check_accumulation(device))[0]
+        run("accumulation (batch-norm)", lambda: check_accumulation_batchnorm(device, no_bn=no_bn if no_bn.values else None))
+        run("strategies", lambda: check_strategies(device, workers))
+        run("seeds", lambda: check_seeds(device))
+        run("bf16 autocast", lambda: check_amp(device, "bf16"))
+        run("fp16 autocast + GradScaler", lambda: check_amp(device, "fp16"))
+        run("GradScaler skipped steps", lambda: check_grad_scaler(device))
+        run(f"ddp {workers} workers", lambda: check_ddp(device, workers))
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+    counts = {status: sum(r.status == status for r in results) for status in ("PASS", "FAIL", "SKIP")}
+    print_line(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in {time.perf_counter() - started:.1f} s")
+    return results

@@ -1,0 +1,28 @@
+"""The benchmark harness runs end to end (--quick) and writes parseable output. No timing asserts."""
+
+import json
+
+import pytest
+
+from cifar_ray.bench import GOALS, run_bench
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def test_quick_bench_writes_json_and_markdown(tmp_path):
+    readme = run_bench(quick=True, out_dir=tmp_path / "bench", storage=tmp_path / "runs", say=lambda line: None)
+    record = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert record["goals"] == GOALS and record["versions"]["torch"] and record["host"]["cpu_count"]
+    assert [row["batch_size"] for row in record["batch_sizes"]] == [32, 128]
+    for row in record["batch_sizes"]:
+        assert row["samples_per_s"] > 0 and set(row["breakdown_s"]) == {"data", "forward_backward", "optimizer"}
+    assert record["data_path"]["ours_images_per_s"] > 0 and record["data_path"]["dataloader_images_per_s"] > 0
+    layouts = sorted((t["workers"], t["cpus_per_worker"]) for t in record["trials"])
+    assert layouts == [(1, 1), (1, 2), (2, 1)]
+    for trial in record["trials"]:
+        assert 0 < trial["training_s"] < trial["wall_s"] and trial["worker_start_s"] > 0 and 0 <= trial["data_share"] < 1
+    assert "sweep" not in record  # the 8-trial sweep is skipped with --quick
+    text = readme.read_text()
+    for heading in ("## 1. Training loop", "## 2. Orchestration overhead", "## 3. Data path", "## 4. Scaling", "## 5. Batch size"):
+        assert heading in text
+    assert "Ray was already running" in text  # the session's Ray was reused, so ray.init is not timed

@@ -1,0 +1,205 @@
+"""Cluster placement without a cluster: packing arithmetic, --storage, --address, data staging
+under a lock, and a data error surfacing as the trial's one-line error (that one on real Ray)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+
+import pytest
+
+from cifar_ray import data, orchestrate, sysinfo
+from cifar_ray.config import ConfigError
+from cifar_ray.orchestrate import RESOURCE_CPU, RESOURCE_GPU
+from cifar_ray.sweep import build_plan
+
+from conftest import write_cifar_fixture
+
+
+def plan_of(grid: dict, **base):
+    document = {"name": "p", "base": {"dataset": "synthetic", "batch_size": 120} | base, "grid": grid}
+    plan = build_plan(document)
+    return orchestrate.resolve_plan(plan, {"gpus": 1 if base.get("use_gpu") == "true" else 0})
+
+
+def capacity(*nodes: dict, slots: bool = False) -> dict:
+    per_node = [{"CPU": 0.0, "GPU": 0.0, RESOURCE_CPU: 0.0, RESOURCE_GPU: 0.0} | n for n in nodes]
+    return {"per_node": per_node, "nodes": len(per_node), "packing": "slots" if slots else "cap",
+            "gpus": sum(n["GPU"] for n in per_node)}
+
+
+TWO_ONE_CPU_NODES = capacity({"CPU": 1}, {"CPU": 1})
+
+
+def test_a_trial_may_span_nodes_but_a_worker_may_not():
+    orchestrate.check_fits(plan_of({"workers": [1, 2]}), TWO_ONE_CPU_NODES)  # 2 workers: one per node
+    with pytest.raises(ConfigError) as error:
+        orchestrate.check_fits(plan_of({"workers": [1]}, cpus_per_worker=2), TWO_ONE_CPU_NODES)
+    message = str(error.value)
+    assert "\n" not in message and "t000" in message and "1 worker(s) x 2 CPU(s)" in message
+    assert "CPUs 1+1" in message and "can never run" in message
+    with pytest.raises(ConfigError, match="needs 3 worker"):
+        orchestrate.check_fits(plan_of({"workers": [3]}), TWO_ONE_CPU_NODES)
+
+
+def test_gpu_trials_need_gpu_nodes():
+    gpu_nodes = capacity({"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2})
+    plan = plan_of({"workers": [4]}, use_gpu="true")
+    orchestrate.check_fits(plan, gpu_nodes)
+    assert orchestrate.concurrency_cap(plan, gpu_nodes, None) == 1
+    with pytest.raises(ConfigError, match="and 1 GPU"):
+        orchestrate.check_fits(plan_of({"workers": [5]}, use_gpu="true"), gpu_nodes)
+
+
+def test_slot_packing_needs_the_mirror_resources_on_the_nodes():
+    nodes = capacity({"CPU": 2, RESOURCE_CPU: 2}, {"CPU": 2}, slots=True)
+    orchestrate.check_fits(plan_of({"workers": [2]}), nodes)
+    with pytest.raises(ConfigError, match=f"start every node with --resources='{{\"{RESOURCE_CPU}\""):
+        orchestrate.check_fits(plan_of({"workers": [4]}), nodes)
+
+
+def test_cap_packing_runs_as_many_trials_as_copies_of_the_largest_fit():
+    ones = plan_of({"seed": [0, 1, 2, 3]})
+    assert orchestrate.concurrency_cap(ones, TWO_ONE_CPU_NODES, None) == 2
+    assert orchestrate.concurrency_cap(ones, TWO_ONE_CPU_NODES, 1) == 1  # --max-concurrent still caps
+    assert orchestrate.concurrency_cap(ones, TWO_ONE_CPU_NODES, 5) == 2
+    assert orchestrate.concurrency_cap(plan_of({"workers": [1, 2]}), TWO_ONE_CPU_NODES, None) == 1
+    big = capacity({"CPU": 3}, {"CPU": 3})  # 2-CPU workers: one per node, not 3 CPUs' worth
+    assert orchestrate.concurrency_cap(plan_of({"seed": [0, 1, 2]}, cpus_per_worker=2), big, None) == 2
+    slots = capacity({"CPU": 2, RESOURCE_CPU: 2}, slots=True)  # Tune packs by resources: no cap
+    assert orchestrate.concurrency_cap(ones, slots, None) is None
+    assert orchestrate.concurrency_cap(ones, slots, 3) == 3
+
+
+def test_trial_bundles():
+    cfg = plan_of({"workers": [2]}).trials[0].config
+    head = {"CPU": 0.0, "memory": 1.0}
+    assert orchestrate.trial_bundles(cfg, slots=True) == [head, {RESOURCE_CPU: 1.0}, {RESOURCE_CPU: 1.0}]
+    assert orchestrate.trial_bundles(cfg, slots=False) == [head]
+    gpu = plan_of({"workers": [2]}, use_gpu="true").trials[0].config
+    assert orchestrate.trial_bundles(gpu)[1] == {RESOURCE_CPU: 1.0, RESOURCE_GPU: 1.0}
+
+
+def test_storage_is_a_folder_uris_are_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert orchestrate.storage_folder("runs") == tmp_path / "runs"
+    assert orchestrate.storage_folder(f"file://{tmp_path}/x") == tmp_path / "x"
+    for uri in ("s3://bucket/runs", "gs://b/r", "hdfs://nn:8020/r"):
+        with pytest.raises(ConfigError) as error:
+            orchestrate.storage_folder(uri)
+        assert "\n" not in str(error.value) and "not supported yet" in str(error.value) and uri in str(error.value)
+
+
+def test_address_comes_from_the_flag_or_ray_address(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert orchestrate.cluster_address(None) is None
+    assert orchestrate.cluster_address("local") is None
+    assert orchestrate.cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")  # what `ray job submit` gives its entrypoint
+    assert orchestrate.cluster_address(None) == "10.0.0.2:6379"
+    assert orchestrate.cluster_address("auto") == "auto"
+
+
+def test_a_dead_address_is_a_one_line_error_not_minutes_of_retries():
+    with pytest.raises(ConfigError, match=r"cannot connect to the Ray cluster at 127\.0\.0\.1:1 "):
+        orchestrate._check_reachable("127.0.0.1:1")
+    orchestrate._check_reachable("auto")  # left to Ray
+
+
+def test_runtime_env_leaves_the_jobs_own_settings_alone(monkeypatch):
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    env = orchestrate.cluster_runtime_env(verbose=False)
+    assert set(env["env_vars"]) == set(orchestrate.RAY_ENV_DEFAULTS)
+    assert env["worker_process_setup_hook"] == "cifar_ray.orchestrate.quiet_ray_logs"
+    job = {"runtime_env": {"working_dir": "gcs://x.zip", "env_vars": {"RAY_DEDUP_LOGS": "0"}}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    env = orchestrate.cluster_runtime_env(verbose=True)
+    assert "RAY_DEDUP_LOGS" not in env["env_vars"] and "worker_process_setup_hook" not in env
+
+
+def test_placement_of_a_single_process():
+    import ray
+
+    placement = sysinfo.gather_placement()
+    # this process's node when an earlier test started the session's Ray, else none
+    expected = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    assert placement["nodes"] == [expected] and len(placement["hostnames"]) == 1
+
+
+def serve(content: bytes):
+    """A one-file HTTP server on loopback; returns (url, server, list of GET paths served)."""
+    gets: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+
+        def do_GET(self):
+            gets.append(self.path)
+            self.do_HEAD()
+            self.wfile.write(content)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/cifar-10-python.tar.gz", server, gets
+
+
+def test_concurrent_workers_download_once_and_never_see_half_a_folder(tmp_path, monkeypatch):
+    source = tmp_path / "source"
+    write_cifar_fixture(source, per_batch=20, n_test=20)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        archive.add(source / data.CIFAR_FOLDER, arcname=data.CIFAR_FOLDER)
+    url, server, gets = serve(buffer.getvalue())
+    import torchvision.datasets.utils as tv_utils
+
+    downloads = []
+    real_download = tv_utils.download_and_extract_archive
+    monkeypatch.setattr(tv_utils, "download_and_extract_archive", lambda *a, **k: downloads.append(a) or real_download(*a, **k))
+    monkeypatch.setattr(data, "CIFAR_URL", url)
+    monkeypatch.setattr(data, "CIFAR_MD5", hashlib.md5(buffer.getvalue()).hexdigest())
+    target = tmp_path / "node-local"
+    results, errors = [], []
+
+    def worker():
+        try:
+            results.append(data.read_cifar_batches(data.ensure_cifar10(target), data.TEST_FILES))
+        except Exception as error:  # collected: a thread's exception would be lost
+            errors.append(error)
+
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        server.shutdown()
+    assert not errors and len(results) == 4 and all(len(r) == 20 for r in results)
+    assert len(downloads) == 1 and gets  # one real download over HTTP for all four
+    assert data.cifar_present(target) and not list(target.glob(".cifar10-extract-*"))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_bad_data_is_the_trials_one_line_error(tmp_path, capsys):
+    from cifar_ray.cli import main
+
+    write_cifar_fixture(tmp_path / "data", per_batch=10, n_test=10)
+    (tmp_path / "data" / data.CIFAR_FOLDER / "data_batch_2").write_bytes(b"cut short")
+    code = main(["train", "--storage", str(tmp_path / "runs"), "--name", "bad", "--json", "--set", "dataset=cifar10",
+                 f"data_dir={tmp_path / 'data'}", "max_failures=0", "epochs=1", "width=8", "batch_size=8"])
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and result["status"] == "failed", err
+    assert result["error"].startswith("cifar_ray.data.DataError: cannot read CIFAR-10 batch") and "data_batch_2" in result["error"]
+    assert "\n" not in result["error"]
+    assert f"FAILED: {result['error']}" in err  # the progress line says the same
