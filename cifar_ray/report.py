@@ -27,13 +27,12 @@ import numpy as np
 import pandas as pd
 
 from .config import ConfigError
-from .runlog import SWEEP_FILE, TRIAL_FILE, RunLog, load_run
+from .runlog import BREAKDOWN_KEYS, SWEEP_FILE, TRIAL_FILE, RunLog, load_run
 
 FORMATS = ("md", "csv", "json")
 EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
-              "peak_mem_mb", "lr", "amp_skipped_steps")
-# Step-time breakdown keys, shown in this order when present; other `time_*_s` keys follow sorted.
-BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
+              "peak_mem_mb", "lr", "peak_lr", "amp_skipped_steps", "allreduce_bytes_per_step")
+# Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
 
 OVERFIT_RISE = 0.02
 OVERFIT_RULE = (

@@ -29,6 +29,8 @@ from typing import Any
 SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
 EPOCHS_FILE = "metrics.jsonl"
+# Step-time breakdown of an epoch in seconds, mean over ranks (train.PhaseTimer measures it).
+BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
 

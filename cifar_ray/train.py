@@ -28,8 +28,6 @@ from .data import Split, iterate_train, load_splits, normalise, test_shard
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
 
-# Step-time breakdown of an epoch, in seconds (mean over ranks): see PhaseTimer.
-BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
 
@@ -294,7 +292,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             "eval_time_s": epoch_time - train_time,
-            **dict(zip(BREAKDOWN_KEYS, breakdown)),
+            **dict(zip(runlog.BREAKDOWN_KEYS, breakdown)),
             "train_samples": int(samples),  # over all ranks: steps x effective batch
             "samples_per_s": samples / train_time,
             "peak_mem_mb": peak.item(),
