@@ -231,7 +231,7 @@ def render(record: dict) -> str:
     if not sweep:
         lines += ["", "The 8-trial sweep (wall time vs pure training time) is skipped with `--quick`."]
     else:
-        lines += ["", f"A {sweep['trials']}-trial sweep ({sweep['parallel_slots']} trials at a time): wall {sweep['wall_s']:.1f} s vs "
+        lines += ["", f"An {sweep['trials']}-trial sweep ({sweep['parallel_slots']} trials at a time): wall {sweep['wall_s']:.1f} s vs "
                   f"{sweep['training_s_per_slot']:.1f} s of pure training per slot: ratio {sweep['ratio']:.2f}, "
                   f"{_goal(sweep['ratio'], GOALS['sweep_wall_vs_training'], higher_is_better=False)}. Each trial pays a fixed start/stop cost "
                   "(above), so the ratio approaches 1 as trials train longer."]
@@ -255,6 +255,9 @@ def render(record: dict) -> str:
         total = sum(parts.values())
         lines.append(f"| {row['batch_size']} | {row['samples_per_s']:.0f} | {row['epoch_time_s']:.2f} | {parts.get('data', 0) / total:.1%} | "
                      f"{parts.get('forward_backward', 0) / total:.1%} | {parts.get('optimizer', 0) / total:.1%} |")
-    lines += ["", "Per-step fixed costs (optimizer step, Python and kernel launches) shrink per image as the batch grows, until "
-              "forward+backward compute dominates: from there images/s stops rising, which is why time per epoch stops falling.", ""]
+    rates = [row["samples_per_s"] for row in record["batch_sizes"]]
+    compute_share = min(row["breakdown_s"].get("forward_backward", 0) / sum(row["breakdown_s"].values()) for row in record["batch_sizes"])
+    lines += ["", f"Images/s ranges from {min(rates):.0f} to {max(rates):.0f} over these batch sizes. Forward+backward takes at least "
+              f"{compute_share:.0%} of every step: a larger batch only amortises the per-step fixed costs (data gathering, optimizer "
+              "step, Python and kernel launches) in the remaining share, so once compute dominates, time per epoch stops falling.", ""]
     return "\n".join(lines)

@@ -65,16 +65,20 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-OPTIMIZERS: dict[str, Callable[[Params, TrainConfig], torch.optim.Optimizer]] = {
-    "sgd": lambda p, c: torch.optim.SGD(p, lr=c.lr, weight_decay=c.weight_decay),
-    "momentum": lambda p, c: torch.optim.SGD(p, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay),
-    "nesterov": lambda p, c: torch.optim.SGD(p, lr=c.lr, momentum=c.momentum, nesterov=c.momentum > 0, weight_decay=c.weight_decay),
-    "adam": lambda p, c: torch.optim.Adam(p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay),
-    "adamw": lambda p, c: torch.optim.AdamW(p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay),
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda p, c, **fast: torch.optim.SGD(p, lr=c.lr, weight_decay=c.weight_decay, **fast),
+    "momentum": lambda p, c, **fast: torch.optim.SGD(p, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, **fast),
+    "nesterov": lambda p, c, **fast: torch.optim.SGD(p, lr=c.lr, momentum=c.momentum, nesterov=c.momentum > 0, weight_decay=c.weight_decay, **fast),
+    "adam": lambda p, c, **fast: torch.optim.Adam(p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay, **fast),
+    "adamw": lambda p, c, **fast: torch.optim.AdamW(p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay, **fast),
     # Plain RMSprop (Hinton's, no momentum), as compared in the course; lr ~1e-3 suits it.
-    "rmsprop": lambda p, c: torch.optim.RMSprop(p, lr=c.lr, weight_decay=c.weight_decay),
-    "lars": lambda p, c: LARS(p, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, eta=c.lars_eta),
+    "rmsprop": lambda p, c, **fast: torch.optim.RMSprop(p, lr=c.lr, weight_decay=c.weight_decay, **fast),
+    "lars": lambda p, c, **_: LARS(p, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, eta=c.lars_eta),
 }
+# On CUDA, one fused kernel updates all parameters instead of a kernel per tensor (torch.optim docs:
+# fused > foreach > for-loop). On CPU torch's default (foreach where supported) stays.
+FUSED_ON_CUDA = ("sgd", "momentum", "nesterov", "adam", "adamw")
+
 
 # Factor of the peak LR as a function of k = effective batch / base batch.
 LR_SCALING: dict[str, Callable[[float], float]] = {
@@ -95,7 +99,8 @@ def peak_lr(cfg: TrainConfig) -> float:
 
 def build_optimizer(params: Params, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer at the (scaled) peak LR; build_scheduler multiplies it step by step."""
-    return OPTIMIZERS[cfg.optimizer](params, cfg.model_copy(update={"lr": peak_lr(cfg)}))
+    fast = {"fused": True} if cfg.use_gpu == "true" and cfg.optimizer in FUSED_ON_CUDA else {}
+    return OPTIMIZERS[cfg.optimizer](params, cfg.model_copy(update={"lr": peak_lr(cfg)}), **fast)
 
 
 # Multiplier of the peak LR as a function of progress t in [0, 1] through the post-warm-up steps.

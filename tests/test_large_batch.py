@@ -355,3 +355,13 @@ def test_powersgd_run_through_ray_learns_and_reports_bytes(tmp_path, capsys):
     saved = torch.load(checkpoints[-1], weights_only=False)
     assert saved["epoch"] == 3 and len(saved["comm"]) == 2
     assert all(state["iter"] == 3 * steps and state["error_dict"] for state in saved["comm"])
+
+
+def test_fused_optimizer_kernels_on_cuda_only():
+    from cifar_ray.optim import build_optimizer
+
+    params = list(torch.nn.Linear(3, 3).parameters())
+    for name in ("sgd", "momentum", "nesterov", "adam", "adamw"):
+        assert build_optimizer(params, TrainConfig(optimizer=name, use_gpu="true")).defaults["fused"] is True
+        assert not build_optimizer(params, TrainConfig(optimizer=name, use_gpu="false")).defaults.get("fused")
+    assert not build_optimizer(params, TrainConfig(optimizer="rmsprop", use_gpu="true")).defaults.get("fused")
