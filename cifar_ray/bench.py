@@ -23,9 +23,8 @@ from . import runlog, sysinfo
 from .config import TrainConfig, parse_config
 from .data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits
 from .models import build_model
-from .optim import build_optimizer, build_scheduler
 from .sweep import build_plan
-from .train import PhaseTimer, train_epoch
+from .train import PhaseTimer, build_training, torch_threads, train_epoch
 
 GOALS = {"ray_vs_bare": 0.95, "sweep_wall_vs_training": 1.15, "loader_speedup": 10.0, "data_share": 0.03}
 
@@ -42,30 +41,24 @@ def median_after_warmup(values: list[float]) -> float:
 
 def bare_loop(cfg: TrainConfig) -> dict:
     """The same loop without Ray: train_epoch in this process, cfg.cpus_per_worker threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.cpus_per_worker)
-    try:
+    cpu = torch.device("cpu")
+    with torch_threads(cfg.cpus_per_worker):
         torch.manual_seed(cfg.seed)
         train, _ = load_splits(cfg)
-        model = build_model(cfg)
-        optimizer = build_optimizer(model.parameters(), cfg)
-        scheduler = build_scheduler(optimizer, cfg, len(train) // cfg.effective_batch)
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
-        criterion = torch.nn.CrossEntropyLoss()
+        parts = build_training(cfg, build_model(cfg), len(train) // cfg.effective_batch, cpu, world=1)
         rates, phases, times = [], [], []
         for epoch in range(1, cfg.epochs + 1):
-            timer = PhaseTimer(torch.device("cpu"))
+            timer = PhaseTimer(cpu)
             started = time.perf_counter()
-            totals = train_epoch(model, iterate_train(train, cfg, epoch, 0, 1), optimizer, scheduler, scaler, criterion, cfg, torch.device("cpu"), timer)
+            totals = train_epoch(parts.model, iterate_train(train, cfg, epoch, 0, 1), parts.optimizer, parts.scheduler,
+                                 parts.scaler, parts.criterion, cfg, cpu, timer)
             elapsed = time.perf_counter() - started
             rates.append(totals[2].item() / elapsed)
             times.append(elapsed)
             phases.append(timer.seconds())
-        last = phases[-1]
-        return {"samples_per_s": median_after_warmup(rates), "epoch_time_s": median_after_warmup(times),
-                "breakdown_s": last, "data_share": last.get("data", 0.0) / sum(last.values())}
-    finally:
-        torch.set_num_threads(threads)
+    last = phases[-1]
+    return {"samples_per_s": median_after_warmup(rates), "epoch_time_s": median_after_warmup(times),
+            "breakdown_s": last, "data_share": last.get("data", 0.0) / sum(last.values())}
 
 
 def loader_comparison(cfg: TrainConfig, batches: int) -> dict:
@@ -77,9 +70,7 @@ def loader_comparison(cfg: TrainConfig, batches: int) -> dict:
 
     train, _ = load_splits(cfg)
     n = min(len(train), batches * cfg.batch_size)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         started = time.perf_counter()
         produced = 0
         for step in iterate_train(train, cfg, 1, 0, 1):
@@ -106,8 +97,6 @@ def loader_comparison(cfg: TrainConfig, batches: int) -> dict:
         started = time.perf_counter()
         produced = sum(len(y) for _, y in loader)
         theirs = produced / (time.perf_counter() - started)
-    finally:
-        torch.set_num_threads(threads)
     return {"ours_images_per_s": ours, "dataloader_images_per_s": theirs, "speedup": ours / theirs}
 
 

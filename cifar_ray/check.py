@@ -36,8 +36,7 @@ from torch import nn
 from .config import ConfigError, TrainConfig, parse_config
 from .data import Split, iterate_train, load_splits
 from .models import build_model
-from .optim import build_optimizer, build_scheduler
-from .train import all_reduce, select_device, train_epoch, wrap_model
+from .train import all_reduce, build_training, select_device, torch_threads, train_epoch
 
 # Tolerances (see README "Evidence"): float64 exactness, float32 repeatability, mixed precision.
 TOL_FLOAT64 = 1e-9  # update rel diff of two float64 runs that should be the same computation
@@ -142,12 +141,8 @@ def train_steps(
     `prepare(model)` may instrument the model before training (e.g. poison one gradient).
     Runs with cfg.cpus_per_worker torch threads, as a Ray Train worker does (and tiny models on
     a busy machine run many times faster on one thread than on contended ones)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.cpus_per_worker)
-    try:
+    with torch_threads(cfg.cpus_per_worker):
         return _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> Trained:
@@ -157,17 +152,12 @@ def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> T
     initial = param_vector(model.parameters())
     if prepare is not None:
         prepare(model)
-    raw_model, model = model, wrap_model(model, cfg, device, world)
-    optimizer = build_optimizer(model.parameters(), cfg)
-    scheduler = build_scheduler(optimizer, cfg, len(train) // cfg.effective_batch)
-    if scaler is None:
-        scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    parts = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler)
     step_list = cast_steps(itertools.islice(iterate_train(train, cfg, 1, rank, world), n_steps), dtype)
-    local = train_epoch(model, step_list, optimizer, scheduler, scaler, criterion, cfg, device)
+    local = train_epoch(parts.model, step_list, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion, cfg, device)
     totals = all_reduce(local.clone())  # as train_loop_per_worker: sums over all ranks
-    state = {k: v.detach().cpu() for k, v in raw_model.state_dict().items()}
-    return Trained(initial, param_vector(raw_model.parameters()), state, local.cpu(), totals.cpu())
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return Trained(initial, param_vector(model.parameters()), state, local.cpu(), totals.cpu())
 
 
 # ---------------------------------------------------------------- device

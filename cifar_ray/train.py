@@ -15,6 +15,7 @@ import math
 import resource
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -53,6 +54,49 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, device: torch.device, world: 
         comm.register_comm_hook(ddp, cfg)  # grad_compression: fp16/bf16/PowerSGD all-reduce hook
         return ddp
     return model  # one process, one device: nothing to synchronise
+
+
+def amp_autocast(cfg: TrainConfig, device: torch.device) -> torch.autocast:
+    return torch.autocast(device.type, dtype=AMP_DTYPES.get(cfg.amp, torch.float32), enabled=cfg.amp != "off")
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """Run with `count` torch threads (as a Ray Train worker with cpus_per_worker=count), then restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class Training:
+    """What trains a model: as built (`raw_model`, for state and evaluation) and as run (`model`:
+    wrapped for DDP/DP, compiled), with its optimizer, schedule, scaler and loss."""
+
+    raw_model: nn.Module
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    criterion: nn.Module
+
+
+def build_training(cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, device: torch.device, world: int,
+                   scaler: torch.amp.GradScaler | None = None) -> Training:
+    """The one setup around a built model, shared by the worker loop, `cifar-ray check` and `bench`."""
+    wrapped = wrap_model(model, cfg, device, world)
+    if cfg.compile:
+        wrapped = torch.compile(wrapped)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
+    optimizer = build_optimizer(wrapped.parameters(), cfg)
+    return Training(
+        raw_model=model, model=wrapped, optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg, steps_per_epoch),
+        scaler=scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
+        criterion=nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+    )
 
 
 class PhaseTimer:
@@ -125,7 +169,7 @@ def train_epoch(
     splits the time into data, forward+backward and optimizer phases."""
     model.train()
     totals = torch.zeros(4, device=device, dtype=torch.float64)
-    autocast = torch.autocast(device.type, dtype=AMP_DTYPES.get(cfg.amp, torch.float32), enabled=cfg.amp != "off")
+    autocast = amp_autocast(cfg, device)
     timer = timer or PhaseTimer(device, enabled=False)
     timer.start()
     for micro_batches in steps:
@@ -163,7 +207,7 @@ def evaluate(model: nn.Module, test: Split, cfg: TrainConfig, device: torch.devi
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)
     shard = test_shard(len(test), rank, world)
-    autocast = torch.autocast(device.type, dtype=AMP_DTYPES.get(cfg.amp, torch.float32), enabled=cfg.amp != "off")
+    autocast = amp_autocast(cfg, device)
     for start in range(shard.start, shard.stop, EVAL_BATCH):
         stop = min(start + EVAL_BATCH, shard.stop)
         images, labels = normalise(test.images[start:stop]), test.labels[start:stop]
@@ -244,14 +288,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if device.type == "cuda":
         # NHWC lets cuDNN use tensor-core convolutions without transposes (airbench, torchvision recipes).
         model = model.to(memory_format=torch.channels_last)
-    raw_model, model = model, wrap_model(model, cfg, device, world)
-    if cfg.compile:
-        model = torch.compile(model)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
-    optimizer = build_optimizer(model.parameters(), cfg)
     steps_per_epoch = len(train) // cfg.effective_batch
-    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    parts = build_training(cfg, model, steps_per_epoch, device, world)
+    raw_model, model, optimizer, scheduler, scaler, criterion = (
+        parts.raw_model, parts.model, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion)
 
     last_done = 0
     checkpoint = ray.train.get_checkpoint()  # set after a worker failure or a driver restore
@@ -308,11 +348,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
             runlog.append_epoch(trial_dir, metrics)
         comm_states = comm.gather_hook_state(comm.hook_state(model), device) if not diverged else None  # collective
         with tempfile.TemporaryDirectory() as folder:
+            checkpoint = None
             if rank == 0 and not diverged:
                 save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler, comm_states)
+                checkpoint = ray.train.Checkpoint.from_directory(folder)
             # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint,
             # which Ray copies to the trial's storage before report returns.
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder) if rank == 0 and not diverged else None)
+            ray.train.report(metrics, checkpoint=checkpoint)
         if diverged:
             break
 
