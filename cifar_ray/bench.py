@@ -23,6 +23,7 @@ from . import runlog, sysinfo
 from .config import TrainConfig, parse_config
 from .data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits
 from .models import build_model
+from .storage import StoragePath
 from .sweep import build_plan
 from .train import PhaseTimer, build_training, torch_threads, train_epoch
 
@@ -100,7 +101,7 @@ def loader_comparison(cfg: TrainConfig, batches: int) -> dict:
     return {"ours_images_per_s": ours, "dataloader_images_per_s": theirs, "speedup": ours / theirs}
 
 
-def trial_overheads(run_dir: Path) -> list[dict]:
+def trial_overheads(run_dir: runlog.Where) -> list[dict]:
     """Per trial: training time vs everything around it, from trial.json timelines and epochs."""
     rows = []
     for trial in runlog.load_run(run_dir).trials:
@@ -122,7 +123,7 @@ def trial_overheads(run_dir: Path) -> list[dict]:
     return rows
 
 
-def run_sweep(name: str, base: dict, grid: dict, storage: Path, max_concurrent: int | None, say: Callable[[str], None]) -> tuple[Path, float]:
+def run_sweep(name: str, base: dict, grid: dict, storage: Path, max_concurrent: int | None, say: Callable[[str], None]) -> tuple[StoragePath, float]:
     from .orchestrate import run_plan
 
     plan = build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})

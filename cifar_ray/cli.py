@@ -9,12 +9,12 @@ import shlex
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from . import runlog
 from .config import ConfigError, parse_overrides
 from .data import DataError
+from .storage import StoragePath, redact
 
 USAGE_ERROR = 2
 SUMMARY_COLUMNS = ("trial", "status", "epochs", "test_acc", "best_test_acc", "train_acc", "epoch_time_s", "samples_per_s", "peak_mem_mb")
@@ -59,13 +59,13 @@ def text_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def summary_rows(run_dir: Path) -> list[dict[str, Any]]:
+def summary_rows(run_dir: runlog.Where) -> list[dict[str, Any]]:
     return [trial_result(t) | {"epochs": f"{len(t.epochs)}/{t.config.get('epochs', '?')}"} for t in runlog.load_run(run_dir).trials]
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides, e.g. --set dataset=synthetic epochs=1")
-    parser.add_argument("--storage", default="runs", help="folder for run logs and checkpoints (default: runs/); on a Ray cluster, one every node mounts at the same path")
+    parser.add_argument("--storage", default="runs", help="where run logs and checkpoints go: a folder (default: runs/) or a URI such as s3://bucket/runs; on a Ray cluster, a folder every node mounts at the same path or a URI")
     parser.add_argument("--name", help="run name (folder under --storage)")
     parser.add_argument("--max-concurrent", type=int, default=None, metavar="N", help="run at most N trials at once (default: as many as fit)")
     parser.add_argument("--address", default=None, help="existing Ray cluster: auto, HOST:PORT or ray://HOST:10001 (default: $RAY_ADDRESS, else start a local Ray)")
@@ -87,7 +87,7 @@ def build_parser() -> Parser:
     bench.add_argument("--quick", action="store_true", help="a smaller, faster run (for CI and a first look)")
     bench.add_argument("--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)")
     report = commands.add_parser("report", help="write a Markdown report (with plots) from a run folder")
-    report.add_argument("run_dir", help="a run folder, e.g. runs/quickstart")
+    report.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
     report.add_argument("--out", default=None, help="output folder (default: reports/<name>)")
     report.add_argument("--baseline", default=None, metavar="KEY=VALUE", help="grid value the deltas are measured against (default: each factor's first value)")
     report.add_argument("--format", default="md", choices=("md", "csv", "json"), help="md: README.md + PNG plots; csv/json: the aggregated tables")
@@ -100,11 +100,11 @@ def build_parser() -> Parser:
 
 
 def run_plan_command(plan, args: argparse.Namespace) -> int:
-    from .orchestrate import init_ray, run_plan, storage_folder
+    from .orchestrate import init_ray, run_plan
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
-    storage_folder(args.storage)  # a refused --storage fails before Ray starts
+    StoragePath.of(args.storage)  # a refused --storage fails before Ray starts
     owns_ray = init_ray(address=args.address, verbose=args.verbose)
     # Tune stops gracefully on SIGINT (saving its state); give SIGTERM the same treatment.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
@@ -133,7 +133,7 @@ def run_plan_command(plan, args: argparse.Namespace) -> int:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    parts = ["cifar-ray", "sweep", shlex.quote(args.file), "--resume", "--storage", shlex.quote(args.storage)]
+    parts = ["cifar-ray", "sweep", shlex.quote(args.file), "--resume", "--storage", shlex.quote(redact(args.storage))]
     if args.name:
         parts += ["--name", shlex.quote(args.name)]
     if args.address:

@@ -25,7 +25,6 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 import time
 import traceback
@@ -35,6 +34,7 @@ from typing import Any, Callable
 
 from . import runlog, sysinfo
 from .config import ConfigError, TrainConfig
+from .storage import StoragePath, redact
 from .sweep import SweepPlan, TrialSpec
 
 RESOURCE_CPU = "cifar_ray_cpu"
@@ -238,51 +238,40 @@ def concurrency_cap(plan: SweepPlan, capacity: dict[str, Any], max_concurrent: i
     return min(fit, max_concurrent) if max_concurrent else fit
 
 
-URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def storage_folder(storage: str | Path) -> Path:
-    """--storage as an absolute folder. Every process of a trial (driver, rank 0 on any node)
-    writes its logs and checkpoints straight there, so on a cluster it must be a folder that
-    every node mounts at the same path (NFS, ...). file:// URIs are folders; other URIs
-    (s3://, gs://) are refused: the run log is written with local file operations."""
-    text = str(storage)
-    match = URI.match(text)
-    if match and match.group(1).lower() == "file":
-        text = text[len(match.group(0)):]
-    elif match:
-        raise ConfigError(f"--storage {text}: {match.group(1)}:// URIs are not supported yet; pass a folder "
-                          "(on a Ray cluster, one that every node mounts at the same path, e.g. NFS)")
-    return Path(text).expanduser().resolve()
-
-
-def _storage_probe(marker: str) -> dict[str, Any]:
-    """Runs on one node: can it see the driver's marker file and write beside it?"""
+def _storage_probe(marker: StoragePath) -> dict[str, Any]:
+    """Runs on one node: can it read the driver's marker and write a file beside it?"""
     import socket
 
     import ray
 
-    path = Path(marker)
-    return {"ip": ray.util.get_node_ip_address(), "host": socket.gethostname(),
-            "ok": path.is_file() and os.access(path.parent, os.W_OK)}
+    answer = {"ip": ray.util.get_node_ip_address(), "host": socket.gethostname()}
+    try:
+        assert marker.read_text()
+        probe = marker.parent / f"{marker.name}-{answer['ip']}"
+        probe.write_text("written by a cifar-ray node\n")
+        probe.unlink()
+    except (OSError, AssertionError) as error:
+        return answer | {"ok": False, "why": (str(error).splitlines() or ["empty marker"])[0][:200]}
+    return answer | {"ok": True}
 
 
-def check_shared_storage(folder: Path, print_line: Callable[[str], None] = print, timeout_s: float = 180.0) -> None:
-    """On a multi-node cluster, prove that every node sees `folder` (the --storage root): the
-    driver writes a marker file, a zero-CPU task on each node looks for it. A node that cannot
-    see it is a ConfigError; one that does not answer in time (e.g. still installing a runtime
-    env) is only reported."""
+def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] = print, timeout_s: float = 180.0) -> None:
+    """On a multi-node cluster, prove that every node reaches `folder` (the --storage root): the
+    driver writes a marker file, a zero-CPU task on each node reads it and writes beside it. A
+    node that cannot (a folder not mounted there, an object store without credentials there) is
+    a ConfigError; one that does not answer in time (e.g. still installing a runtime env) is
+    only reported."""
     import uuid
 
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir()
     marker = folder / f".cifar-ray-storage-check-{uuid.uuid4().hex}"
     marker.write_text("written by the cifar-ray driver; every node must see this file\n")
     probe = ray.remote(num_cpus=0, max_retries=0)(_storage_probe)
     try:
-        refs = {node["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(str(marker))
+        refs = {node["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(marker)
                 for node in ray.nodes() if node.get("Alive")}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         blind, errors, silent = [], [], []
@@ -296,17 +285,17 @@ def check_shared_storage(folder: Path, print_line: Callable[[str], None] = print
                 errors.append(f"node {node_id[:8]}: {_error_line(error)}")
                 continue
             if not answer["ok"]:
-                blind.append(f"{answer['ip']} ({answer['host']})")
+                blind.append(f"{answer['ip']} ({answer['host']}: {answer['why']})")
     finally:
-        marker.unlink(missing_ok=True)
+        marker.unlink()
     if blind:
-        raise ConfigError(f"--storage {folder} is not visible (or not writable) from node(s) {', '.join(blind)}: on a Ray "
-                          "cluster it must be a folder every node mounts at the same path (NFS, ...)")
+        raise ConfigError(f"--storage {folder} is not reachable (or not writable) from node(s) {', '.join(blind)}: on a Ray cluster "
+                          "it must be a folder every node mounts at the same path (NFS, ...) or a URI every node has credentials for")
     if errors:
         raise ConfigError(f"cannot run cifar_ray code on every node ({'; '.join(errors)}): install the package on every "
                           "node, or ship it with `ray job submit --runtime-env-json '{\"working_dir\": \".\"}'`")
     if silent:
-        print_line(f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they see {folder}")
+        print_line(f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they reach {folder}")
 
 
 def resolve_plan(plan: SweepPlan, capacity: dict[str, float]) -> SweepPlan:
@@ -337,7 +326,7 @@ def run_trial(tune_config: dict) -> None:
 
     from .train import train_loop_per_worker
 
-    spec, run_dir = tune_config["trial"], Path(tune_config["run_dir"])
+    spec, run_dir = tune_config["trial"], tune_config["run_dir"]
     cfg = TrainConfig(**spec["config"])
     trial_dir = run_dir / spec["name"]
     trial_file = trial_dir / runlog.TRIAL_FILE
@@ -347,13 +336,13 @@ def run_trial(tune_config: dict) -> None:
     runlog.update_json(trial_file, driver=sysinfo.worker_placement())  # the node running this trial's Tune driver
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": cfg.model_dump(), "trial_dir": str(trial_dir)},
+        train_loop_config={"config": cfg.model_dump(), "trial_dir": trial_dir},
         torch_config=TorchConfig(backend=cfg.backend),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true",
                                                resources_per_worker=worker_resources(cfg)),
         # A stable name per trial: a restored sweep's trial finds its run and checkpoints again.
         run_config=ray.train.RunConfig(
-            name="train", storage_path=str(trial_dir), callbacks=[TuneReportCallback()],
+            name="train", **trial_dir.ray_storage(), callbacks=[TuneReportCallback()],
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
         ),
@@ -361,7 +350,7 @@ def run_trial(tune_config: dict) -> None:
     try:
         trainer.fit()
     except Exception as error:
-        (trial_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+        (trial_dir / runlog.ERROR_FILE).write_text("".join(traceback.format_exception(error)))
         runlog.update_json(trial_file, status=_failure_status(error), error=_error_line(error), finished_at=runlog.now_iso())
         raise
     epochs = runlog.read_epochs(trial_dir)
@@ -424,19 +413,19 @@ def _epoch_printer():
 
         def on_trial_error(self, iteration, trials, trial, **info):
             spec = trial.config["trial"]
-            meta = runlog.read_json(Path(trial.config["run_dir"]) / spec["name"] / runlog.TRIAL_FILE)
-            _print_progress(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see error.txt'}")
+            meta = runlog.read_json(trial.config["run_dir"] / spec["name"] / runlog.TRIAL_FILE)
+            _print_progress(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see ' + runlog.ERROR_FILE}")
 
     return EpochPrinter()
 
 
 def run_plan(
     plan: SweepPlan,
-    storage: str | Path = "runs",
+    storage: str | os.PathLike | StoragePath = "runs",
     max_concurrent: int | None = None,
     print_line: Callable[[str], None] = print,
     resume: bool = False,
-) -> Path:
+) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
     interrupted run of the same plan continues: finished trials are kept, the others continue
@@ -446,7 +435,7 @@ def run_plan(
     capacity = cluster_capacity()
     plan = resolve_plan(plan, capacity)
     check_fits(plan, capacity)
-    run_dir = storage_folder(storage) / plan.name
+    run_dir = StoragePath.of(storage) / plan.name
     if capacity["nodes"] > 1 or _ray_client():
         check_shared_storage(run_dir.parent, print_line)
     limit = concurrency_cap(plan, capacity, max_concurrent)
@@ -461,27 +450,27 @@ def run_plan(
     _progress_printer[0] = print_line
     started = time.time()
     if resume:
-        if not previous or not tune.Tuner.can_restore(str(run_dir)):
+        if not previous or not tune.Tuner.can_restore(run_dir.path, storage_filesystem=run_dir.ray_filesystem):
             raise ConfigError(f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume")
         if previous.get("trials") != names:
             raise ConfigError(f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file and --set values, or use --name")
-        tuner = tune.Tuner.restore(str(run_dir), trainable=trainable, resume_errored=True)
+        tuner = tune.Tuner.restore(run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem)
     else:
         if previous:
             raise ConfigError(f"{run_dir} already holds a run of '{plan.name}': pass --resume to finish it, --name NEW to start another, or delete the folder")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()
         runlog.write_json(sweep_file, plan.summary() | {
             "started_at": runlog.now_iso(), "git_revision": sysinfo.git_revision(Path(__file__).parent),
-            "host": sysinfo.host_info(), "versions": sysinfo.versions(), "cluster": capacity, "command": " ".join(sys.argv),
+            "host": sysinfo.host_info(), "versions": sysinfo.versions(), "cluster": capacity, "command": redact(" ".join(sys.argv)),
         })
         for trial in plan.trials:
             runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
         tuner = tune.Tuner(
             trainable,
-            param_space={"run_dir": str(run_dir), "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
+            param_space={"run_dir": run_dir, "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
             tune_config=tune.TuneConfig(max_concurrent_trials=limit, trial_dirname_creator=_trial_folder_name,
                                         trial_name_creator=_trial_folder_name),
-            run_config=tune.RunConfig(name=plan.name, storage_path=str(run_dir.parent), verbose=0, callbacks=[_epoch_printer()]),
+            run_config=tune.RunConfig(name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[_epoch_printer()]),
         )
     tuner.fit()
     wall = runlog.read_json(sweep_file).get("wall_time_s") or 0.0  # a resumed run adds its own time

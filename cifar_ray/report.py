@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from .config import ConfigError
-from .runlog import BREAKDOWN_KEYS, SWEEP_FILE, TRIAL_FILE, RunLog, load_run
+from .runlog import BREAKDOWN_KEYS, SWEEP_FILE, TRIAL_FILE, RunLog, Where, load_run
 
 FORMATS = ("md", "csv", "json")
 EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
@@ -87,7 +87,7 @@ class Report:
 # ----------------------------------------------------------------------------------------- load
 
 
-def load(run_dir: str | Path) -> RunLog:
+def load(run_dir: Where) -> RunLog:
     """The run's logs; ConfigError when the folder is missing or holds no trial."""
     try:
         run = load_run(run_dir)
@@ -293,7 +293,7 @@ def config_frame(trials: pd.DataFrame, factors: list[str], grid: dict[str, list]
     return pd.DataFrame(rows)
 
 
-def build_report(run_dir: str | Path, baseline: dict | None = None) -> Report:
+def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
     """Everything the Markdown, CSV and JSON outputs need, computed once from the logs."""
     run = load(run_dir)
     sweep = run.sweep
@@ -938,7 +938,7 @@ def export_markdown(report: Report, out_dir: Path) -> Path:
     return path
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None,
+def write_report(run_dir: Where, out_dir: str | Path | None = None,
                  baseline: dict | None = None, fmt: str = "md") -> Path:
     """Write the report of the run at `run_dir`; returns the main file (README.md, trials.csv or report.json).
 

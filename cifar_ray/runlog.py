@@ -1,9 +1,11 @@
 """The on-disk record of a run: what training writes and what the report reads, without Ray.
 
-    RUN_DIR/                    one sweep (or one `cifar-ray train`), = <storage>/<name>
+    RUN_DIR/                    one sweep (or one `cifar-ray train`), = <storage>/<name>,
+                                a local folder or a URI (storage.StoragePath)
       sweep.json                the sweep: name, description, grid, base, host, versions, git, times
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
+      <trial>/error.txt         the traceback of a failed trial
 
 Ray Tune writes its own files (result.json, progress.csv, ...) into the same trial folders; they are
 not read back: after a driver restore they may lag behind, while metrics.jsonl is written by the
@@ -20,15 +22,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from .storage import StoragePath
+
+Where = str | os.PathLike | StoragePath
 
 SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
 EPOCHS_FILE = "metrics.jsonl"
+ERROR_FILE = "error.txt"
 # Step-time breakdown of an epoch in seconds, mean over ranks (train.PhaseTimer measures it).
 BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
@@ -50,41 +55,37 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Atomic write (temp file + rename): a killed process never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        json.dump(_jsonable(data), out, indent=2, sort_keys=False)
-        out.write("\n")
-    os.replace(tmp, path)
+def write_json(path: Where, data: dict) -> None:
+    StoragePath.of(path).write_text(json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Where) -> dict:
     try:
-        return json.loads(path.read_text())
+        return json.loads(StoragePath.of(path).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-def update_json(path: Path, **fields: Any) -> dict:
+def update_json(path: Where, **fields: Any) -> dict:
     data = read_json(path) | fields
     write_json(path, data)
     return data
 
 
-def append_epoch(trial_dir: Path, metrics: dict) -> None:
-    with open(trial_dir / EPOCHS_FILE, "a") as out:
-        out.write(json.dumps(_jsonable(metrics)) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
+def _write_epochs(trial_dir: Where, rows: list[dict]) -> None:
+    (StoragePath.of(trial_dir) / EPOCHS_FILE).write_text("".join(json.dumps(_jsonable(row)) + "\n" for row in rows))
 
 
-def read_epochs(trial_dir: Path) -> list[dict]:
-    """Per-epoch metrics; a line cut short by a kill is skipped, a repeated epoch keeps its last copy."""
+def append_epoch(trial_dir: Where, metrics: dict) -> None:
+    """Rewrites the whole (small) file: object stores cannot append, and a rewrite is all or nothing."""
+    _write_epochs(trial_dir, read_epochs(trial_dir) + [metrics])
+
+
+def read_epochs(trial_dir: Where) -> list[dict]:
+    """Per-epoch metrics; an unreadable line is skipped, a repeated epoch keeps its last copy."""
     by_epoch: dict[int, dict] = {}
     try:
-        lines = (trial_dir / EPOCHS_FILE).read_text().splitlines()
+        lines = (StoragePath.of(trial_dir) / EPOCHS_FILE).read_text().splitlines()
     except OSError:
         return []
     for line in lines:
@@ -97,14 +98,9 @@ def read_epochs(trial_dir: Path) -> list[dict]:
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
-def truncate_epochs(trial_dir: Path, last_kept_epoch: int) -> None:
-    """Drop epochs after `last_kept_epoch` (a resumed trial redoes them), atomically."""
-    kept = [row for row in read_epochs(trial_dir) if row["epoch"] <= last_kept_epoch]
-    path = trial_dir / EPOCHS_FILE
-    fd, tmp = tempfile.mkstemp(dir=trial_dir, prefix=EPOCHS_FILE, suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        out.writelines(json.dumps(row) + "\n" for row in kept)
-    os.replace(tmp, path)
+def truncate_epochs(trial_dir: Where, last_kept_epoch: int) -> None:
+    """Drop epochs after `last_kept_epoch` (a resumed trial redoes them)."""
+    _write_epochs(trial_dir, [row for row in read_epochs(trial_dir) if row["epoch"] <= last_kept_epoch])
 
 
 @dataclass
@@ -128,19 +124,19 @@ class TrialLog:
 
 @dataclass
 class RunLog:
-    path: Path
+    path: StoragePath
     sweep: dict
     trials: list[TrialLog]
 
 
-def load_run(run_dir: str | Path) -> RunLog:
+def load_run(run_dir: Where) -> RunLog:
     """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last)."""
-    run_dir = Path(run_dir)
+    run_dir = StoragePath.of(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir}")
     sweep = read_json(run_dir / SWEEP_FILE)
     listed = list(sweep.get("trials", []))
-    found = sorted(p.parent.name for p in run_dir.glob(f"*/{TRIAL_FILE}"))
+    found = [name for name in run_dir.subfolders() if (run_dir / name / TRIAL_FILE).exists()]
     names = [n for n in listed if n in found] + [n for n in found if n not in listed]
     trials = [TrialLog(n, read_json(run_dir / n / TRIAL_FILE), read_epochs(run_dir / n)) for n in names]
     return RunLog(run_dir, sweep, trials)

@@ -266,12 +266,12 @@ def select_device(cfg: TrainConfig) -> torch.device:
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Entry point of each Ray Train worker. loop_config: {"config": resolved TrainConfig dict,
-    "trial_dir": absolute folder for metrics.jsonl}."""
+    "trial_dir": StoragePath of the trial's folder (metrics.jsonl, trial.json)}."""
     import ray.train
 
     loop_started = time.time()
     cfg = TrainConfig(**loop_config["config"])
-    trial_dir = Path(loop_config["trial_dir"])
+    trial_dir = loop_config["trial_dir"]
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     torch.set_num_threads(cfg.cpus_per_worker)
@@ -331,7 +331,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "test_acc": test_totals[1].item() / test_totals[2].item(),
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
-            "eval_time_s": epoch_time - train_time,
             **dict(zip(runlog.BREAKDOWN_KEYS, breakdown)),
             "train_samples": int(samples),  # over all ranks: steps x effective batch
             "samples_per_s": samples / train_time,

@@ -84,16 +84,6 @@ def test_trial_bundles():
     assert orchestrate.trial_bundles(gpu)[1] == {RESOURCE_CPU: 1.0, RESOURCE_GPU: 1.0}
 
 
-def test_storage_is_a_folder_uris_are_refused_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert orchestrate.storage_folder("runs") == tmp_path / "runs"
-    assert orchestrate.storage_folder(f"file://{tmp_path}/x") == tmp_path / "x"
-    for uri in ("s3://bucket/runs", "gs://b/r", "hdfs://nn:8020/r"):
-        with pytest.raises(ConfigError) as error:
-            orchestrate.storage_folder(uri)
-        assert "\n" not in str(error.value) and "not supported yet" in str(error.value) and uri in str(error.value)
-
-
 def test_address_comes_from_the_flag_or_ray_address(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert orchestrate.cluster_address(None) is None

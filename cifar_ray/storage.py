@@ -1,0 +1,138 @@
+"""Where runs live: a local folder, or any URI that pyarrow opens (s3://, gs://, abfs://, hdfs://,
+file://). `StoragePath` is the one small path type that the run log, the orchestrator, the training
+loop and the report share, so the same code writes `metrics.jsonl` to a disk or to a bucket; Ray
+Tune and Ray Train get the same filesystem (`storage_filesystem`) for their checkpoints and state.
+
+Object stores have no rename and no append: a write is one whole-object PUT, which readers see
+entirely or not at all; on local disk a write goes to a temp file and is renamed over the target.
+Credentials and endpoints come from each node's environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL,
+GOOGLE_APPLICATION_CREDENTIALS, ...) or from the URI itself (`s3://bucket/runs?region=eu-west-1&
+endpoint_override=host:9000&scheme=http`); a StoragePath pickles with them, so Ray workers on any
+node open the same store.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from .config import ConfigError
+
+URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@?\s]*@")
+ALLOWED = "a folder, or a URI pyarrow opens: s3://bucket/path, gs://bucket/path, abfs://..., hdfs://host/path, file:///path"
+
+
+def redact(text: str) -> str:
+    """`text` with every URI's user:secret@ removed (safe to print and log)."""
+    return CREDENTIALS.sub(r"\1", text)
+
+
+@dataclass(frozen=True)
+class StoragePath:
+    fs: pafs.FileSystem
+    path: str  # inside fs: an absolute path on local disk, bucket/key... in an object store
+    scheme: str = ""  # "" for local disk
+    query: str = ""  # the URI's options (endpoint, region), kept for display
+
+    @classmethod
+    def of(cls, where: str | os.PathLike | StoragePath) -> StoragePath:
+        """A folder path, a file:// URI or another pyarrow URI; ConfigError naming what is allowed."""
+        if isinstance(where, StoragePath):
+            return where
+        text = os.fspath(where)
+        match = URI.match(text)
+        if not match or match.group(1).lower() == "file":
+            local = text[len(match.group(0)):] if match else text
+            return cls(pafs.LocalFileSystem(), str(Path(local).expanduser().resolve()))
+        try:
+            fs, path = pafs.FileSystem.from_uri(text)
+        except (pyarrow.ArrowException, OSError, ValueError) as error:
+            reason = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise ConfigError(f"storage {redact(text)}: {redact(reason)[:200]}; pass {ALLOWED}") from None
+        path = path.rstrip("/")
+        if not path:
+            raise ConfigError(f"storage {redact(text)}: no bucket or folder in the URI; pass {ALLOWED}")
+        return cls(fs, path, match.group(1).lower(), text.partition("?")[2])
+
+    @property
+    def is_local(self) -> bool:
+        return not self.scheme
+
+    def __str__(self) -> str:
+        if self.is_local:
+            return self.path
+        return f"{self.scheme}://{self.path}" + (f"?{self.query}" if self.query else "")
+
+    def __truediv__(self, name: str) -> StoragePath:
+        return replace(self, path=posixpath.join(self.path, name))
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+    @property
+    def parent(self) -> StoragePath:
+        return replace(self, path=posixpath.dirname(self.path))
+
+    @property
+    def ray_filesystem(self) -> pafs.FileSystem | None:
+        """Ray's `storage_filesystem`: None (Ray's own local handling) for a folder."""
+        return None if self.is_local else self.fs
+
+    def ray_storage(self) -> dict:
+        """storage_path and storage_filesystem for ray.train.RunConfig and tune.RunConfig."""
+        return {"storage_path": self.path, "storage_filesystem": self.ray_filesystem}
+
+    def exists(self) -> bool:
+        return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
+
+    def is_dir(self) -> bool:
+        return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
+
+    def subfolders(self) -> list[str]:
+        """Names of the folders directly inside (none when this folder does not exist)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        return sorted(posixpath.basename(info.path) for info in infos if info.type == pafs.FileType.Directory)
+
+    def mkdir(self) -> None:
+        self.fs.create_dir(self.path, recursive=True)
+
+    def read_text(self) -> str:
+        """The whole file; FileNotFoundError when there is none."""
+        try:
+            with self.fs.open_input_stream(self.path) as stream:
+                return stream.read().decode()
+        except FileNotFoundError:
+            raise
+        except OSError as error:  # object stores say "Path does not exist" with a plain OSError
+            if not self.exists():
+                raise FileNotFoundError(str(self)) from error
+            raise
+
+    def write_text(self, text: str) -> None:
+        """All or nothing: a killed writer never leaves half a file."""
+        if self.is_local:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=posixpath.dirname(self.path), prefix=self.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        else:
+            with self.fs.open_output_stream(self.path) as stream:
+                stream.write(text.encode())
+
+    def unlink(self) -> None:
+        try:
+            self.fs.delete_file(self.path)
+        except FileNotFoundError:
+            pass

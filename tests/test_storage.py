@@ -1,0 +1,131 @@
+"""--storage as a folder or a pyarrow URI: unit tests of StoragePath and the run log, and a real
+sweep whose logs and checkpoints go to an S3 bucket (moto's S3 server on loopback)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+
+import pyarrow.fs as pafs
+import pytest
+
+from cifar_ray import runlog
+from cifar_ray.cli import main
+from cifar_ray.config import ConfigError
+from cifar_ray.report import write_report
+from cifar_ray.storage import StoragePath
+
+
+@pytest.fixture(scope="module")
+def s3_root():
+    """An S3 URI prefix served by moto on 127.0.0.1, with an empty bucket per test via bucket()."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield lambda bucket: (
+        f"s3://test-key:test-secret@{bucket}",
+        f"?endpoint_override={host}:{port}&scheme=http&region=us-east-1",
+    )
+    server.stop()
+
+
+def make_bucket(s3_root, bucket: str) -> tuple[str, str]:
+    prefix, options = s3_root(bucket)
+    fs, _ = pafs.FileSystem.from_uri(f"{prefix}{options}&allow_bucket_creation=true")
+    fs.create_dir(bucket)
+    return prefix, options
+
+
+def test_local_paths_and_file_uris_are_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert StoragePath.of("runs").path == str(tmp_path / "runs") and StoragePath.of("runs").is_local
+    assert StoragePath.of(f"file://{tmp_path}/x").path == str(tmp_path / "x")
+    assert StoragePath.of(tmp_path / "y") / "a" / "b.json" == StoragePath.of(tmp_path / "y" / "a" / "b.json")
+    assert str(StoragePath.of("runs") / "q") == str(tmp_path / "runs" / "q")
+
+
+def test_bad_uris_fail_in_one_line_naming_what_is_allowed():
+    for uri in ("foo://bucket/runs", "hdfs://namenode:8020/runs", "s3://"):
+        with pytest.raises(ConfigError) as error:
+            StoragePath.of(uri)
+        message = str(error.value)
+        assert "\n" not in message and uri.split(":")[0] in message and "s3://bucket/path" in message, message
+
+
+def test_credentials_never_appear_in_names_or_errors(s3_root):
+    prefix, options = s3_root("secret-bucket")
+    where = StoragePath.of(f"{prefix}/runs{options}")
+    assert "test-secret" not in str(where) and str(where).startswith("s3://secret-bucket/runs?endpoint_override=")
+    with pytest.raises(ConfigError) as error:
+        StoragePath.of("foo://user:hunter2@host/x")
+    assert "hunter2" not in str(error.value)
+
+
+def test_resume_hint_leaves_credentials_out():
+    import argparse
+
+    from cifar_ray.cli import resume_command
+
+    args = argparse.Namespace(file="s.yaml", storage="s3://key:hunter2@bucket/runs?region=x", name=None, address=None, set=[])
+    assert resume_command(args) == "cifar-ray sweep s.yaml --resume --storage 's3://bucket/runs?region=x'"
+
+
+def test_run_log_round_trip_in_a_bucket(s3_root):
+    prefix, options = make_bucket(s3_root, "roundtrip")
+    run_dir = StoragePath.of(f"{prefix}/runs/r1{options}")
+    assert not run_dir.exists() and runlog.read_json(run_dir / runlog.SWEEP_FILE) == {}
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "r1", "trials": ["b", "a"]})
+    for name in ("a", "b"):
+        runlog.write_json(run_dir / name / runlog.TRIAL_FILE, {"status": "running", "loss": float("nan")})
+        for epoch in (1, 2, 3):
+            runlog.append_epoch(run_dir / name, {"epoch": epoch, "test_acc": 0.1 * epoch})
+    runlog.truncate_epochs(run_dir / "a", 2)
+    runlog.update_json(run_dir / "a" / runlog.TRIAL_FILE, status="finished")
+
+    run = runlog.load_run(pickle.loads(pickle.dumps(run_dir)))  # as a Ray worker receives it
+    assert [t.name for t in run.trials] == ["b", "a"]  # sweep order
+    assert [t.status for t in run.trials] == ["running", "finished"] and run.trials[0].meta["loss"] is None
+    assert [len(t.epochs) for t in run.trials] == [3, 2]
+    with pytest.raises(FileNotFoundError):
+        runlog.load_run(StoragePath.of(f"{prefix}/runs/missing{options}"))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_sweep_logs_and_checkpoints_land_in_a_bucket_and_report_reads_them(s3_root, tmp_path, capsys):
+    prefix, options = make_bucket(s3_root, "sweeps")
+    storage = f"{prefix}/runs{options}"
+    sweep = tmp_path / "s3.yaml"
+    sweep.write_text(
+        "name: s3sweep\n"
+        "base: {dataset: synthetic, train_subset: 512, test_subset: 128, width: 8, epochs: 2, batch_size: 64, augment: none, workers: 1}\n"
+        "grid:\n  seed: [0, 1]\n"
+    )
+    code = main(["sweep", str(sweep), "--storage", storage, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    results = json.loads(out.strip().splitlines()[-1])
+    assert [r["status"] for r in results] == ["finished", "finished"]
+    assert "test-secret" not in out + err  # the printed log location hides the credentials
+
+    run_dir = StoragePath.of(storage) / "s3sweep"
+    run = runlog.load_run(run_dir)
+    assert run.sweep["finished_at"] and [len(t.epochs) for t in run.trials] == [2, 2]
+    for trial in run.trials:
+        assert trial.meta["system"]["world_size"] == 1  # written by the Ray Train worker, into the bucket
+        checkpoints = [name for name in (run_dir / trial.name / "train").subfolders() if name.startswith("checkpoint_")]
+        assert checkpoints, f"no checkpoint of {trial.name} in the bucket"
+
+    # a second run of the same sweep into the same bucket is refused, --resume of a finished one is a no-op
+    assert main(["sweep", str(sweep), "--storage", storage]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["sweep", str(sweep), "--storage", storage, "--resume", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["test_acc"] for r in again] == [r["test_acc"] for r in results]
+    assert [len(t.epochs) for t in runlog.load_run(run_dir).trials] == [2, 2]
+
+    readme = write_report(f"{prefix}/runs/s3sweep{options}", out_dir=tmp_path / "report")
+    assert "2 finished" in readme.read_text()
