@@ -68,10 +68,14 @@ def quiet_ray_logs() -> None:
 
 
 def cluster_address(address: str | None) -> str | None:
-    """The existing Ray cluster to use: `address` (auto, HOST:PORT, ray://HOST:10001), else the
-    RAY_ADDRESS variable (`ray job submit` sets it for its entrypoint). None or "local": none,
-    start an embedded local Ray."""
+    """The existing Ray cluster to use: `address` (auto, HOST:PORT), else the RAY_ADDRESS
+    variable (`ray job submit` sets it for its entrypoint). None or "local": none, start an
+    embedded local Ray. Ray Client (ray://) is refused: through it, a sweep's Train worker groups
+    timed out waiting for CPUs that the same sweep gets over HOST:PORT (Ray 2.60, 1 node)."""
     address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
+    if address.startswith("ray://"):
+        raise ConfigError(f"--address {address}: Ray Client (ray://) is not supported; run cifar-ray on a cluster node with "
+                          "--address HEAD_IP:6379 (or auto), or submit it with `ray job submit` (README: Run on a Ray cluster)")
     return None if address in ("", "local") else address
 
 
@@ -113,8 +117,6 @@ def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | 
     }
     if address:
         options["runtime_env"] = cluster_runtime_env(verbose)
-        if address.startswith("ray://"):
-            options["log_to_driver"] = True  # Ray Client runs Tune on the cluster: progress lines come back as its logs
         _check_reachable(address)
         try:
             ray.init(address=address, **options)
@@ -132,11 +134,11 @@ def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | 
 
 
 def _check_reachable(address: str) -> None:
-    """HOST:PORT (or ray://HOST:PORT) must accept a connection: Ray itself retries a dead
+    """HOST:PORT must accept a connection: Ray itself retries a dead
     address for minutes before it gives up."""
     import socket
 
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         return  # "auto" and the like: Ray resolves them
     try:
@@ -386,16 +388,6 @@ def _trial_resources_of(config: dict, slots: bool = True):
     return tune.PlacementGroupFactory(trial_bundles(TrainConfig(**config["trial"]["config"]), slots))
 
 
-def _ray_client() -> bool:
-    """Connected through Ray Client (ray://): this process is on no cluster node."""
-    try:
-        from ray.util.client import ray as client
-
-        return client.is_connected()
-    except Exception:
-        return False
-
-
 def _trial_folder_name(trial) -> str:
     return trial.config["trial"]["name"]
 
@@ -436,7 +428,7 @@ def run_plan(
     plan = resolve_plan(plan, capacity)
     check_fits(plan, capacity)
     run_dir = StoragePath.of(storage) / plan.name
-    if capacity["nodes"] > 1 or _ray_client():
+    if capacity["nodes"] > 1:
         check_shared_storage(run_dir.parent, print_line)
     limit = concurrency_cap(plan, capacity, max_concurrent)
     if capacity["packing"] == "cap":

@@ -17,6 +17,7 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
     for row in record["batch_sizes"]:
         assert row["samples_per_s"] > 0 and set(row["breakdown_s"]) == {"data", "forward_backward", "optimizer"}
     assert record["data_path"]["ours_images_per_s"] > 0 and record["data_path"]["dataloader_images_per_s"] > 0
+    assert len(record["loop_rounds"]) == 1 and record["loop_rounds"][0]["ratio"] > 0  # interleaved rounds: 1 with --quick
     layouts = sorted((t["workers"], t["cpus_per_worker"]) for t in record["trials"])
     assert layouts == [(1, 1), (1, 2), (2, 1)]
     for trial in record["trials"]:
