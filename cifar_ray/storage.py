@@ -106,16 +106,9 @@ class StoragePath:
         self.fs.create_dir(self.path, recursive=True)
 
     def read_text(self) -> str:
-        """The whole file; FileNotFoundError when there is none."""
-        try:
-            with self.fs.open_input_stream(self.path) as stream:
-                return stream.read().decode()
-        except FileNotFoundError:
-            raise
-        except OSError as error:  # object stores say "Path does not exist" with a plain OSError
-            if not self.exists():
-                raise FileNotFoundError(str(self)) from error
-            raise
+        """The whole file; FileNotFoundError when there is none (pyarrow raises it for disks and S3 alike)."""
+        with self.fs.open_input_stream(self.path) as stream:
+            return stream.read().decode()
 
     def write_text(self, text: str) -> None:
         """All or nothing: a killed writer never leaves half a file."""
