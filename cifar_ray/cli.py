@@ -68,7 +68,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default="runs", help="where run logs and checkpoints go: a folder (default: runs/) or a URI such as s3://bucket/runs; on a Ray cluster, a folder every node mounts at the same path or a URI")
     parser.add_argument("--name", help="run name (folder under --storage)")
     parser.add_argument("--max-concurrent", type=int, default=None, metavar="N", help="run at most N trials at once (default: as many as fit)")
-    parser.add_argument("--address", default=None, help="existing Ray cluster: auto or HOST:PORT (default: $RAY_ADDRESS, else start a local Ray)")
+    parser.add_argument("--address", default=None, help="existing Ray cluster: auto, HOST:PORT, or ray://HOST:10001 for Ray Client (default: $RAY_ADDRESS, else start a local Ray)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
 

@@ -21,6 +21,7 @@ deadlock, but a smaller trial may wait while a slot would be free.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -30,13 +31,16 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import runlog, sysinfo
 from .config import ConfigError, TrainConfig
 from .storage import StoragePath, redact
 from .sweep import SweepPlan, TrialSpec
 
+# Ray Client's head-side server for a new client dies at start now and then ("Initialization failure
+# from server"; 1 of 5 connections here, ~7 % in ray-project/ray#63202, open in Ray 2.60).
+CLIENT_CONNECT_TRIES = 3
 RESOURCE_CPU = "cifar_ray_cpu"
 RESOURCE_GPU = "cifar_ray_gpu"
 
@@ -68,15 +72,18 @@ def quiet_ray_logs() -> None:
 
 
 def cluster_address(address: str | None) -> str | None:
-    """The existing Ray cluster to use: `address` (auto, HOST:PORT), else the RAY_ADDRESS
-    variable (`ray job submit` sets it for its entrypoint). None or "local": none, start an
-    embedded local Ray. Ray Client (ray://) is refused: through it, a sweep's Train worker groups
-    timed out waiting for CPUs that the same sweep gets over HOST:PORT (Ray 2.60, 1 node)."""
+    """The existing Ray cluster to use: `address` (auto, HOST:PORT, ray://HOST:PORT for Ray
+    Client), else the RAY_ADDRESS variable (`ray job submit` sets it for its entrypoint). None or
+    "local": none, start an embedded local Ray."""
     address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
-    if address.startswith("ray://"):
-        raise ConfigError(f"--address {address}: Ray Client (ray://) is not supported; run cifar-ray on a cluster node with "
-                          "--address HEAD_IP:6379 (or auto), or submit it with `ray job submit` (README: Run on a Ray cluster)")
     return None if address in ("", "local") else address
+
+
+def is_ray_client() -> bool:
+    """Connected through Ray Client (ray://): Tune then runs in an actor on the cluster."""
+    import ray.util.client
+
+    return ray.util.client.ray.is_connected()
 
 
 def cluster_runtime_env(verbose: bool) -> dict[str, Any]:
@@ -118,12 +125,17 @@ def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | 
     if address:
         options["runtime_env"] = cluster_runtime_env(verbose)
         _check_reachable(address)
-        try:
-            ray.init(address=address, **options)
-        except (ConnectionError, RuntimeError, ValueError, ImportError, ray.exceptions.RayError) as error:
-            ray.shutdown()
-            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-            raise ConfigError(f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}") from None
+        tries = CLIENT_CONNECT_TRIES if address.startswith("ray://") else 1
+        for attempt in range(1, tries + 1):
+            try:
+                ray.init(address=address, **options)
+                break
+            except (ConnectionError, RuntimeError, ValueError, ImportError, ray.exceptions.RayError) as error:
+                ray.shutdown()
+                if isinstance(error, ConnectionAbortedError) and attempt < tries:
+                    continue  # the head's per-client server died at start: a new connection gets a new one
+                first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+                raise ConfigError(f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}") from None
     else:
         cpus = num_cpus or os.cpu_count() or 1
         gpus = num_gpus if num_gpus is not None else _local_gpu_count()
@@ -138,7 +150,7 @@ def _check_reachable(address: str) -> None:
     address for minutes before it gives up."""
     import socket
 
-    host, sep, port = address.rpartition(":")
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
         return  # "auto" and the like: Ray resolves them
     try:
@@ -293,7 +305,8 @@ def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] 
         marker.unlink()
     if blind:
         raise ConfigError(f"--storage {folder} is not reachable (or not writable) from node(s) {', '.join(blind)}: on a Ray cluster "
-                          "it must be a folder every node mounts at the same path (NFS, ...) or a URI every node has credentials for")
+                          "it must be a folder that every node and this machine mount at the same path (NFS, ...) or a URI they all "
+                          "have credentials for")
     if errors:
         raise ConfigError(f"cannot run cifar_ray code on every node ({'; '.join(errors)}): install the package on every "
                           "node, or ship it with `ray job submit --runtime-env-json '{\"working_dir\": \".\"}'`")
@@ -335,7 +348,8 @@ def run_trial(tune_config: dict) -> None:
     trial_file = trial_dir / runlog.TRIAL_FILE
     if runlog.read_json(trial_file).get("status") in ("finished", "diverged"):
         return  # done before the driver died; Tune's saved state may lag behind our log
-    runlog.update_json(trial_file, **spec, status="running", error=None, started_at=runlog.now_iso(), started_unix=time.time())
+    started = time.time()
+    runlog.update_json(trial_file, **spec, status="running", error=None, started_at=runlog.now_iso(), started_unix=started)
     runlog.update_json(trial_file, driver=sysinfo.worker_placement())  # the node running this trial's Tune driver
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -353,6 +367,8 @@ def run_trial(tune_config: dict) -> None:
     try:
         trainer.fit()
     except Exception as error:
+        if runlog.read_json(run_dir / runlog.SWEEP_FILE).get("interrupted_unix", 0) > started:
+            raise  # stopped with the interrupted sweep (Ray Client): unfinished, resumable
         (trial_dir / runlog.ERROR_FILE).write_text("".join(traceback.format_exception(error)))
         runlog.update_json(trial_file, status=_failure_status(error), error=_error_line(error), finished_at=runlog.now_iso())
         raise
@@ -380,13 +396,95 @@ def _print_progress(line: str) -> None:
     _progress_printer[0](line)
 
 
-_progress_printer: list[Callable[[str], None]] = [print]
+PROGRESS_RELAY = "cifar-ray-progress"  # a named actor in the client's job (its own namespace)
+
+
+def _relay_or_print(line: str) -> None:
+    """The printer where run_plan set none: in Tune's actor on the cluster (Ray Client) it hands
+    the line to the client's ProgressRelay, found by name (a restored sweep has a new one)."""
+    import ray
+
+    try:
+        relay = ray.get_actor(PROGRESS_RELAY)
+    except ValueError:  # no relay: not under Ray Client
+        print(line, flush=True)
+        return
+    ray.get(relay.put.remote(line))  # waited for: the client's last take must see every line
+
+
+_progress_printer: list[Callable[[str], None]] = [_relay_or_print]
+
+
+class ProgressRelay:
+    """Holds progress lines from Tune's actor until the Ray Client driver takes them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def put(self, line: str) -> None:
+        self.lines.append(line)
+
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
+
+@contextlib.contextmanager
+def progress_relay(print_line: Callable[[str], None], every_s: float = 0.5) -> Iterator[None]:
+    """Through Ray Client, Tune and its callbacks run in an actor on the cluster, whose prints do
+    not reach this terminal (log_to_driver is off unless --verbose): a ProgressRelay actor
+    collects the epoch lines, and a thread here prints them while Tuner.fit() blocks."""
+    if not is_ray_client():
+        yield
+        return
+    import threading
+
+    import ray
+
+    relay = ray.remote(num_cpus=0)(ProgressRelay).options(name=PROGRESS_RELAY).remote()
+    stop = threading.Event()
+
+    def forward() -> None:
+        while True:
+            last = stop.wait(every_s)
+            try:
+                lines = ray.get(relay.take.remote())
+            except ray.exceptions.RayError:  # the connection or the relay is gone: nothing more to print
+                return
+            for line in lines:
+                print_line(line)
+            if last:
+                return
+
+    thread = threading.Thread(target=forward, name="cifar-ray-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        with contextlib.suppress(ConnectionError, ray.exceptions.RayError):  # a lost connection took it already
+            ray.kill(relay)
 
 
 def _trial_resources_of(config: dict, slots: bool = True):
     from ray import tune
 
     return tune.PlacementGroupFactory(trial_bundles(TrainConfig(**config["trial"]["config"]), slots))
+
+
+def trial_trainable(slots: bool) -> Callable[[dict], None]:
+    """run_trial with its resources, as Tune takes it. tune.with_resources sets an attribute on
+    the function; through Ray Client (ray://) Tune runs in a remote actor that gets the trainable
+    pickled, and a module-level function travels by reference, without the attribute (every trial
+    then held Tune's default 1 CPU and its workers never started). A local function travels by
+    value, attribute included."""
+    from ray import tune
+
+    def cifar_ray_trial(config: dict) -> None:
+        run_trial(config)
+
+    return tune.with_resources(cifar_ray_trial, functools.partial(_trial_resources_of, slots=slots))
 
 
 def _trial_folder_name(trial) -> str:
@@ -429,7 +527,7 @@ def run_plan(
     plan = resolve_plan(plan, capacity)
     check_fits(plan, capacity)
     run_dir = StoragePath.of(storage) / plan.name
-    if capacity["nodes"] > 1:
+    if capacity["nodes"] > 1 or is_ray_client():  # a Ray Client driver may sit on another machine
         check_shared_storage(run_dir.parent, print_line)
     limit = concurrency_cap(plan, capacity, max_concurrent)
     if capacity["packing"] == "cap":
@@ -439,7 +537,7 @@ def run_plan(
     sweep_file = run_dir / runlog.SWEEP_FILE
     previous = runlog.read_json(sweep_file)
     names = [t.name for t in plan.trials]
-    trainable = tune.with_resources(run_trial, functools.partial(_trial_resources_of, slots=capacity["packing"] == "slots"))
+    trainable = trial_trainable(slots=capacity["packing"] == "slots")
     _progress_printer[0] = print_line
     started = time.time()
     if resume:
@@ -465,7 +563,17 @@ def run_plan(
                                         trial_name_creator=_trial_folder_name),
             run_config=tune.RunConfig(name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[_epoch_printer()]),
         )
-    tuner.fit()
+    with progress_relay(print_line):
+        try:
+            tuner.fit()
+        except KeyboardInterrupt:
+            if not is_ray_client():
+                raise
+            # Tune runs on the cluster and stops when this client disconnects (the caller's ray.shutdown),
+            # its saved state and checkpoints kept for --resume. The mark tells trials torn down with it
+            # that they are unfinished, not failed.
+            runlog.update_json(sweep_file, interrupted_unix=time.time())
+            logging.getLogger("ray.util.client.dataclient").setLevel(logging.CRITICAL)  # "Unrecoverable error in data channel"
     wall = runlog.read_json(sweep_file).get("wall_time_s") or 0.0  # a resumed run adds its own time
     done = all(t.status in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials)
     runlog.update_json(sweep_file, wall_time_s=wall + time.time() - started, **({"finished_at": runlog.now_iso()} if done else {}))

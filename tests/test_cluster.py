@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +38,7 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 2, cpus_per_node: int = 1, resources: dict | None = None):
         self.nodes, self.cpus, self.resources = nodes, cpus_per_node, resources
+        self.client_port = free_port()  # the head's Ray Client server (ray://); Ray's default 10001 may be taken
         # short: Ray's unix socket paths live under it (at most 107 characters)
         self.temp_dir = tempfile.mkdtemp(prefix="cr-", dir="/tmp")
         self.port = free_port()
@@ -54,7 +56,7 @@ class LocalCluster:
         common = ["--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--num-gpus=0", f"--temp-dir={self.temp_dir}",
                   "--disable-usage-stats", *([f"--resources={json.dumps(self.resources)}"] if self.resources else [])]
         head = self.ray("start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                        f"--dashboard-agent-listen-port={free_port()}", *common)
+                        f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={self.client_port}", *common)
         assert head.returncode == 0, head.stderr[-3000:]
         for _ in range(self.nodes - 1):
             node = self.ray("start", f"--address={self.address}", f"--dashboard-agent-listen-port={free_port()}", *common)
@@ -111,9 +113,10 @@ def ray_in_this_process() -> bool:
     return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
-def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: str):
-    """Start the cluster, run `cifar-ray sweep --address` against it in a subprocess, stop it.
-    Returns (the finished subprocess, the run folder, the cluster's node ids)."""
+def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: str, address: str | None = None):
+    """Start the cluster, run `cifar-ray sweep --address` against it in a subprocess (at the
+    head's HOST:PORT unless `address` says otherwise), stop it. Returns (the finished
+    subprocess, the run folder, the cluster's node ids)."""
     started = time.monotonic()
     try:
         cluster.start()
@@ -121,7 +124,7 @@ def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: st
         (tmp_path / "sweep.yaml").write_text(sweep_yaml)
         storage = tmp_path / "shared"  # one folder every node sees: here, the same disk
         sweep = subprocess.run(
-            [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--address", cluster.address,
+            [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--address", address or cluster.address,
              "--storage", str(storage), "--json", *extra],
             env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
         )
@@ -166,6 +169,50 @@ def test_sweep_runs_on_both_nodes_of_a_real_cluster(tmp_path):
         used += system["nodes"]
     # 1 CPU per node and both trials at once: the second trial's worker had to go to the other node
     assert set(used) == cluster_nodes, (used, cluster_nodes)
+
+
+def test_sweep_through_ray_client_interrupted_and_resumed(tmp_path):
+    """`--address ray://HOST:PORT`: Tune then runs in an actor on the cluster. Two 1-worker trials
+    at once on a 2-CPU node only run if every trial keeps its zero-CPU driver there (through the
+    client they had Tune's default 1 CPU each and starved their own workers); the epoch lines
+    printed there must reach the client's terminal; Ctrl-C on the client leaves the trials
+    unfinished, not failed, and --resume through the client finishes them."""
+    (tmp_path / "sweep.yaml").write_text(
+        "name: via-client\n"
+        "base: {dataset: synthetic, train_subset: 1024, test_subset: 128, width: 8, epochs: 3, batch_size: 64, workers: 1}\n"
+        "grid:\n  seed: [0, 1]\n"
+    )
+    storage = tmp_path / "shared"
+    cluster = LocalCluster(nodes=1, cpus_per_node=2, resources={"cifar_ray_cpu": 2})
+    command = [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--storage", str(storage),
+               "--address", f"ray://127.0.0.1:{cluster.client_port}"]
+    try:
+        cluster.start()
+        first = subprocess.Popen(command, env=cluster.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = []
+        for line in first.stdout:  # the relayed epoch lines arrive while the sweep runs
+            seen.append(line)
+            if " epoch 1/3 " in line:
+                first.send_signal(signal.SIGINT)
+                break
+        seen += first.stdout.readlines()
+        assert first.wait(timeout=60) == 130, "".join(seen)[-3000:]
+        interrupted = {t.name: t.status for t in runlog.load_run(storage / "via-client").trials}
+        resumed = subprocess.run(command + ["--resume", "--json"], env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    finally:
+        left = cluster.stop()
+    assert not left, f"processes of the test cluster still alive: {[(p.pid, p.name()) for p in left]}"
+    output = "".join(seen)
+    assert "--resume" in output and "failed" not in interrupted.values() and "running" in interrupted.values(), (interrupted, output[-3000:])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    run = runlog.load_run(storage / "via-client")
+    assert [t.status for t in run.trials] == ["finished", "finished"]
+    assert all([row["epoch"] for row in t.epochs] == [1, 2, 3] for t in run.trials)
+    progress = re.findall(r"^(t00\d-seed=\d)\s+epoch 3/3 ", resumed.stderr, re.MULTILINE)  # --json: progress on stderr
+    assert sorted(progress) == [t.name for t in run.trials], resumed.stderr[-3000:]
+    started = sorted(t.meta["started_unix"] for t in run.trials)
+    finished = sorted(t.meta["finished_unix"] for t in run.trials)
+    assert started[1] < finished[0]  # side by side, as the 2 slots allow
 
 
 @pytest.mark.skipif(not os.environ.get("CIFAR_RAY_LONG_TESTS"), reason="~75 s more; set CIFAR_RAY_LONG_TESTS=1")
