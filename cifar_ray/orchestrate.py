@@ -272,10 +272,10 @@ def _storage_probe(marker: StoragePath) -> dict[str, Any]:
 
 def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] = print, timeout_s: float = 180.0) -> None:
     """On a multi-node cluster or through Ray Client, prove that every node reaches `folder` (the
-    --storage root) as the driver sees it: the driver writes a marker file, a zero-CPU task on each node reads it and writes beside it. A
-    node that cannot (a folder not mounted there, an object store without credentials there) is
-    a ConfigError; one that does not answer in time (e.g. still installing a runtime env) is
-    only reported."""
+    --storage root) as the driver sees it: the driver writes a marker file, a zero-CPU task on
+    each node reads it and writes beside it. A node that cannot (a folder not mounted there, an
+    object store without credentials there) is a ConfigError; one that does not answer in time
+    (e.g. still installing a runtime env) is only reported."""
     import uuid
 
     import ray
