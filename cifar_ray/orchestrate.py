@@ -433,10 +433,8 @@ class ProgressRelay:
 def progress_relay(print_line: Callable[[str], None], every_s: float = 0.5) -> Iterator[None]:
     """Through Ray Client, Tune and its callbacks run in an actor on the cluster, whose prints do
     not reach this terminal (log_to_driver is off unless --verbose): a ProgressRelay actor
-    collects the epoch lines, and a thread here prints them while Tuner.fit() blocks."""
-    if not is_ray_client():
-        yield
-        return
+    collects the epoch lines, and a thread here prints them while Tuner.fit() blocks. Enter it
+    only when connected through Ray Client."""
     import threading
 
     import ray
@@ -527,7 +525,8 @@ def run_plan(
     plan = resolve_plan(plan, capacity)
     check_fits(plan, capacity)
     run_dir = StoragePath.of(storage) / plan.name
-    if capacity["nodes"] > 1 or is_ray_client():  # a Ray Client driver may sit on another machine
+    client = is_ray_client()
+    if capacity["nodes"] > 1 or client:  # a Ray Client driver may sit on another machine
         check_shared_storage(run_dir.parent, print_line)
     limit = concurrency_cap(plan, capacity, max_concurrent)
     if capacity["packing"] == "cap":
@@ -563,11 +562,11 @@ def run_plan(
                                         trial_name_creator=_trial_folder_name),
             run_config=tune.RunConfig(name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[_epoch_printer()]),
         )
-    with progress_relay(print_line):
+    with progress_relay(print_line) if client else contextlib.nullcontext():
         try:
             tuner.fit()
         except KeyboardInterrupt:
-            if not is_ray_client():
+            if not client:
                 raise
             # Tune runs on the cluster and stops when this client disconnects (the caller's ray.shutdown),
             # its saved state and checkpoints kept for --resume. The mark tells trials torn down with it

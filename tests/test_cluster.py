@@ -113,10 +113,9 @@ def ray_in_this_process() -> bool:
     return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
-def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: str, address: str | None = None):
-    """Start the cluster, run `cifar-ray sweep --address` against it in a subprocess (at the
-    head's HOST:PORT unless `address` says otherwise), stop it. Returns (the finished
-    subprocess, the run folder, the cluster's node ids)."""
+def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: str):
+    """Start the cluster, run `cifar-ray sweep --address` against it in a subprocess, stop it.
+    Returns (the finished subprocess, the run folder, the cluster's node ids)."""
     started = time.monotonic()
     try:
         cluster.start()
@@ -124,7 +123,7 @@ def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: st
         (tmp_path / "sweep.yaml").write_text(sweep_yaml)
         storage = tmp_path / "shared"  # one folder every node sees: here, the same disk
         sweep = subprocess.run(
-            [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--address", address or cluster.address,
+            [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--address", cluster.address,
              "--storage", str(storage), "--json", *extra],
             env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
         )
