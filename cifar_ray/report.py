@@ -1,7 +1,7 @@
 """Turn a run's logs into a report: Markdown with PNG plots, or CSV / JSON tables.
 
     write_report(run_dir)                 -> reports/<sweep name>/README.md (+ *.png beside it)
-    write_report(run_dir, fmt="csv")      -> reports/<sweep name>/trials.csv (+ factor_<key>.csv, ...)
+    write_report(run_dir, fmt="csv")      -> reports/<sweep name>/trials.csv (+ factor_<key>.csv, effect_<key>.csv, ...)
     write_report(run_dir, fmt="json")     -> reports/<sweep name>/report.json
 
 Pipeline: load_run() -> pandas frames (epochs, trials, per-factor groups, configurations) ->
@@ -10,6 +10,9 @@ same logs give byte-identical files.
 
 Aggregates (factor tables, configurations, findings) use finished trials only; failed, diverged,
 out-of-memory and unfinished trials appear in the trial table and are listed with their reason.
+A factor's effect is measured on matched pairs (trials that differ only in that factor, seed included)
+with a Student-t 95 % interval; per-value means pool the other factors and are shown as means only.
+"Best" follows the sweep file's metric and mode.
 In CSV/JSON, accuracies stay fractions 0-1 as in metrics.jsonl; Markdown shows percentages.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,7 +50,7 @@ class Metric:
     column: str
     label: str
     better: str  # "max" or "min"
-    kind: str    # "acc": fraction shown as %, deltas in percentage points; "cost": deltas in %
+    kind: str    # "acc": fraction shown as %, deltas in percentage points; "cost", "loss": deltas in %
 
 
 FACTOR_METRICS = (
@@ -57,6 +60,18 @@ FACTOR_METRICS = (
     Metric("samples_per_s", "throughput (samples/s)", "max", "cost"),
     Metric("peak_mem_mb", "peak memory (MB)", "min", "cost"),
 )
+PAIRED_METRICS = (FACTOR_METRICS[0], FACTOR_METRICS[2])  # final test acc (Δ in pp), time/epoch (Δ in s)
+# The sweep file's `metric` (sweep.METRICS) -> the trial column that ranks trials by it: epoch metrics at the
+# last epoch (final_<metric>), costs aggregated over epochs as in the factor tables.
+OBJECTIVES = {
+    "test_acc": FACTOR_METRICS[0],
+    "train_acc": Metric("final_train_acc", "final train acc (%)", "max", "acc"),
+    "test_loss": Metric("final_test_loss", "final test loss", "min", "loss"),
+    "train_loss": Metric("final_train_loss", "final train loss", "min", "loss"),
+    "epoch_time_s": FACTOR_METRICS[2],
+    "samples_per_s": FACTOR_METRICS[3],
+    "peak_mem_mb": FACTOR_METRICS[4],
+}
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,10 @@ class Report:
     trials: pd.DataFrame         # one row per trial
     groups: dict[str, pd.DataFrame]  # factor -> one row per grid value
     configs: pd.DataFrame        # one row per combination of factor values
+    objective: Metric            # what "best" means: the sweep's metric and mode on its trial column
+    objective_note: str          # why the sweep's metric was not usable ("" when it is)
+    metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
+    effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
 
 
 # ----------------------------------------------------------------------------------------- load
@@ -252,33 +271,54 @@ def _with(frame: pd.DataFrame, key: str, value: Any) -> pd.DataFrame:
     return frame.loc[frame[key].map(lambda x: _same(x, value)).astype(bool)]
 
 
-def _metric_columns(breakdown: Sequence[str]) -> list[str]:
-    return [m.column for m in FACTOR_METRICS] + list(breakdown)
+def _metric_columns(breakdown: Sequence[str], metrics: Sequence[Metric]) -> list[str]:
+    return [m.column for m in metrics] + list(breakdown)
+
+
+def resolve_objective(sweep: dict, trials: pd.DataFrame) -> tuple[Metric, str]:
+    """What "best" means: the sweep's metric and mode on its trial column, and "" as the note; else final test
+    accuracy (max) and a note saying why the sweep's choice could not be used."""
+    name, mode = sweep.get("metric", "test_acc"), sweep.get("mode", "max")
+    metric = OBJECTIVES.get(name)
+    if metric is None or mode not in ("max", "min"):
+        return FACTOR_METRICS[0], f"fallback: sweep metric={name}, mode={mode} has no trial column"
+    done = trials.loc[trials["status"] == "finished", metric.column]
+    if len(done) and done.isna().all():
+        return FACTOR_METRICS[0], f"fallback: no finished trial logged sweep metric={name}"
+    return replace(metric, better=mode), ""
+
+
+def table_metrics(objective: Metric) -> tuple[Metric, ...]:
+    """FACTOR_METRICS with the objective in place of the metric on its column (so the sweep's mode picks that
+    column's best), or appended when no factor metric has its column."""
+    metrics = tuple(objective if m.column == objective.column else m for m in FACTOR_METRICS)
+    return metrics if objective in metrics else metrics + (objective,)
 
 
 def factor_frame(trials: pd.DataFrame, key: str, values: list, baseline: Any,
-                 breakdown: Sequence[str] = ()) -> pd.DataFrame:
-    """One row per grid value of `key`: n finished trials, mean/std of each metric, delta vs baseline."""
+                 breakdown: Sequence[str] = (), metrics: Sequence[Metric] = FACTOR_METRICS) -> pd.DataFrame:
+    """One row per grid value of `key`: n finished trials, mean/std of each metric (all other keys and seeds
+    pooled: a mean, not an effect; see paired_effects), delta of the means vs baseline."""
     done = trials[trials["status"] == "finished"]
     rows = []
     for value in values:
         chosen = _with(done, key, value)
         row: dict[str, Any] = {key: value, "n": len(chosen), "is_baseline": _same(value, baseline)}
-        for column in _metric_columns(breakdown):
+        for column in _metric_columns(breakdown, metrics):
             row[f"{column}_mean"], row[f"{column}_std"] = _stats(chosen[column])
         rows.append(row)
     frame = pd.DataFrame(rows)
     base = frame[frame["is_baseline"]].iloc[0]
-    for metric in FACTOR_METRICS:
+    for metric in metrics:
         mean = frame[f"{metric.column}_mean"]
         frame[f"{metric.column}_delta"] = mean - base[f"{metric.column}_mean"]
-        if metric.kind == "cost":
+        if metric.kind != "acc":
             frame[f"{metric.column}_delta_pct"] = 100.0 * (mean / base[f"{metric.column}_mean"] - 1.0)
     return frame
 
 
 def config_frame(trials: pd.DataFrame, factors: list[str], grid: dict[str, list],
-                 breakdown: Sequence[str] = ()) -> pd.DataFrame:
+                 breakdown: Sequence[str] = (), metrics: Sequence[Metric] = FACTOR_METRICS) -> pd.DataFrame:
     """One row per combination of factor values (seeds averaged): n, mean/std of each metric."""
     done = trials[trials["status"] == "finished"]
     rows = []
@@ -287,10 +327,79 @@ def config_frame(trials: pd.DataFrame, factors: list[str], grid: dict[str, list]
         for key, value in zip(factors, combo):
             chosen = _with(chosen, key, value)
         row: dict[str, Any] = dict(zip(factors, combo)) | {"n": len(chosen)}
-        for column in _metric_columns(breakdown):
+        for column in _metric_columns(breakdown, metrics):
             row[f"{column}_mean"], row[f"{column}_std"] = _stats(chosen[column])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _t_central(theta: float, df: int) -> float:
+    """P(|T| <= sqrt(df) tan(theta)) for Student's t with whole df: the finite series of Abramowitz & Stegun
+    26.7.3 (odd df) and 26.7.4 (even df)."""
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= c2 * 2 * k / (2 * k + 1)
+        return 2 / math.pi * (theta + s * total)
+    term, total = 1.0, 0.0
+    for k in range(1, df // 2 + 1):
+        total += term
+        term *= c2 * (2 * k - 1) / (2 * k)
+    return s * total
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Quantile of Student's t (0.5 <= p < 1, whole df >= 1): bisection on the exact CDF; no scipy needed."""
+    if not 0.5 <= p < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
+    low, high = 0.0, math.pi / 2  # in theta = atan(t / sqrt(df)), where the CDF is bounded and monotone
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_central(mid, df) < 2 * p - 1 else (low, mid)
+    return math.sqrt(df) * math.tan((low + high) / 2)
+
+
+def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
+    """`column` grouped by the combination of `keys` values, labelled as written (64 meets 64.0); NaN dropped."""
+    labels = [_label(row, keys) for _, row in frame.iterrows()]
+    values = pd.Series(frame[column].to_numpy(dtype=float), index=pd.Index(labels, dtype=object), dtype=float)
+    return values.dropna().groupby(level=0)
+
+
+def paired_effects(trials: pd.DataFrame, key: str, factors: Sequence[str], grid: dict[str, list],
+                   baseline: Any, column: str) -> pd.DataFrame:
+    """Effect of each non-baseline value of `key` on `column`, from matched pairs: a finished trial with that
+    value and one with the baseline value that differ in nothing else (other factors and seed equal; several
+    trials in one cell are averaged). One row per value: n_pairs, mean_diff and std_diff of the differences
+    (value − baseline), the Student-t 95 % CI of their mean, and conclusive (the CI excludes 0)."""
+    done = trials[trials["status"] == "finished"]
+    match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
+    base = _cells(_with(done, key, baseline), match, column).mean()
+    rows = []
+    for value in grid[key]:
+        if _same(value, baseline):
+            continue
+        diffs = (_cells(_with(done, key, value), match, column).mean() - base).dropna()
+        mean, std = _stats(diffs)
+        n = len(diffs)
+        half = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+        low, high = mean - half, mean + half
+        rows.append({key: value, "n_pairs": n, "mean_diff": mean, "std_diff": std, "ci_low": low, "ci_high": high,
+                     "conclusive": bool(low > 0 or high < 0)})  # False with NaN bounds
+    return pd.DataFrame(rows, columns=[key, "n_pairs", "mean_diff", "std_diff", "ci_low", "ci_high", "conclusive"])
+
+
+def seed_noise(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tuple[float, int]:
+    """Seed-to-seed noise of `column`: the pooled within-configuration std, sqrt(Σ (n_i − 1) s_i² / Σ (n_i − 1)),
+    over configurations with >= 2 finished trials, and how many such configurations there are."""
+    cells = _cells(trials[trials["status"] == "finished"], factors, column)
+    n, var = cells.count(), cells.var(ddof=1)
+    dof = (n - 1)[n >= 2]
+    if not len(dof):
+        return math.nan, 0
+    return math.sqrt(float((dof * var[dof.index]).sum() / dof.sum())), len(dof)
 
 
 def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
@@ -306,10 +415,15 @@ def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
     epochs = epochs_frame(run, breakdown)
     keys = factors + (["seed"] if seed_column else [])
     trials = trial_frame(run, epochs, keys, breakdown)
-    groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown) for key in factors}
-    configs = config_frame(trials, factors, grid, breakdown)
+    objective, note = resolve_objective(sweep, trials)
+    metrics = table_metrics(objective)
+    groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown, metrics) for key in factors}
+    configs = config_frame(trials, factors, grid, breakdown, metrics)
+    effects = {key: {m.column: paired_effects(trials, key, factors, grid, chosen[key], m.column)
+                     for m in PAIRED_METRICS} for key in factors}
     name = str(sweep.get("name") or run.path.name)
-    return Report(run, name, factors, grid, chosen, seed_column, breakdown, epochs, trials, groups, configs)
+    return Report(run, name, factors, grid, chosen, seed_column, breakdown, epochs, trials, groups, configs,
+                  objective, note, metrics, effects)
 
 
 # ------------------------------------------------------------------------------------ formatting
@@ -371,6 +485,34 @@ def _mean_std(metric: Metric | None, mean: float, std: float) -> str:
     if metric is not None and metric.kind == "acc":
         return f"{_pct(mean)} ± {_pct(std) if not math.isnan(std) else '—'}"
     return f"{_num(mean)} ± {_num(std, like=mean) if not math.isnan(std) else '—'}"
+
+
+def _metric_text(metric: Metric, x: Any) -> str:
+    return _pct(x) if metric.kind == "acc" else _loss(x) if metric.kind == "loss" else _num(x)
+
+
+def _best_phrase(metric: Metric) -> str:
+    return f"{'highest' if metric.better == 'max' else 'lowest'} {metric.label}"
+
+
+def _signed(metric: Metric, x: float, like: float) -> str:
+    """A difference with its sign: percentage points for accuracies, else to the decimals `like` needs."""
+    return f"{100 * x:+.2f}" if metric.kind == "acc" else f"{x:+,.{_places(like)}f}"
+
+
+def _paired_parts(metric: Metric, row: pd.Series) -> tuple[str, str, str]:
+    """Mean paired difference and its CI bounds, to the same decimals (the CI bounds are — below two pairs)."""
+    columns = ("mean_diff", "ci_low", "ci_high")
+    like = max((abs(row[c]) for c in columns if not _missing(row[c])), default=0.0)
+    return tuple("—" if _missing(row[c]) else _signed(metric, row[c], like) for c in columns)
+
+
+def _verdict(row: pd.Series) -> str:
+    if row["n_pairs"] == 0:
+        return "no matched pairs"
+    if row["conclusive"]:
+        return "real effect"
+    return "not conclusive (CI includes 0)" if row["n_pairs"] > 1 else "not conclusive (one pair, no CI)"
 
 
 def _delta(metric: Metric, row: pd.Series) -> str:
@@ -486,6 +628,7 @@ def header_info(report: Report) -> dict:
     sweep = report.run.sweep
     versions = sweep.get("versions") or {}
     wall_s, wall = _wall_time(sweep)
+    metric, mode = sweep.get("metric", "test_acc"), sweep.get("mode", "max")
     return {
         "name": report.name,
         "description": sweep.get("description", ""),
@@ -498,8 +641,12 @@ def header_info(report: Report) -> dict:
         "wall_time": wall,
         "runs": len(report.trials),
         "status_counts": _status_counts(report.trials),
-        "metric": sweep.get("metric", "test_acc"),
-        "mode": sweep.get("mode", "max"),
+        "metric": metric,
+        "mode": mode,
+        "best": f"{_best_phrase(report.objective)} ("
+                f"{report.objective_note or f'sweep metric={metric}, mode={mode}'})",
+        "best_column": report.objective.column,
+        "best_mode": report.objective.better,
         "grid": report.grid,
         "baseline": report.baseline,
         "repeats": sweep.get("repeats", 1),
@@ -520,6 +667,7 @@ def _header_md(report: Report) -> list[str]:
         ("Trials", _trials_line(report)),
         ("Grid", grid),
         ("Fixed settings", _fixed_settings(report)),
+        ("Best means", info["best"]),
     ]
     lines = [f"# {report.name}", ""]
     if info["description"]:
@@ -540,7 +688,8 @@ def _best(frame: pd.DataFrame, column: str, better: str) -> tuple[int, int] | No
 
 
 def findings(report: Report) -> list[str]:
-    """Facts read off the configuration and factor tables: fastest, most accurate, least memory."""
+    """Facts read off the configuration tables (best by the sweep's metric, fastest, most accurate, least memory)
+    and the paired effects of each factor."""
     configs = report.configs[report.configs["n"] > 0]
     done = int((report.trials["status"] == "finished").sum())
     if not len(configs):
@@ -560,6 +709,15 @@ def findings(report: Report) -> list[str]:
                 f"{_num(configs.loc[i, 'time_per_epoch_s_mean'])} s/epoch, peak memory {_num(configs.loc[i, 'peak_mem_mb_mean'])} MB "
                 f"({done} finished trial{'s' if done != 1 else ''})."]
 
+    best = report.objective
+    if report.objective_note:
+        lines.append(f"**Best** means the {_best_phrase(best)} ({report.objective_note}).")
+    pick = _best(configs, f"{best.column}_mean", best.better) if best != FACTOR_METRICS[0] else None
+    if pick:  # the default objective's best is the Most accurate line
+        top, low = pick
+        lines.append(f"**Best** {unit} by the sweep's metric ({_best_phrase(best)}): {name(top)} at "
+                     f"{_metric_text(best, configs.loc[top, f'{best.column}_mean'])}{n_note(top)}; the worst is "
+                     f"{name(low)} ({_metric_text(best, configs.loc[low, f'{best.column}_mean'])}).")
     pick = _best(configs, "time_per_epoch_s_mean", "min")
     if pick:
         fast, slow = pick
@@ -580,34 +738,42 @@ def findings(report: Report) -> list[str]:
         ratio = f"{m_big / m_small:.2f}× less than" if m_small > 0 else "versus"
         lines.append(f"**Least memory**: {name(small)} at {_num(m_small)} MB peak{n_note(small)}; "
                      f"{ratio} the most, {name(big)} ({_num(m_big)} MB).")
+    noise = seed_noise(report.trials, report.factors, FACTOR_METRICS[0].column)
     for key in report.factors:
-        lines.extend(_factor_finding(report, key))
+        lines.extend(_factor_finding(report, key, noise))
     return lines
 
 
-def _factor_finding(report: Report, key: str) -> list[str]:
-    frame = report.groups[key]
-    frame = frame[frame["n"] > 0]
-    if len(frame) < 2:
+def _paired_text(metric: Metric, row: pd.Series, unit: str) -> str:
+    """`+1.00 pp (95 % CI +0.85 to +1.15 pp, 9 pairs)`."""
+    mean, low, high = _paired_parts(metric, row)
+    n = int(row["n_pairs"])
+    return f"{mean} {unit} (95 % CI {low} to {high} {unit}, {n} pairs)" if n > 1 else f"{mean} {unit} (1 pair)"
+
+
+def _factor_finding(report: Report, key: str, noise: tuple[float, int]) -> list[str]:
+    acc, time = (report.effects[key][m.column] for m in PAIRED_METRICS)
+    if not len(acc):  # a single grid value: nothing to compare
         return []
-    acc, time = FACTOR_METRICS[0], FACTOR_METRICS[2]
-    parts = []
-    ordered = frame.sort_values("final_test_acc_mean", ascending=False, kind="stable")
-    top, second = ordered.iloc[0], ordered.iloc[1]
-    part = (f"highest final test accuracy at {key}={_fmt_value(top[key])} "
-            f"({_mean_std(acc, top['final_test_acc_mean'], top['final_test_acc_std'])} %, {_delta(acc, top)})")
-    diff, spread = top["final_test_acc_mean"] - second["final_test_acc_mean"], \
-        max(top["final_test_acc_std"], second["final_test_acc_std"])
-    if not math.isnan(spread) and diff <= spread:
-        part += (f", but only {100 * diff:.2f} pp above {key}={_fmt_value(second[key])}, within one std "
-                 f"({100 * spread:.2f} pp): not conclusive")
-    parts.append(part)
-    fastest = frame.loc[frame["time_per_epoch_s_mean"].idxmin()] if frame["time_per_epoch_s_mean"].notna().any() else None
-    if fastest is not None:
-        parts.append(f"fastest at {key}={_fmt_value(fastest[key])} ({_num(fastest['time_per_epoch_s_mean'])} s/epoch, "
-                     f"{_delta(time, fastest)})")
     base = _fmt_value(report.baseline[key])
-    return [f"**{key}** (baseline {base}, over {int(frame['n'].sum())} finished trials): " + "; ".join(parts) + "."]
+    parts = []
+    for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows()):
+        part = f"{key}={_fmt_value(a[key])}: "
+        if a["n_pairs"] == 0:
+            parts.append(part + f"no matched pairs (no finished trial with {key}={base} and the same other keys "
+                                "and seed), so no effect is estimated")
+            continue
+        part += f"final test accuracy {_paired_text(PAIRED_METRICS[0], a, 'pp')}, {_verdict(a)}"
+        if t["n_pairs"]:
+            part += f"; time/epoch {_paired_text(PAIRED_METRICS[1], t, 's')}"
+        parts.append(part)
+    line = (f"**{key}** (baseline {base}; paired differences vs the trial with {key}={base} and the same other keys "
+            "and seed): " + ". ".join(parts) + ".")
+    std, configs = noise
+    if configs:
+        line += (f" Seed noise: {100 * std:.2f} pp (pooled within-configuration std of final test accuracy over "
+                 f"{configs} configuration{'s' if configs != 1 else ''} with ≥ 2 finished seeds).")
+    return [line]
 
 
 # ------------------------------------------------------------------------------------- md tables
@@ -645,23 +811,36 @@ def _trial_table(report: Report) -> str:
 def _factor_table(report: Report, key: str) -> str:
     frame = report.groups[key]
     headers = [key, "n"]
-    for metric in FACTOR_METRICS:
+    for metric in report.metrics:
         headers += [metric.label, "Δ"]
     best = {}
-    for metric in FACTOR_METRICS:
+    for metric in report.metrics:
         means = frame.loc[frame["n"] > 0, f"{metric.column}_mean"].dropna()
         best[metric.column] = (means.max() if metric.better == "max" else means.min()) if len(means) else None
     rows = []
     for _, r in frame.iterrows():
         row = [_fmt_value(r[key]) + (" (baseline)" if r["is_baseline"] else ""), str(r["n"])]
-        for metric in FACTOR_METRICS:
+        for metric in report.metrics:
             mean = r[f"{metric.column}_mean"]
             text = _mean_std(metric, mean, r[f"{metric.column}_std"])
             if best[metric.column] is not None and mean == best[metric.column]:
                 text = f"**{text}**"
             row += [text, _delta(metric, r)]
         rows.append(row)
-    return markdown_table(headers, rows, "lr" + "r" * 2 * len(FACTOR_METRICS))
+    return markdown_table(headers, rows, "lr" + "r" * 2 * len(report.metrics))
+
+
+def _paired_table(report: Report, key: str) -> str:
+    acc, time = (report.effects[key][m.column] for m in PAIRED_METRICS)
+    headers = ["value", "pairs", "Δ final test acc (pp) [95 % CI]", "Δ time/epoch (s) [95 % CI]", "accuracy effect"]
+
+    def cell(metric: Metric, row: pd.Series) -> str:
+        mean, low, high = _paired_parts(metric, row)
+        return "—" if row["n_pairs"] == 0 else f"{mean} [{low}, {high}]" if row["n_pairs"] > 1 else mean
+
+    rows = [[f"{key}={_fmt_value(a[key])}", str(a["n_pairs"]), cell(PAIRED_METRICS[0], a), cell(PAIRED_METRICS[1], t),
+             _verdict(a)] for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows())]
+    return markdown_table(headers, rows, "lrrrl")
 
 
 def _factor_breakdown_table(report: Report, key: str) -> str:
@@ -817,7 +996,7 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
         ax.set_xlim(-0.6, len(x) - 0.4)
         ax.set_xticks(x, ticks)
         ax.set(xlabel=key, title=metric.label)
-    fig.suptitle(f"Cost per {key} value (mean ± std over finished trials; grey = baseline)")
+    fig.suptitle(f"Cost per {key} value (mean ± std over finished trials, other keys pooled; grey = baseline)")
     _save(fig, out_dir / f"{key}_cost.png")
 
     fig = _figure(7, 4.5)
@@ -826,7 +1005,8 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
     for offset, metric, color in ((-0.08, FACTOR_METRICS[0], "tab:blue"), (0.08, FACTOR_METRICS[1], "tab:orange")):
         mean = 100 * frame[f"{metric.column}_mean"].to_numpy(dtype=float)
         std = 100 * np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
-        ax.errorbar(x + offset, mean, yerr=std, fmt="o-", color=color, capsize=4, label=f"{metric.label}, mean ± std")
+        ax.errorbar(x + offset, mean, yerr=std, fmt="o-", color=color, capsize=4,
+                    label=f"{metric.label}, mean ± std (other keys pooled)")
         for i, value in enumerate(frame[key]):
             points = 100 * _with(done, key, value)[metric.column].dropna()
             ax.scatter(np.full(len(points), x[i] + offset), points, color=color, alpha=0.35, s=14)
@@ -852,11 +1032,20 @@ def render_markdown(report: Report, plots: dict[str, list[tuple[str, str]]]) -> 
     lines += ["", scope, ""]
 
     for key in report.factors:
-        lines += [f"## Effect of `{key}`", "",
-                  f"Mean ± sample std (ddof=1; — for a single trial) over finished trials with each value, "
-                  f"all other keys and seeds pooled. Δ vs the baseline {key}={_fmt_value(report.baseline[key])}: "
-                  "accuracy in percentage points, costs in percent. Best value in bold.", "",
-                  _factor_table(report, key), ""]
+        base = f"{key}={_fmt_value(report.baseline[key])}"
+        best = "highest" if report.objective.better == "max" else "lowest"
+        lines += [f"## Effect of `{key}`", ""]
+        if len(report.effects[key][PAIRED_METRICS[0].column]):
+            lines += [f"Paired effect vs the baseline {base}: each finished trial with another {key} value is paired "
+                      f"with the finished trial that has {base} and the same other keys and seed; the table gives the "
+                      "mean of the differences (value − baseline) and a Student-t 95 % confidence interval over the "
+                      "pairs. An interval that excludes 0 is a real effect; its width covers seed noise and any "
+                      "change of the effect across the other keys' values.", "", _paired_table(report, key), ""]
+        lines += ["Per-value means, not effects: mean ± sample std (ddof=1; — for a single trial) over finished "
+                  "trials with each value, all other keys and seeds pooled, so they also carry the other keys' "
+                  f"effects. Δ = difference of these means vs {base}: accuracy in percentage points, others in "
+                  f"percent. Bold: the best value per column (for {report.objective.label}, the sweep's metric, the "
+                  f"{best}).", "", _factor_table(report, key), ""]
         if report.breakdown:
             lines += ["Step-time breakdown (seconds per epoch, mean ± std):", "", _factor_breakdown_table(report, key), ""]
         lines += [f"![{caption}]({file})" for file, caption in plots.get(key, [])]
@@ -903,12 +1092,15 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 def export_json(report: Report, out_dir: Path) -> Path:
     info = header_info(report)
+    noise_std, noise_configs = seed_noise(report.trials, report.factors, "final_test_acc")
     data = {
         "sweep": {k: _plain(v) if not isinstance(v, dict) else v for k, v in info.items()},
         "trials": _records(report.trials),
         "configurations": _records(report.configs),
-        "factors": {key: {"baseline": report.baseline[key], "rows": _records(frame)}
+        "factors": {key: {"baseline": report.baseline[key], "rows": _records(frame),
+                          "paired": {column: _records(effect) for column, effect in report.effects[key].items()}}
                     for key, frame in report.groups.items()},
+        "seed_noise": {"final_test_acc_std": _plain(noise_std), "configurations": noise_configs},
         "findings": findings(report),
     }
     path = out_dir / "report.json"
@@ -922,6 +1114,9 @@ def export_csv(report: Report, out_dir: Path) -> Path:
     report.configs.to_csv(out_dir / "configurations.csv", index=False)
     for key, frame in report.groups.items():
         frame.to_csv(out_dir / f"factor_{key}.csv", index=False)
+        effects = pd.concat([effect.assign(metric=column) for column, effect in report.effects[key].items()],
+                            ignore_index=True)
+        effects[["metric", *effects.columns[:-1]]].to_csv(out_dir / f"effect_{key}.csv", index=False)
     report.epochs.to_csv(out_dir / "epochs.csv", index=False)
     return path
 

@@ -310,6 +310,17 @@ def test_findings_are_computed_from_the_tables(run, readme):
     assert f"{100 * top['final_test_acc_mean']:.2f} % final test accuracy" in line
     assert any("**Least memory**" in line for line in text.splitlines())
     assert "**batch_size** (baseline 64" in text and "**workers** (baseline 1" in text
+    # Paired effects: workers=2 vs 1 pairs only trials with the same batch_size and seed, both finished.
+    ok = finished(run[1])
+    pairs = [ok[2][-1]["test_acc"] - ok[0][-1]["test_acc"], ok[3][-1]["test_acc"] - ok[1][-1]["test_acc"]]
+    workers = report.effects["workers"]["final_test_acc"].iloc[0]
+    assert workers["n_pairs"] == 2 and workers["mean_diff"] == pytest.approx(statistics.mean(pairs))
+    line = next(line for line in text.splitlines() if line.startswith("- **workers**"))
+    assert f"workers=2: final test accuracy {100 * statistics.mean(pairs):+.2f} pp (95 % CI " in line
+    assert "2 pairs), not conclusive (CI includes 0)" in line
+    assert "Seed noise: " in line and "over 2 configurations with ≥ 2 finished seeds" in line
+    line = next(line for line in text.splitlines() if line.startswith("- **batch_size**"))
+    assert "(1 pair), not conclusive (one pair, no CI)" in line  # batch_size=128 finished with one seed only
 
 
 def test_plots_are_valid_png_and_linked(readme):

@@ -1,0 +1,214 @@
+"""The report's statistics on hand-made factorial runs: paired effects, their t intervals, seed noise, and "best"
+by the sweep's metric/mode. Run folders are written as training writes them (helpers from test_report)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import re
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cifar_ray.report import OBJECTIVES, build_report, paired_effects, seed_noise, t_quantile, write_report
+from cifar_ray.sweep import METRICS
+from test_report import trial_name, write_sweep, write_trial
+
+GRID = {"optimizer": ["momentum", "adam"], "workers": [1, 2], "amp": ["off", "bf16"]}
+SEEDS = [0, 1, 2]
+NOISE = 0.002  # seed-to-seed std of the final test accuracy: 0.2 pp
+
+
+def factorial_epochs(acc: float, loss: float, epoch_time: float) -> list[dict]:
+    """Three epochs ending at the given final test accuracy, test loss and epoch time."""
+    return [{"epoch": e, "train_loss": loss + 0.3 * (3 - e), "train_acc": acc - 0.04 * (3 - e),
+             "test_loss": loss + 0.2 * (3 - e), "test_acc": acc - 0.05 * (3 - e), "epoch_time_s": epoch_time,
+             "samples_per_s": 50000 / epoch_time, "peak_mem_mb": 500.0, "lr": 0.05} for e in (1, 2, 3)]
+
+
+def make_factorial(run_dir: Path, grid: dict = GRID, accuracy=None, loss=None, status=None, **sweep) -> dict:
+    """optimizer x workers x amp x 3 seeds. Default truth: adam +10 pp, workers=2 +1 pp, amp nothing, plus
+    0.2 pp of per-trial noise; workers=2 halves the epoch time. Returns the final test accuracy per trial."""
+    rng = random.Random(7)
+    combos = [dict(zip(grid, values)) | {"seed": seed} for values in itertools.product(*grid.values())
+              for seed in SEEDS]
+    write_sweep(run_dir, [trial_name(i) for i in range(len(combos))], grid=grid, repeats=len(SEEDS),
+                **{"name": "factorial", "description": "A hand-made factorial run."} | sweep)
+    finals = {}
+    for i, swept in enumerate(combos):
+        acc = (accuracy or (lambda s: 0.70 + 0.10 * (s.get("optimizer") == "adam") + 0.01 * (s["workers"] == 2)))(swept)
+        acc += rng.gauss(0.0, NOISE)
+        final_loss = (loss or (lambda s: 1.0 - acc))(swept)
+        epoch_time = 10.0 / swept["workers"] + 0.01 * swept["seed"]
+        finals[i] = acc
+        write_trial(run_dir, i, swept, (status or (lambda s: "finished"))(swept),
+                    factorial_epochs(acc, final_loss, epoch_time), gpus=False)
+    return finals
+
+
+@pytest.fixture(scope="module")
+def factorial(tmp_path_factory) -> tuple[Path, dict]:
+    run_dir = tmp_path_factory.mktemp("runs") / "factorial"
+    return run_dir, make_factorial(run_dir)
+
+
+def finding(text: str, key: str) -> str:
+    findings = text.split("## Findings")[1].split("\n## ")[0]
+    return next(line for line in findings.splitlines() if line.startswith(f"- **{key}**"))
+
+
+@pytest.mark.parametrize("df, expected", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (10, 2.228),
+                                          (11, 2.201), (20, 2.086), (30, 2.042), (60, 2.000), (120, 1.980)])
+def test_t_quantile_matches_the_table(df, expected):
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=5e-4)
+
+
+def test_t_quantile_other_levels_and_limits():
+    assert t_quantile(0.95, 5) == pytest.approx(2.015, abs=5e-4)
+    assert t_quantile(0.995, 10) == pytest.approx(3.169, abs=5e-4)
+    assert t_quantile(0.975, 20000) == pytest.approx(1.95996, abs=2e-4)  # tends to the normal quantile
+    assert t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-12)
+    for p, df in ((1.0, 3), (0.4, 3), (0.975, 0)):
+        with pytest.raises(ValueError):
+            t_quantile(p, df)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(min_value=0.5, max_value=0.9999))
+def test_t_quantile_matches_closed_forms(p):
+    a = 2 * p - 1
+    assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9, abs=1e-9)  # Cauchy
+    assert t_quantile(p, 2) == pytest.approx(a * math.sqrt(2 / (1 - a * a)), rel=1e-9, abs=1e-9)
+
+
+def test_paired_effects_are_the_matched_differences(factorial):
+    run_dir, finals = factorial
+    report = build_report(run_dir)
+    trials = report.trials.assign(final=[finals[i] for i in range(len(finals))])
+    index = trials.set_index(["optimizer", "amp", "seed", "workers"])["final"]
+    diffs = [index[(o, a, s, 2)] - index[(o, a, s, 1)]
+             for o, a, s in itertools.product(GRID["optimizer"], GRID["amp"], SEEDS)]
+    row = report.effects["workers"]["final_test_acc"].iloc[0]
+    assert row["workers"] == 2 and row["n_pairs"] == 12
+    assert row["mean_diff"] == pytest.approx(statistics.mean(diffs))
+    assert row["std_diff"] == pytest.approx(statistics.stdev(diffs))
+    half = 2.201 * statistics.stdev(diffs) / math.sqrt(12)  # t(0.975, 11)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((row["mean_diff"] - half, row["mean_diff"] + half),
+                                                            abs=1e-5)
+    assert row["mean_diff"] == pytest.approx(0.01, abs=0.002) and row["ci_high"] - row["ci_low"] < 0.005
+    assert row["conclusive"]
+    assert report.effects["optimizer"]["final_test_acc"].iloc[0]["mean_diff"] == pytest.approx(0.10, abs=0.002)
+    amp = report.effects["amp"]["final_test_acc"].iloc[0]
+    assert amp["n_pairs"] == 12 and amp["ci_low"] < 0 < amp["ci_high"] and not amp["conclusive"]
+    time = report.effects["workers"]["time_per_epoch_s"].iloc[0]
+    assert time["mean_diff"] == pytest.approx(-5.0) and time["conclusive"]
+    # The pooled per-value means are still there, with the optimizer's 10 pp inside workers' spread.
+    assert report.groups["workers"]["final_test_acc_std"].min() > 0.04
+
+
+def test_seed_noise_is_the_pooled_within_configuration_std(factorial):
+    run_dir, finals = factorial
+    report = build_report(run_dir)
+    by_config: dict[tuple, list[float]] = {}
+    for i, (_, row) in enumerate(report.trials.iterrows()):
+        by_config.setdefault((row["optimizer"], row["workers"], row["amp"]), []).append(finals[i])
+    pooled = math.sqrt(statistics.mean(statistics.variance(v) for v in by_config.values()))  # equal n: plain mean
+    std, configs = seed_noise(report.trials, report.factors, "final_test_acc")
+    assert configs == 8 and std == pytest.approx(pooled)
+    assert 0.001 < std < 0.0035  # the 0.2 pp that was put in
+
+
+def test_paired_findings_separate_a_small_real_effect_from_none(factorial, tmp_path):
+    """The pooled per-value means put the optimizer's 10 pp into workers' ± (about 5 pp) and called +1 pp not
+    conclusive; matched pairs see the +1 pp with a 0.2 pp wide interval."""
+    text = write_report(factorial[0], tmp_path).read_text(encoding="utf-8")
+    workers = finding(text, "workers")
+    found = re.search(r"workers=2: final test accuracy \+(\d\.\d\d) pp \(95 % CI \+(\d\.\d\d) to \+(\d\.\d\d) pp, "
+                      r"12 pairs\), real effect", workers)
+    mean, low, high = map(float, found.groups())
+    assert 0.7 < mean < 1.3 and low < mean < high and high - low < 0.5
+    assert "not conclusive" not in workers
+    assert "Seed noise: 0." in workers and "over 8 configurations with ≥ 2 finished seeds" in workers
+    amp = finding(text, "amp")
+    assert "12 pairs), not conclusive (CI includes 0)" in amp
+    assert "12 pairs), real effect" in finding(text, "optimizer")
+
+    section = text.split("## Effect of `workers`")[1].split("\n## ")[0]
+    assert "Student-t 95 % confidence interval over the pairs" in section
+    row = next(line for line in section.splitlines() if line.startswith("| workers=2 |"))
+    assert row.startswith(f"| workers=2 | 12 | +{mean:.2f} [+{low:.2f}, +{high:.2f}] | -5.00 [")
+    assert row.endswith("| real effect |")
+    assert "Per-value means, not effects" in section
+
+
+def test_no_matched_pairs_is_said(tmp_path):
+    """workers=1 only finished with momentum, workers=2 only with adam: nothing to pair, nothing claimed."""
+    run_dir = tmp_path / "unpaired"
+    grid = {"optimizer": ["momentum", "adam"], "workers": [1, 2]}
+    make_factorial(run_dir, grid, status=lambda s: "finished" if (s["workers"] == 1) == (s["optimizer"] == "momentum")
+                   else "failed")
+    report = build_report(run_dir)
+    assert report.effects["workers"]["final_test_acc"]["n_pairs"].tolist() == [0]
+    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    assert "workers=2: no matched pairs (no finished trial with workers=1" in finding(text, "workers")
+    section = text.split("## Effect of `workers`")[1].split("\n## ")[0]
+    assert "| workers=2 | 0 | — | — | no matched pairs |" in section
+
+
+def test_exports_carry_the_paired_effects(factorial, tmp_path):
+    run_dir = factorial[0]
+    effects = pd.read_csv(write_report(run_dir, tmp_path, fmt="csv").parent / "effect_workers.csv")
+    assert effects.columns.tolist() == ["metric", "workers", "n_pairs", "mean_diff", "std_diff", "ci_low", "ci_high",
+                                        "conclusive"]
+    assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s"]
+    assert effects["n_pairs"].tolist() == [12, 12] and effects["conclusive"].tolist() == [True, True]
+    data = json.loads(write_report(run_dir, tmp_path, fmt="json").read_text(encoding="utf-8"))
+    paired = data["factors"]["amp"]["paired"]["final_test_acc"]
+    assert paired[0]["amp"] == "bf16" and paired[0]["n_pairs"] == 12 and paired[0]["conclusive"] is False
+    assert data["seed_noise"]["configurations"] == 8 and 0.001 < data["seed_noise"]["final_test_acc_std"] < 0.0035
+    assert (data["sweep"]["best_column"], data["sweep"]["best_mode"]) == ("final_test_acc", "max")
+
+
+def test_every_sweep_metric_has_a_trial_column(factorial):
+    assert set(OBJECTIVES) == set(METRICS)
+    columns = set(build_report(factorial[0]).trials.columns)
+    assert {metric.column for metric in OBJECTIVES.values()} <= columns
+
+
+def test_best_follows_the_sweep_metric_and_mode(tmp_path):
+    """metric=test_loss, mode=min: the lowest loss (momentum, workers=1) is best, not the most accurate (adam)."""
+    run_dir = tmp_path / "by-loss"
+    grid = {"optimizer": ["momentum", "adam"], "workers": [1, 2]}
+    make_factorial(run_dir, grid, loss=lambda s: 0.40 + 0.2 * (s["optimizer"] == "adam") + 0.05 * (s["workers"] == 2),
+                   metric="test_loss", mode="min")
+    report = build_report(run_dir)
+    assert (report.objective.column, report.objective.better) == ("final_test_loss", "min")
+    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    findings = text.split("## Findings")[1].split("\n## ")[0]
+    best = next(line for line in findings.splitlines() if "**Best**" in line)
+    assert ("by the sweep's metric (lowest final test loss): optimizer=momentum, workers=1 at 0.4000, mean of 3 "
+            "trials; the worst is optimizer=adam, workers=2 (0.6500)") in best
+    accurate = next(line for line in findings.splitlines() if "**Most accurate**" in line)
+    assert "optimizer=adam, workers=2 at" in accurate  # a different configuration
+    assert "| Best means | lowest final test loss (sweep metric=test_loss, mode=min) |" in text
+    section = text.split("## Effect of `optimizer`")[1].split("\n## ")[0]
+    table = section.split("Per-value means")[1]
+    assert "| final test loss | Δ |" in table
+    momentum = next(line for line in table.splitlines() if line.startswith("| momentum (baseline) |"))
+    assert "**0.425 ± 0.027**" in momentum  # the lowest mean loss is the bold one
+
+
+def test_unknown_metric_falls_back_to_accuracy_and_says_so(tmp_path):
+    run_dir = tmp_path / "odd-metric"
+    make_factorial(run_dir, {"workers": [1, 2]}, metric="f1_score", mode="max")
+    report = build_report(run_dir)
+    assert report.objective.column == "final_test_acc" and "f1_score" in report.objective_note
+    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    assert ("**Best** means the highest final test acc (%) (fallback: sweep metric=f1_score, mode=max has no trial "
+            "column).") in text
