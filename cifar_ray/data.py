@@ -6,15 +6,17 @@ each step gathers its indices, normalises, flips, crops and cuts out in a few ba
 
 from __future__ import annotations
 
+import functools
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from .config import TrainConfig
+from .safe_pickle import SHOW, BatchUnpickler, NumpyArray, Refused
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -48,19 +50,79 @@ class Split:
         return Split(self.images.to(device, non_blocking=True), self.labels.to(device, non_blocking=True))
 
 
+def _batch_error(path: Path, problem: str) -> DataError:
+    return DataError(f"cannot read CIFAR-10 batch {path}: {problem}")
+
+
+def _load_batch(path: Path) -> object:
+    try:
+        with open(path, "rb") as handle:
+            loaded = BatchUnpickler(handle, encoding="bytes").load()  # bytes: Python 2's str (the official archive)
+    except FileNotFoundError:
+        raise _batch_error(path, f"no such file; a '{CIFAR_FOLDER}' folder holds data_batch_1 .. data_batch_5 "
+                                 f"and test_batch: extract them there from {CIFAR_URL}, or set data_dir=... to the "
+                                 "folder that has them") from None
+    except OSError as error:
+        raise _batch_error(path, f"{error.strerror or error} ({type(error).__name__})") from None
+    except Refused as error:
+        raise _batch_error(path, str(error)) from None
+    except Exception as error:  # a damaged or foreign pickle fails in any of its opcodes' or constructors' ways
+        text = " ".join(str(error).split())[:200]
+        raise _batch_error(path, f"not a CIFAR-10 pickle ({type(error).__name__}{': ' * bool(text)}{text})") from None
+    return loaded.array if isinstance(loaded, NumpyArray) else loaded
+
+
+def _batch_field(batch: dict, key: str, path: Path) -> object:
+    """batch[key] under a bytes key (Python 2 pickles) or a str one (Python 3), an array as numpy's."""
+    for candidate in (key.encode(), key):
+        if candidate in batch:
+            value = batch[candidate]
+            return value.array if isinstance(value, NumpyArray) else value
+    found = [SHOW.repr(k.decode("latin-1") if isinstance(k, bytes) else k) for k in list(batch)[:8]]
+    found += ["..."] * (len(batch) > 8)
+    raise _batch_error(path, f"has no {key!r} key (found keys: {', '.join(found) or 'none'}); "
+                             "expected 'data' and 'labels' (bytes or str keys)")
+
+
+def _batch_images(data: object, path: Path) -> torch.Tensor:
+    """uint8 N x 3 x 32 x 32 from N x 3072 (the format) or N x 3 x 32 x 32: the same bytes in the same order."""
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.shape[1:] not in ((3072,), (3, 32, 32)):
+        found = f"has shape {data.shape} and dtype {data.dtype}" if isinstance(data, np.ndarray) \
+            else f"is a {type(data).__name__}"
+        raise _batch_error(path, f"'data' {found}; expected N x 3072 uint8 (N images of 3 x 32 x 32; "
+                                 "N x 3 x 32 x 32 also accepted)")
+    return torch.tensor(data).reshape(len(data), 3, 32, 32)  # a copy: arrays read from bytes are read-only
+
+
+def _batch_labels(labels: object, n: int, path: Path) -> torch.Tensor:
+    expected = "expected a list or 1-D integer array of N ints in 0..9 (N images)"
+    if isinstance(labels, np.ndarray):
+        if labels.ndim != 1 or labels.dtype.kind not in "iu":
+            raise _batch_error(path, f"'labels' has shape {labels.shape} and dtype {labels.dtype}; {expected}")
+        labels = labels.tolist()
+    elif not isinstance(labels, list):
+        raise _batch_error(path, f"'labels' is a {type(labels).__name__}; {expected}")
+    if len(labels) != n:
+        raise _batch_error(path, f"'labels' has {len(labels)} entries for {n} images; {expected}")
+    for index, label in enumerate(labels):
+        if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= label < len(CLASSES):
+            raise _batch_error(path, f"label {SHOW.repr(label)} at index {index} is not an int in 0..9")
+    return torch.tensor(labels, dtype=torch.int64)
+
+
 def read_cifar_batches(folder: Path, files: tuple[str, ...]) -> Split:
-    """Read `cifar-10-batches-py` pickles (dicts with b'data' N x 3072 uint8 and b'labels')."""
+    """Read `cifar-10-batches-py` pickles: dicts with 'data' (N x 3072 uint8) and 'labels' (N ints in
+    0..9) under bytes keys (the official archive, pickled by Python 2) or str keys (Python 3 tools).
+    Read with BatchUnpickler, so a crafted file cannot run code; a bad one is a one-line DataError."""
     images, labels = [], []
     for name in files:
         path = folder / name
-        try:
-            with open(path, "rb") as handle:
-                batch = pickle.load(handle, encoding="bytes")
-            data = torch.as_tensor(batch[b"data"], dtype=torch.uint8)
-            images.append(data.reshape(-1, 3, 32, 32))
-            labels.append(torch.as_tensor(batch[b"labels"], dtype=torch.int64))
-        except (OSError, pickle.UnpicklingError, KeyError, EOFError, RuntimeError, ValueError) as error:
-            raise DataError(f"cannot read CIFAR-10 batch {path}: {error}") from None
+        batch = _load_batch(path)
+        if not isinstance(batch, dict):
+            raise _batch_error(path, f"it holds a {type(batch).__name__}; expected a dict with 'data' and 'labels' "
+                                     "(bytes or str keys)")
+        images.append(_batch_images(_batch_field(batch, "data", path), path))
+        labels.append(_batch_labels(_batch_field(batch, "labels", path), len(images[-1]), path))
     return Split(torch.cat(images), torch.cat(labels))
 
 
@@ -178,9 +240,17 @@ def train_step_indices(n: int, cfg: TrainConfig, epoch: int, rank: int, world: i
     return micro.reshape(steps, cfg.accum_steps, per_worker)
 
 
+@functools.lru_cache(maxsize=None)
+def _channel_stats(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR mean and std as 1 x 3 x 1 x 1 tensors on `device`, built once: a tensor built from Python
+    numbers per batch is a host-to-device copy, and the host waits for it on CUDA."""
+    mean = torch.tensor(CIFAR_MEAN, dtype=dtype).view(1, 3, 1, 1).to(device)
+    std = torch.tensor(CIFAR_STD, dtype=dtype).view(1, 3, 1, 1).to(device)
+    return mean, std
+
+
 def normalise(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    mean = torch.tensor(CIFAR_MEAN, device=images.device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR_STD, device=images.device, dtype=dtype).view(1, 3, 1, 1)
+    mean, std = _channel_stats(images.device, dtype)
     return (images.to(dtype) / 255 - mean) / std
 
 
@@ -192,7 +262,8 @@ def augment(images: torch.Tensor, kind: str, generator: torch.Generator) -> torc
     device = images.device
 
     def draw(high: int, *shape: int) -> torch.Tensor:
-        return torch.randint(0, high, shape, generator=generator).to(device)
+        # On the data's device (the generator lives there too): no host-to-device copy per batch.
+        return torch.randint(0, high, shape, generator=generator, device=device)
 
     flip = draw(2, n).bool()
     images = torch.where(flip[:, None, None, None], images.flip(3), images)
@@ -209,21 +280,29 @@ def augment(images: torch.Tensor, kind: str, generator: torch.Generator) -> torc
         cy, cx = draw(h, n), draw(w, n)
         ys = torch.arange(h, device=device)[None, :, None]
         xs = torch.arange(w, device=device)[None, None, :]
-        half = CUTOUT_SIZE // 2
-        hole = ((ys - cy[:, None, None]).abs() < half) & ((xs - cx[:, None, None]).abs() < half)
+        # A CUTOUT_SIZE x CUTOUT_SIZE square centred at (cy, cx), clipped at the image border.
+        top, left = (cy - CUTOUT_SIZE // 2)[:, None, None], (cx - CUTOUT_SIZE // 2)[:, None, None]
+        hole = (ys >= top) & (ys < top + CUTOUT_SIZE) & (xs >= left) & (xs < left + CUTOUT_SIZE)
         images = images.masked_fill(hole[:, None], 0.0)  # 0 = the dataset mean after normalisation
     return images
 
 
-def iterate_train(train: Split, cfg: TrainConfig, epoch: int, rank: int, world: int) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Yields, per optimizer step, this rank's accum_steps micro-batches as (images, labels)."""
-    indices = train_step_indices(len(train), cfg, epoch, rank, world).to(train.labels.device)
-    generator = torch.Generator().manual_seed((cfg.seed * 100_003 + epoch) * 1009 + rank)
+MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, labels)
+
+
+def iterate_train(train: Split, cfg: TrainConfig, epoch: int, rank: int, world: int,
+                  memory_format: torch.memory_format = torch.contiguous_format) -> Iterator[list[MicroBatch]]:
+    """Yields, per optimizer step, this rank's accum_steps micro-batches as (images, labels), laid
+    out in `memory_format` (the model's: channels_last on CUDA). Indices and augmentation draws live
+    on the data's device, so the loop makes no host-to-device copy (and no host sync) per batch."""
+    device = train.labels.device
+    indices = train_step_indices(len(train), cfg, epoch, rank, world).to(device)
+    generator = torch.Generator(device=device).manual_seed((cfg.seed * 100_003 + epoch) * 1009 + rank)
     for step in indices:
         micro_batches = []
         for idx in step:
             images = augment(normalise(train.images[idx]), cfg.augment, generator)
-            micro_batches.append((images, train.labels[idx]))
+            micro_batches.append((images.contiguous(memory_format=memory_format), train.labels[idx]))
         yield micro_batches
 
 

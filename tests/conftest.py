@@ -11,8 +11,10 @@ import pytest
 PER_TRAIN_BATCH = 120  # 5 files x 120 = 600 training images, 200 test images: seconds per epoch
 
 
-def write_cifar_fixture(root: Path, per_batch: int = PER_TRAIN_BATCH, n_test: int = 200) -> dict[str, np.ndarray]:
-    """`root/cifar-10-batches-py` in the original pickle format, with seeded random images."""
+def write_cifar_fixture(root: Path, per_batch: int = PER_TRAIN_BATCH, n_test: int = 200,
+                        keys: str = "bytes") -> dict[str, np.ndarray]:
+    """`root/cifar-10-batches-py` in the original pickle format, with seeded random images. keys="bytes":
+    bytes keys, as in the official (Python 2) archive; keys="str": str keys, as Python 3 tools write them."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -20,8 +22,11 @@ def write_cifar_fixture(root: Path, per_batch: int = PER_TRAIN_BATCH, n_test: in
     for name, n in [*((f"data_batch_{i}", per_batch) for i in range(1, 6)), ("test_batch", n_test)]:
         data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
         labels = rng.integers(0, 10, size=n).tolist()
+        batch = {"batch_label": name, "labels": labels, "data": data, "filenames": ["x.png"] * n}
+        if keys == "bytes":
+            batch = {b"batch_label": name.encode(), b"labels": labels, b"data": data, b"filenames": [b"x.png"] * n}
         with open(folder / name, "wb") as out:
-            pickle.dump({b"batch_label": name.encode(), b"labels": labels, b"data": data, b"filenames": [b"x.png"] * n}, out)
+            pickle.dump(batch, out)
         arrays[name] = (data, labels)
     (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [b"c%d" % i for i in range(10)]}))
     return arrays
