@@ -36,7 +36,7 @@ from torch import nn
 from .config import ConfigError, TrainConfig, parse_config
 from .data import Split, iterate_train, load_splits
 from .models import build_model
-from .train import all_reduce, build_training, select_device, torch_threads, train_epoch
+from .train import build_training, memory_format, reduce_train_totals, select_device, torch_threads, train_epoch
 
 # Tolerances (see README "Evidence"): float64 exactness, float32 repeatability, mixed precision.
 TOL_FLOAT64 = 1e-9  # update rel diff of two float64 runs that should be the same computation
@@ -46,6 +46,9 @@ TOL_SEED_CUDA = 1e-5  # CUDA kernels need not be bitwise repeatable; CPU must be
 TOL_AMP_UPDATE = 0.3  # bf16/fp16 vs fp32: update rel diff after AMP_STEPS steps (bf16 CPU: ~0.13)
 TOL_AMP_LOSS = 0.01  # bf16/fp16 vs fp32: relative difference of the mean train loss (bf16 CPU: <1e-3)
 AMP_STEPS = 3
+# GradScaler's initial scale in the checks: its default 65536 makes real fp16 gradients overflow in
+# the first steps, a natural skip that would spoil the comparison and the count of forced skips.
+CHECK_INIT_SCALE = 2.0**10
 
 # The model and data of every check: small enough for seconds on a laptop CPU, real code paths.
 BASE = {
@@ -148,14 +151,15 @@ def train_steps(
 def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> Trained:
     torch.manual_seed(cfg.seed)  # same order as train_loop_per_worker: seed, data, model
     train, _ = (split.to(device) for split in cached_splits(cfg))
-    model = build_model(cfg).to(device=device, dtype=dtype)
+    model = build_model(cfg).to(device=device, dtype=dtype, memory_format=memory_format(device))
     initial = param_vector(model.parameters())
     if prepare is not None:
         prepare(model)
-    parts = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler)
-    step_list = cast_steps(itertools.islice(iterate_train(train, cfg, 1, rank, world), n_steps), dtype)
+    parts = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler, rank)
+    steps = iterate_train(train, cfg, 1, rank, world, memory_format(device))
+    step_list = cast_steps(itertools.islice(steps, n_steps), dtype)
     local = train_epoch(parts.model, step_list, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion, cfg, device)
-    totals = all_reduce(local.clone())  # as train_loop_per_worker: sums over all ranks
+    totals = reduce_train_totals(local)  # as train_loop_per_worker: over all ranks
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return Trained(initial, param_vector(model.parameters()), state, local.cpu(), totals.cpu())
 
@@ -259,9 +263,7 @@ def check_amp(device: torch.device, amp: str, n_steps: int = AMP_STEPS) -> Check
         return CheckResult(name, "SKIP", "this GPU does not support bf16")
     common = device_keys(device) | {"norm": "batch", "batch_size": 32}
     ref = train_steps(make_config(**common, amp="off"), n_steps, device)
-    # fp16: a smaller initial scale than GradScaler's 65536, so the comparison is not spoilt by
-    # the scaler's warm-up skipping a step (skipped steps are checked by check_grad_scaler).
-    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10) if amp == "fp16" else None
+    scaler = torch.amp.GradScaler(device.type, init_scale=CHECK_INIT_SCALE) if amp == "fp16" else None
     low = train_steps(make_config(**common, amp=amp), n_steps, device, scaler=scaler)
     diff = update_rel_diff(ref.initial, low.final, ref.final)
     ref_loss = ref.totals[0].item() / ref.totals[2].item()
@@ -307,7 +309,8 @@ def check_grad_scaler(device: torch.device, n_steps: int = 3, bad_step: int = 1)
     amp = "fp16" if device.type == "cuda" else "off"
     cfg = make_config(**device_keys(device), norm="group", batch_size=32, amp=amp)
     poison = GradientPoison(bad_step)
-    run = train_steps(cfg, n_steps, device, scaler=torch.amp.GradScaler(device.type, enabled=True), prepare=poison)
+    scaler = torch.amp.GradScaler(device.type, init_scale=CHECK_INIT_SCALE, enabled=True)
+    run = train_steps(cfg, n_steps, device, scaler=scaler, prepare=poison)
     skipped = int(run.totals[3].item())
     before, after = poison.seen
     unchanged = (after - before).abs().max().item()
@@ -317,7 +320,8 @@ def check_grad_scaler(device: torch.device, n_steps: int = 3, bad_step: int = 1)
     return result(f"GradScaler skipped steps counted ({device.type})", ok,
                   f"inf gradient forced in step {bad_step + 1} of {n_steps}: {skipped} skipped step counted (expected 1), "
                   f"params changed by it {unchanged:.1e} (expected 0), loss {'finite' if finite_loss else 'NOT finite'}",
-                  skipped=skipped, unchanged=unchanged, moved_after=moved, finite_loss=finite_loss, run=run)
+                  skipped=skipped, unchanged=unchanged, moved_after=moved, finite_loss=finite_loss, run=run,
+                  init_scale=CHECK_INIT_SCALE)
 
 
 # ---------------------------------------------------------------- DDP through Ray Train

@@ -59,6 +59,16 @@ def text_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def best_trial_line(rows: list[dict[str, Any]], metric: str, mode: str) -> str | None:
+    """The sweep file's `metric`/`mode` say what "best" is: the finished trial with the best final
+    value of that epoch metric, or None when no finished trial logged it."""
+    scored = [r for r in rows if r["status"] == "finished" and isinstance(r.get(metric), (int, float))]
+    if not scored:
+        return None
+    best = (max if mode == "max" else min)(scored, key=lambda r: r[metric])
+    return f"best by the sweep's metric ({metric}, {mode}, final epoch): {best['trial']} at {_cell(best[metric], metric)}"
+
+
 def summary_rows(run_dir: runlog.Where) -> list[dict[str, Any]]:
     return [trial_result(t) | {"epochs": f"{len(t.epochs)}/{t.config.get('epochs', '?')}"} for t in runlog.load_run(run_dir).trials]
 
@@ -120,6 +130,9 @@ def run_plan_command(plan, args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     print(f"\n{plan.name}: {len(rows)} trial(s), logs in {run_dir}", file=out)
     print(text_table(rows, SUMMARY_COLUMNS), file=out)
+    best = best_trial_line(rows, plan.metric, plan.mode) if len(rows) > 1 else None
+    if best:
+        print(best, file=out)
     print(f"report: cifar-ray report {run_dir}", file=out)
     unfinished = [r["trial"] for r in rows if r["status"] not in runlog.FINAL_STATUSES]
     if unfinished and args.command == "sweep":

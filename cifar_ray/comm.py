@@ -29,6 +29,7 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -124,6 +125,30 @@ def _pack(state: PowerSGDState, bucket: int, layout: tuple[int, ...], like: torc
         state.p_memory_dict[bucket] = like.new_empty(sum(n for _, n in _segments(state, layout, "p")))
 
 
+def _keep_memories_if_not_finite(state: PowerSGDState, index: int, before: dict[str, torch.Tensor]):
+    """A `then` callback for a compressed bucket: if its all-reduced result is not finite (an fp16
+    gradient overflowed on some rank; GradScaler skips this step), put the error-feedback and Q
+    memories back as they were before it, or drop them if the bucket had none yet. Otherwise the
+    inf/NaN would stay in the memories, every later step would overflow and be skipped, and the
+    trial would "finish" untrained. The result is the same on every rank (P, Q and the uncompressed
+    part are all-reduced), so all ranks decide alike."""
+
+    def callback(future):
+        result = future.value()
+        # A host sync, but torch's hook has just synchronised the GPU itself (decompress)
+        if not bool(torch.isfinite(result).all()):
+            for name, memories in (("error", state.error_dict), ("q", state.q_memory_dict)):
+                if name in before:
+                    memories[index] = before[name]
+                else:
+                    memories.pop(index, None)
+            if "q" not in before:
+                state.p_memory_dict.pop(index, None)  # no P memory: the hook draws a fresh random Q
+        return result
+
+    return callback
+
+
 def _guarded_powersgd_hook(state, bucket):  # no annotations: DDP compares them to real classes, not strings
     index = bucket.index()
     layout = tuple(state.param_index.get(id(p), -1) for p in bucket.parameters())
@@ -133,7 +158,13 @@ def _guarded_powersgd_hook(state, bucket):  # no annotations: DDP compares them 
     if state.pending and index not in state.error_dict:
         _pack(state, index, layout, bucket.buffer())
     state.layouts[index] = layout
+    compressing = state.iter >= state.start_powerSGD_iter  # before it, torch's hook is a plain all-reduce
+    before = {name: memories[index].clone() for name, memories in (("error", state.error_dict),
+                                                                     ("q", state.q_memory_dict))
+              if compressing and index in memories}
     future = powersgd.powerSGD_hook(state, bucket)
+    if compressing:
+        future = future.then(_keep_memories_if_not_finite(state, index, before))
     if state.serialize and not bucket.is_last():
         # gloo: the hook issues its P and Q all-reduces from callbacks of earlier ones; with two
         # buckets in flight the ranks can issue them in different orders and hang (measured:
@@ -184,6 +215,16 @@ def hook_state(model: nn.Module) -> PowerSGDState | None:
     """The PowerSGD state registered on `model` (DDP, possibly inside torch.compile), else None."""
     model = getattr(model, "_orig_mod", model)
     return model.__dict__.get(_STATE_ATTRIBUTE)
+
+
+def rescale_error_feedback(model: nn.Module, factor: float) -> None:
+    """GradScaler changed its scale by `factor`: PowerSGD's error feedback holds residuals of scaled
+    gradients, so it is rescaled to the new scale's units (else the next step adds it `1/factor` too
+    large or small). A no-op without PowerSGD."""
+    state = hook_state(model)
+    if state is not None:
+        for error in state.error_dict.values():
+            error.mul_(factor)
 
 
 # --- bytes per step
@@ -246,14 +287,17 @@ def hook_state_dict(state: PowerSGDState) -> dict[str, Any]:
     """This rank's PowerSGD state as plain CPU data (the process group is left out: it cannot be
     pickled; torch's own PowerSGDState.__getstate__ does the same, with a warning each time)."""
     saved = {name: _to(getattr(state, name), "cpu") for name in POWERSGD_STATE}
-    saved["rng"] = state.rng.get_state()
+    kind, keys, position, has_gauss, cached = state.rng.get_state()
+    # numpy's state as a tensor and plain numbers: checkpoints load with weights_only (no numpy objects)
+    saved["rng"] = (kind, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached))
     return saved | {"layouts": dict(state.layouts), "pending": _to(state.pending, "cpu"), "matrix_approximation_rank": state.matrix_approximation_rank}
 
 
 def load_hook_state_dict(state: PowerSGDState, saved: dict[str, Any], device: torch.device | str = "cpu") -> None:
     for name in POWERSGD_STATE:
         if name == "rng":
-            state.rng.set_state(saved["rng"])
+            kind, keys, position, has_gauss, cached = saved["rng"]
+            state.rng.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
         else:
             setattr(state, name, _to(saved[name], device))
     state.layouts = dict(saved.get("layouts", {}))
@@ -267,9 +311,12 @@ def load_hook_state_dict(state: PowerSGDState, saved: dict[str, Any], device: to
 def gather_hook_state(state: PowerSGDState | None, device: torch.device | None = None) -> list[dict[str, Any]] | None:
     """Collective (every rank calls it, state None on all or none): every rank's hook_state_dict,
     in rank order, on rank 0; None on the other ranks and without PowerSGD."""
-    if state is None:
-        return None
-    local = hook_state_dict(state)
+    return None if state is None else gather_on_rank0(hook_state_dict(state), device)
+
+
+def gather_on_rank0(local: Any, device: torch.device | None = None) -> list[Any] | None:
+    """Collective: every rank's `local` (any picklable object), in rank order, on rank 0; None on
+    the other ranks. One process: [local]."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [local]
     if device is not None and device.type == "cuda":

@@ -11,7 +11,9 @@ Semantics (tests/test_equivalence.py proves them):
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import pickle
 import resource
 import tempfile
 import time
@@ -29,14 +31,23 @@ from .data import Split, iterate_train, load_splits, normalise, test_shard
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
 
+logger = logging.getLogger(__name__)
+
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """GPU: peak bytes allocated by torch since the last reset. CPU: peak RSS of this process."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+def reset_peak_memory(devices: list[torch.device]) -> None:
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(devices: list[torch.device]) -> float:
+    """GPU: the largest peak of bytes allocated by torch since the last reset over this worker's
+    GPUs (dp drives several). CPU: peak RSS of this process."""
+    if devices[0].type == "cuda":
+        return max(torch.cuda.max_memory_allocated(device) for device in devices) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
@@ -46,9 +57,44 @@ def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> t
     return tensor
 
 
-def wrap_model(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int) -> nn.Module:
-    if cfg.strategy == "dp" and device.type == "cuda" and cfg.workers > 1:
-        return nn.DataParallel(model, device_ids=list(range(cfg.workers)))
+def reduce_train_totals(local: torch.Tensor) -> torch.Tensor:
+    """train_epoch's [loss sum, correct, samples, skipped steps] over all ranks: the first three are
+    summed; a skipped optimizer step is skipped by every rank at once (DDP gives all ranks the same
+    gradients, so the same inf), so the count is taken once (max over ranks), not summed."""
+    sums = all_reduce(local[:3].clone())
+    skipped = all_reduce(local[3:].clone(), dist.ReduceOp.MAX)
+    return torch.cat([sums, skipped])
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Seed of rank `rank`'s own random stream (dropout masks): fixed by (seed, rank), different per
+    rank, so a global batch of B sees B independent masks as in one process, not B / W repeated."""
+    return seed * 1_000_003 + rank + 1
+
+
+class ReplicaAutocast(nn.Module):
+    """Runs `module` under autocast with the configured dtype. nn.DataParallel re-enters autocast
+    in each replica's thread without the dtype, so bf16 would silently run as fp16
+    (pytorch/pytorch#125186); the torch AMP docs' DataParallel recipe autocasts inside forward."""
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def forward(self, *args, **kwargs):
+        # cache_enabled=False: an enclosing autocast may have cached casts of the weights in its own dtype
+        with torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=False):
+            return self.module(*args, **kwargs)
+
+
+def wrap_model(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,
+               devices: list[torch.device] | None = None) -> nn.Module:
+    """The model as it runs: DDP for several processes, DataParallel over `devices` (this worker's
+    GPUs, as Ray assigned them) for dp, else unwrapped."""
+    devices = devices or [device]
+    if cfg.strategy == "dp" and device.type == "cuda" and len(devices) > 1:
+        replica = ReplicaAutocast(model, device.type, AMP_DTYPES[cfg.amp]) if cfg.amp != "off" else model
+        return nn.DataParallel(replica, device_ids=[d.index for d in devices], output_device=device.index)
     if cfg.strategy == "ddp" and world > 1:
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **comm.ddp_kwargs(cfg))
         comm.register_comm_hook(ddp, cfg)  # grad_compression: fp16/bf16/PowerSGD all-reduce hook
@@ -85,18 +131,26 @@ class Training:
 
 
 def build_training(cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, device: torch.device, world: int,
-                   scaler: torch.amp.GradScaler | None = None) -> Training:
-    """The one setup around a built model, shared by the worker loop, `cifar-ray check` and `bench`."""
-    wrapped = wrap_model(model, cfg, device, world)
+                   scaler: torch.amp.GradScaler | None = None, rank: int = 0,
+                   devices: list[torch.device] | None = None) -> Training:
+    """The one setup around a built model, shared by the worker loop, `cifar-ray check` and `bench`.
+    Afterwards the global RNG (dropout) runs rank `rank`'s own stream (rank_seed)."""
+    wrapped = wrap_model(model, cfg, device, world, devices)
     if cfg.compile:
         wrapped = torch.compile(wrapped)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
     optimizer = build_optimizer(wrapped.parameters(), cfg)
-    return Training(
+    training = Training(
         raw_model=model, model=wrapped, optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg, steps_per_epoch),
         scaler=scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
         criterion=nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
     )
+    torch.manual_seed(rank_seed(cfg.seed, rank))  # seeds the CUDA generators too
+    return training
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that must not be loaded: the message is one line, fit to print as is."""
 
 
 class PhaseTimer:
@@ -191,7 +245,10 @@ def train_epoch(
             scale_before = scaler.get_scale()  # one host sync per step, paid only with fp16
             scaler.step(optimizer)
             scaler.update()
-            totals[3] += scaler.get_scale() < scale_before  # a lowered scale means an inf/NaN step was skipped
+            scale = scaler.get_scale()
+            if scale != scale_before:
+                totals[3] += scale < scale_before  # a lowered scale means an inf/NaN step was skipped
+                comm.rescale_error_feedback(model, scale / scale_before)  # PowerSGD's memory is in scaled units
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -210,7 +267,8 @@ def evaluate(model: nn.Module, test: Split, cfg: TrainConfig, device: torch.devi
     autocast = amp_autocast(cfg, device)
     for start in range(shard.start, shard.stop, EVAL_BATCH):
         stop = min(start + EVAL_BATCH, shard.stop)
-        images, labels = normalise(test.images[start:stop]), test.labels[start:stop]
+        images = normalise(test.images[start:stop]).contiguous(memory_format=memory_format(device))
+        labels = test.labels[start:stop]
         with autocast:
             logits = model(images)
         totals[0] += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
@@ -230,38 +288,75 @@ def broadcast_buffers(model: nn.Module) -> None:
 CHECKPOINT_FILE = "state.pt"
 
 
-def save_checkpoint(folder: Path, epoch: int, model: nn.Module, optimizer, scheduler, scaler, comm_states=None) -> None:
-    """Everything needed to continue after `epoch` as if never stopped (RNG for dropout too)."""
+def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """This rank's random state: the CPU generator and its own GPU's (dropout draws from them)."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int, device: torch.device) -> None:
+    """Give this rank its own saved random state back (each rank's, on its own device: another rank's
+    GPU list can be longer than this node has). Saved by another number of workers: this rank's
+    stream restarts from rank_seed, as in a fresh run."""
+    if not saved or len(saved) != world:
+        logger.warning("random state saved by %d workers, resumed on %d: dropout streams restart from the seed",
+                       len(saved or []), world)
+        torch.manual_seed(rank_seed(seed, rank))
+        return
+    torch.set_rng_state(saved[rank]["cpu"].cpu())
+    if saved[rank]["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(saved[rank]["cuda"].cpu(), device)
+
+
+def save_checkpoint(folder: Path, epoch: int, model: nn.Module, optimizer, scheduler, scaler, comm_states=None,
+                    rng_states: list[dict] | None = None) -> None:
+    """Everything needed to continue after `epoch` as if never stopped. `comm_states` and `rng_states`
+    hold every rank's PowerSGD and random state (gathered to rank 0; one process: None takes its own)."""
     state = {
         "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "torch_rng": torch.get_rng_state(),
+        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+        "rng": rng_states if rng_states is not None else [rng_state(torch.device("cpu"))],
         "comm": comm_states,  # PowerSGD state of every rank (comm.gather_hook_state), else None
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
     torch.save(state, folder / CHECKPOINT_FILE)
 
 
 def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device,
-                    comm_state=None, rank: int = 0, world: int = 1) -> int:
-    """Restore a save_checkpoint folder; returns the last finished epoch."""
-    state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=False)
+                    comm_state=None, rank: int = 0, world: int = 1, seed: int = 0) -> int:
+    """Restore a save_checkpoint folder; returns the last finished epoch. weights_only: a checkpoint in
+    shared storage is data, never code (torch refuses anything but tensors and plain containers)."""
+    try:
+        state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"refused to load checkpoint {folder / CHECKPOINT_FILE}: it holds more than tensors "
+                              f"and plain data ({first})") from None
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
     comm.restore_hook_state(comm_state, state.get("comm"), rank, world, device)
-    torch.set_rng_state(state["torch_rng"].cpu())
-    if state["cuda_rng"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state_all([rng.cpu() for rng in state["cuda_rng"]])
+    restore_rng_state(state.get("rng"), rank, world, seed, device)
     return state["epoch"]
 
 
-def select_device(cfg: TrainConfig) -> torch.device:
+def select_devices(cfg: TrainConfig) -> list[torch.device]:
+    """This worker's devices as Ray assigned them: its GPUs (dp drives several; the first is the one
+    the model lives on), or the CPU."""
     if cfg.use_gpu == "true":
         import ray.train.torch
 
-        return ray.train.torch.get_device()
-    return torch.device("cpu")
+        return ray.train.torch.get_devices()
+    return [torch.device("cpu")]
+
+
+def select_device(cfg: TrainConfig) -> torch.device:
+    return select_devices(cfg)[0]
+
+
+def memory_format(device: torch.device) -> torch.memory_format:
+    """NHWC on CUDA lets cuDNN use tensor-core convolutions without transposes (airbench, torchvision
+    recipes); the model and its inputs must share it, or every convolution converts the input."""
+    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -275,21 +370,19 @@ def train_loop_per_worker(loop_config: dict) -> None:
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     torch.set_num_threads(cfg.cpus_per_worker)
-    device = select_device(cfg)
+    devices = select_devices(cfg)
+    device = devices[0]
     placement = sysinfo.gather_placement()  # collective: node id + hostname of every rank, in rank order
     if rank == 0:
-        devices = cfg.workers if cfg.strategy == "dp" and device.type == "cuda" else 1
-        system = sysinfo.device_info(device.type, devices) | {"world_size": world, "num_gpus": devices * world if device.type == "cuda" else 0}
+        gpus = len(devices) if device.type == "cuda" else 0
+        system = sysinfo.device_info(device.type, len(devices)) | {"world_size": world, "num_gpus": gpus * world}
         runlog.update_json(trial_dir / runlog.TRIAL_FILE, system=system | placement | {"versions": sysinfo.versions()})
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in load_splits(cfg))
-    model = build_model(cfg).to(device)
-    if device.type == "cuda":
-        # NHWC lets cuDNN use tensor-core convolutions without transposes (airbench, torchvision recipes).
-        model = model.to(memory_format=torch.channels_last)
+    model = build_model(cfg).to(device, memory_format=memory_format(device))
     steps_per_epoch = len(train) // cfg.effective_batch
-    parts = build_training(cfg, model, steps_per_epoch, device, world)
+    parts = build_training(cfg, model, steps_per_epoch, device, world, rank=rank, devices=devices)
     raw_model, model, optimizer, scheduler, scaler, criterion = (
         parts.raw_model, parts.model, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion)
 
@@ -297,7 +390,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     checkpoint = ray.train.get_checkpoint()  # set after a worker failure or a driver restore
     if checkpoint:
         with checkpoint.as_directory() as folder:
-            last_done = load_checkpoint(Path(folder), raw_model, optimizer, scheduler, scaler, device, comm.hook_state(model), rank, world)
+            last_done = load_checkpoint(Path(folder), raw_model, optimizer, scheduler, scaler, device,
+                                        comm.hook_state(model), rank, world, cfg.seed)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
         # Where a trial's time goes outside the epochs (read by `cifar-ray bench`).
@@ -305,12 +399,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
         lr = optimizer.param_groups[0]["lr"]
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(devices)
         started = time.perf_counter()
-        steps = iterate_train(train, cfg, epoch, rank, world)
+        steps = iterate_train(train, cfg, epoch, rank, world, memory_format(device))
         timer = PhaseTimer(device)
-        train_totals = all_reduce(train_epoch(model, steps, optimizer, scheduler, scaler, criterion, cfg, device, timer))
+        train_totals = reduce_train_totals(train_epoch(model, steps, optimizer, scheduler, scaler, criterion, cfg, device,
+                                                       timer))
         phases = timer.seconds()  # synchronises CUDA once
         train_time = time.perf_counter() - started
         broadcast_buffers(raw_model)
@@ -320,7 +414,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         breakdown = torch.tensor([phases.get("data", 0.0), phases.get("forward_backward", 0.0) - allreduce, allreduce,
                                   phases.get("optimizer", 0.0), eval_time], dtype=torch.float64, device=device)
         breakdown = (all_reduce(breakdown) / world).tolist()  # mean over ranks
-        peak = all_reduce(torch.tensor([peak_memory_mb(device)], device=device, dtype=torch.float64), dist.ReduceOp.MAX)
+        peak = all_reduce(torch.tensor([peak_memory_mb(devices)], device=device, dtype=torch.float64), dist.ReduceOp.MAX)
         epoch_time = time.perf_counter() - started
         loss_sum, correct, samples, skipped = train_totals.tolist()
         metrics = {
@@ -345,11 +439,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics["diverged"] = diverged
         if rank == 0:
             runlog.append_epoch(trial_dir, metrics)
-        comm_states = comm.gather_hook_state(comm.hook_state(model), device) if not diverged else None  # collective
+        if not diverged:  # collectives: every rank's PowerSGD and random state, gathered on rank 0
+            comm_states = comm.gather_hook_state(comm.hook_state(model), device)
+            rng_states = comm.gather_on_rank0(rng_state(device), device)
         with tempfile.TemporaryDirectory() as folder:
             checkpoint = None
             if rank == 0 and not diverged:
-                save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler, comm_states)
+                save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler, comm_states, rng_states)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint,
             # which Ray copies to the trial's storage before report returns.

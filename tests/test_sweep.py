@@ -95,3 +95,14 @@ def test_missing_file_and_bad_flags(capsys):
     assert main(["sweep"]) == 2
     assert main(["train", "--bogus"]) == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_summary_names_the_best_trial_by_the_sweeps_metric_and_mode():
+    from cifar_ray.cli import best_trial_line
+
+    rows = [{"trial": "a", "status": "finished", "test_acc": 0.9, "test_loss": 0.5},
+            {"trial": "b", "status": "finished", "test_acc": 0.8, "test_loss": 0.3},
+            {"trial": "c", "status": "failed", "test_acc": 0.95, "test_loss": 0.1}]  # not finished: never best
+    assert best_trial_line(rows, "test_acc", "max").endswith(": a at 90.0%")
+    assert best_trial_line(rows, "test_loss", "min").endswith(": b at 0.3")
+    assert best_trial_line(rows[2:], "test_loss", "min") is None

@@ -1,0 +1,323 @@
+"""Training paths that would print wrong numbers without an error (issue 14, items 1-7, 9).
+
+Two gloo ranks (torch.multiprocessing, ~10 s) prove the multi-rank items: fp16 + PowerSGD keeps
+training after an overflow, the skipped-step count is not multiplied by the workers, each rank
+draws its own dropout masks, and each rank resumes its own random state. The rest are unit tests
+on the CPU; the CUDA-only ones skip here."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cifar_ray import comm, data, train
+from cifar_ray.check import make_config, train_steps
+from cifar_ray.config import TrainConfig
+from cifar_ray.models import build_model
+
+POISONED_STEP = 3  # 0-based optimizer step whose gradient overflows on rank 0 (PowerSGD compresses from step 2)
+STEPS = 8
+
+
+def _batches(step: int, rank: int, per_rank: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    images = torch.randn(per_rank, 3, 32, 32, generator=generator)
+    return [(images, torch.randint(0, 10, (per_rank,), generator=generator))]
+
+
+def _flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _powersgd_after_overflow(rank: int, world: int) -> dict:
+    """PowerSGD with GradScaler: rank 0's gradient is inf in step POISONED_STEP (as an fp16 overflow)."""
+    cfg = TrainConfig(model="simple_cnn", width=4, depth=2, norm="group", workers=world, batch_size=16,
+                      grad_compression="powersgd", powersgd_start_iter=2, use_gpu="false")
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    calls = []
+    if rank == 0:
+        model.head[-1].weight.register_hook(
+            lambda grad: torch.full_like(grad, float("inf")) if calls.append(1) or len(calls) == POISONED_STEP + 1
+            else grad)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=True)
+    parts = train.build_training(cfg, model, STEPS, cpu, world, scaler, rank)
+    moved, local = [], torch.zeros(4, dtype=torch.float64)
+    for step in range(STEPS):
+        before = _flat(model)
+        local += train.train_epoch(parts.model, [_batches(step, rank)], parts.optimizer, parts.scheduler, parts.scaler,
+                                   parts.criterion, cfg, cpu)
+        moved.append((_flat(model) - before).abs().max().item())
+    state = comm.hook_state(parts.model)
+    totals = train.reduce_train_totals(local)
+    return {
+        "moved": moved,
+        "memories_finite": all(torch.isfinite(t).all().item()
+                               for t in [*state.error_dict.values(), *state.q_memory_dict.values()]),
+        "params_finite": bool(torch.isfinite(_flat(model)).all()),
+        "local_skipped": local[3].item(), "skipped": totals[3].item(),
+        "samples": totals[2].item(), "local_samples": local[2].item(),
+    }
+
+
+class DropoutMasks:
+    """Records the mask of the model's first dropout in every forward: the draw the real dropout is
+    about to make (same function, shape and generator state), taken on a forked RNG."""
+
+    def __init__(self):
+        self.masks: list[torch.Tensor] = []
+
+    def __call__(self, model: nn.Module) -> None:
+        dropout = next(m for m in model.modules() if isinstance(m, nn.Dropout))
+
+        def record(module, inputs):
+            with torch.random.fork_rng(devices=[]):
+                self.masks.append(nn.functional.dropout(torch.ones_like(inputs[0]), module.p, True) == 0)
+
+        dropout.register_forward_pre_hook(record)
+
+
+def _dropout_masks(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cfg = make_config(dropout=0.5, workers=world, batch_size=16 * world)
+    runs = []
+    for _ in range(2):  # the same seed twice
+        masks = DropoutMasks()
+        train_steps(cfg, 2, torch.device("cpu"), rank=rank, world=world, prepare=masks)
+        runs.append(torch.stack(masks.masks))
+    return runs[0], runs[1]
+
+
+def _rank_rng_resume(rank: int, world: int, folder: Path) -> dict:
+    """Each rank's random state saved (gathered to rank 0) and restored on that same rank."""
+    import torch.distributed as dist
+
+    cfg = make_config(workers=world, batch_size=16 * world)
+    cpu = torch.device("cpu")
+    model = build_model(cfg)
+    parts = train.build_training(cfg, model, 4, cpu, world, rank=rank)
+    torch.rand(rank + 3)  # advance each rank's stream by a different amount
+    states = comm.gather_on_rank0(train.rng_state(cpu))
+    if rank == 0:
+        train.save_checkpoint(folder, 1, model, parts.optimizer, parts.scheduler, parts.scaler, rng_states=states)
+    dist.barrier()
+    expected = torch.rand(4)
+    torch.manual_seed(12345)  # lose the state
+    train.load_checkpoint(folder, model, parts.optimizer, parts.scheduler, parts.scaler, cpu, rank=rank, world=world,
+                          seed=cfg.seed)
+    return {"resumed_draw_equals_own": torch.equal(torch.rand(4), expected), "draw": expected.tolist()}
+
+
+def _two_rank_worker(rank: int, world: int, folder: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    findings = {"powersgd": _powersgd_after_overflow(rank, world)}
+    first, again = _dropout_masks(rank, world)
+    gathered = [torch.zeros_like(first) for _ in range(world)]
+    dist.all_gather(gathered, first)
+    findings["dropout"] = {"repeats": torch.equal(first, again), "ranks_differ": not torch.equal(gathered[0], gathered[1]),
+                           "drop_share": first.float().mean().item()}
+    findings["rng"] = _rank_rng_resume(rank, world, Path(folder))
+    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(findings))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    folder = tmp_path_factory.mktemp("two-ranks")
+    mp.spawn(_two_rank_worker, args=(2, str(folder)), nprocs=2, join=True)
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_powersgd_with_grad_scaler_trains_on_after_an_overflow(two_ranks):
+    for rank, findings in enumerate(two_ranks):
+        run = findings["powersgd"]
+        assert run["moved"][POISONED_STEP] == 0.0, "the overflowed step must be skipped on every rank"
+        after = run["moved"][POISONED_STEP + 1:]
+        assert all(step > 0 for step in after), f"training stopped after the overflow on rank {rank}: {run}"
+        assert run["memories_finite"] and run["params_finite"], run
+        assert run["local_skipped"] == 1.0, run
+
+
+def test_skipped_steps_are_counted_once_not_per_worker(two_ranks):
+    run = two_ranks[0]["powersgd"]
+    assert run["skipped"] == 1.0, "every rank skips the same step: 2 workers must not report 2"
+    assert run["samples"] == 2 * run["local_samples"], "samples are still summed over the ranks"
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_repeats_them(two_ranks):
+    for findings in two_ranks:
+        assert findings["dropout"]["repeats"], "the same seed must give the same masks"
+        assert findings["dropout"]["ranks_differ"], "ranks drew identical dropout masks"
+        assert 0.4 < findings["dropout"]["drop_share"] < 0.6
+
+
+def test_each_rank_resumes_its_own_random_state(two_ranks):
+    for findings in two_ranks:
+        assert findings["rng"]["resumed_draw_equals_own"]
+    assert two_ranks[0]["rng"]["draw"] != two_ranks[1]["rng"]["draw"]
+
+
+def test_rank_streams_differ_from_each_other_and_from_the_weight_seed():
+    seeds = {(seed, rank): train.rank_seed(seed, rank) for seed in range(3) for rank in range(8)}
+    assert len(set(seeds.values())) == 24
+    assert all(stream != seed for (seed, _), stream in seeds.items()), "a rank's stream is not the weights' seed"
+
+
+def test_a_resume_on_another_number_of_workers_restarts_the_rank_stream():
+    cpu = torch.device("cpu")
+    torch.manual_seed(7)
+    saved = [train.rng_state(cpu)]
+    train.restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
+    torch.manual_seed(train.rank_seed(3, 1))
+    expected = torch.rand(3)
+    train.restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# --- DataParallel: the replicas' autocast dtype and device ids (wiring tested on CPU, run on GPUs only)
+
+
+def test_replica_autocast_keeps_the_configured_dtype_in_a_replica_thread():
+    """nn.DataParallel runs each replica in a thread under autocast without a dtype (the device's
+    default, fp16 on CUDA; pytorch/pytorch#125186). Simulated on the CPU with fp16 as that default."""
+    layer, x = nn.Linear(4, 3), torch.randn(2, 4)
+    seen = {}
+
+    def replica_thread():
+        with torch.autocast("cpu", dtype=torch.float16):
+            seen["bare"] = layer(x).dtype
+            seen["wrapped"] = train.ReplicaAutocast(layer, "cpu", torch.bfloat16)(x).dtype
+
+    thread = threading.Thread(target=replica_thread)
+    thread.start()
+    thread.join()
+    assert seen == {"bare": torch.float16, "wrapped": torch.bfloat16}
+
+
+def test_dp_wraps_replicas_with_the_amp_dtype_on_rays_gpus(monkeypatch):
+    built = {}
+
+    class RecordingDataParallel(nn.Module):
+        def __init__(self, module, device_ids, output_device):
+            super().__init__()
+            built.update(module=module, device_ids=device_ids, output_device=output_device)
+
+    monkeypatch.setattr(train.nn, "DataParallel", RecordingDataParallel)
+    cfg = TrainConfig(strategy="dp", workers=2, amp="bf16", use_gpu="true")
+    ray_gpus = [torch.device("cuda", 2), torch.device("cuda", 3)]  # what ray.train.torch.get_devices() gives
+    train.wrap_model(nn.Linear(2, 2), cfg, ray_gpus[0], world=1, devices=ray_gpus)
+    assert built["device_ids"] == [2, 3] and built["output_device"] == 2
+    assert isinstance(built["module"], train.ReplicaAutocast) and built["module"].dtype == torch.bfloat16
+    cfg_fp32 = TrainConfig(strategy="dp", workers=2, amp="off", use_gpu="true")
+    train.wrap_model(nn.Linear(2, 2), cfg_fp32, ray_gpus[0], world=1, devices=ray_gpus)
+    assert isinstance(built["module"], nn.Linear)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_peak_memory_is_the_max_over_the_workers_gpus():
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    train.reset_peak_memory(devices)
+    small, big = torch.empty(2**20, device=devices[0]), torch.empty(2**24, device=devices[1])
+    assert train.peak_memory_mb(devices) >= big.numel() * 4 / 2**20 > small.numel() * 4 / 2**20
+
+
+# --- the data path
+
+
+def test_normalising_builds_no_tensor_per_batch_and_draws_on_the_datas_device(monkeypatch):
+    cfg = make_config(augment="flip_crop_cutout", batch_size=32)
+    split = data.synthetic_cifar(128, split_seed=1)
+    list(data.iterate_train(split, cfg, 1, 0, 1))  # warm the per-device constants
+    built, draws = [], []
+    real_tensor, real_randint = torch.tensor, torch.randint
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: built.append(a) or real_tensor(*a, **k))
+    monkeypatch.setattr(torch, "randint", lambda *a, **k: draws.append(k.get("device")) or real_randint(*a, **k))
+    steps = list(data.iterate_train(split, cfg, 2, 0, 1))
+    assert len(steps) == 4 and not built, "normalise must not build its constants per batch (a host copy on CUDA)"
+    assert draws and all(device == split.images.device for device in draws), draws
+
+
+def test_inputs_take_the_models_memory_format():
+    cfg = make_config(batch_size=16)
+    split = data.synthetic_cifar(32, split_seed=1)
+    images, _ = next(data.iterate_train(split, cfg, 1, 0, 1, torch.channels_last))[0]
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert train.memory_format(torch.device("cuda", 0)) == torch.channels_last
+    assert train.memory_format(torch.device("cpu")) == torch.contiguous_format
+
+
+def test_cutout_hole_is_exactly_cutout_size():
+    images = torch.ones(64, 3, 32, 32)
+    out = data.augment(images, "flip_crop_cutout", torch.Generator().manual_seed(0))
+    holes = (out == 0).all(1)  # N x H x W
+    rows, cols = holes.any(2).sum(1), holes.any(1).sum(1)
+    inside = holes.sum((1, 2)) == data.CUTOUT_SIZE**2  # holes clipped by the border are smaller
+    assert inside.any() and (rows[inside] == data.CUTOUT_SIZE).all() and (cols[inside] == data.CUTOUT_SIZE).all()
+    assert (holes.sum((1, 2)) <= data.CUTOUT_SIZE**2).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_epoch_makes_no_host_sync_on_cuda():
+    device = torch.device("cuda", 0)
+    cfg = make_config(use_gpu="true", backend="nccl", augment="flip_crop_cutout", batch_size=32, dropout=0.1)
+    split = data.synthetic_cifar(256, split_seed=1).to(device)
+    model = build_model(cfg).to(device, memory_format=torch.channels_last)
+    parts = train.build_training(cfg, model, 8, device, 1)
+    list(data.iterate_train(split, cfg, 1, 0, 1, torch.channels_last))  # warm-up: constants, kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train.train_epoch(parts.model, data.iterate_train(split, cfg, 2, 0, 1, torch.channels_last), parts.optimizer,
+                          parts.scheduler, parts.scaler, parts.criterion, cfg, device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+# --- checkpoints are data, never code
+
+
+class _Exploit:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"epoch": 1, "model": _Exploit(marker)}, tmp_path / train.CHECKPOINT_FILE)
+    cfg = make_config()
+    model = build_model(cfg)
+    parts = train.build_training(cfg, model, 4, torch.device("cpu"), 1)
+    with pytest.raises(train.CheckpointError) as error:
+        train.load_checkpoint(tmp_path, model, parts.optimizer, parts.scheduler, parts.scaler, torch.device("cpu"))
+    message = str(error.value)
+    assert "\n" not in message and str(tmp_path / train.CHECKPOINT_FILE) in message
+    assert not marker.exists(), "loading the checkpoint ran code"
+
+
+def test_a_real_checkpoint_loads_with_weights_only(tmp_path):
+    cfg = make_config(dropout=0.1)
+    cpu = torch.device("cpu")
+    model = build_model(cfg)
+    parts = train.build_training(cfg, model, 4, cpu, 1)
+    train.save_checkpoint(tmp_path, 3, model, parts.optimizer, parts.scheduler, parts.scaler)
+    expected = torch.rand(3)
+    other = build_model(make_config(dropout=0.1, seed=5))
+    other_parts = train.build_training(make_config(dropout=0.1, seed=5), other, 4, cpu, 1)
+    assert train.load_checkpoint(tmp_path, other, other_parts.optimizer, other_parts.scheduler, other_parts.scaler,
+                                 cpu) == 3
+    assert torch.equal(_flat(other), _flat(model)) and torch.equal(torch.rand(3), expected)
