@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from .config import TrainConfig
-from .safe_pickle import SHOW, BatchUnpickler, NumpyArray, Refused
+from . import safe_pickle
+from .safe_pickle import SHOW, Refused
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -57,7 +58,7 @@ def _batch_error(path: Path, problem: str) -> DataError:
 def _load_batch(path: Path) -> object:
     try:
         with open(path, "rb") as handle:
-            loaded = BatchUnpickler(handle, encoding="bytes").load()  # bytes: Python 2's str (the official archive)
+            return safe_pickle.load(handle)
     except FileNotFoundError:
         raise _batch_error(path, f"no such file; a '{CIFAR_FOLDER}' folder holds data_batch_1 .. data_batch_5 "
                                  f"and test_batch: extract them there from {CIFAR_URL}, or set data_dir=... to the "
@@ -69,15 +70,13 @@ def _load_batch(path: Path) -> object:
     except Exception as error:  # a damaged or foreign pickle fails in any of its opcodes' or constructors' ways
         text = " ".join(str(error).split())[:200]
         raise _batch_error(path, f"not a CIFAR-10 pickle ({type(error).__name__}{': ' * bool(text)}{text})") from None
-    return loaded.array if isinstance(loaded, NumpyArray) else loaded
 
 
 def _batch_field(batch: dict, key: str, path: Path) -> object:
-    """batch[key] under a bytes key (Python 2 pickles) or a str one (Python 3), an array as numpy's."""
+    """batch[key] under a bytes key (Python 2 pickles) or a str one (Python 3)."""
     for candidate in (key.encode(), key):
         if candidate in batch:
-            value = batch[candidate]
-            return value.array if isinstance(value, NumpyArray) else value
+            return batch[candidate]
     found = [SHOW.repr(k.decode("latin-1") if isinstance(k, bytes) else k) for k in list(batch)[:8]]
     found += ["..."] * (len(batch) > 8)
     raise _batch_error(path, f"has no {key!r} key (found keys: {', '.join(found) or 'none'}); "
@@ -113,7 +112,7 @@ def _batch_labels(labels: object, n: int, path: Path) -> torch.Tensor:
 def read_cifar_batches(folder: Path, files: tuple[str, ...]) -> Split:
     """Read `cifar-10-batches-py` pickles: dicts with 'data' (N x 3072 uint8) and 'labels' (N ints in
     0..9) under bytes keys (the official archive, pickled by Python 2) or str keys (Python 3 tools).
-    Read with BatchUnpickler, so a crafted file cannot run code; a bad one is a one-line DataError."""
+    Read with safe_pickle.load, so a crafted file cannot run code; a bad one is a one-line DataError."""
     images, labels = [], []
     for name in files:
         path = folder / name

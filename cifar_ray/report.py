@@ -101,6 +101,7 @@ class Report:
     objective_note: str          # why the sweep's metric was not usable ("" when it is)
     metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
     effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
+    noise: tuple[float, int]     # seed_noise() of final test accuracy: (pooled std, configurations behind it)
 
 
 # ----------------------------------------------------------------------------------------- load
@@ -421,9 +422,10 @@ def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
     configs = config_frame(trials, factors, grid, breakdown, metrics)
     effects = {key: {m.column: paired_effects(trials, key, factors, grid, chosen[key], m.column)
                      for m in PAIRED_METRICS} for key in factors}
+    noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
     name = str(sweep.get("name") or run.path.name)
     return Report(run, name, factors, grid, chosen, seed_column, breakdown, epochs, trials, groups, configs,
-                  objective, note, metrics, effects)
+                  objective, note, metrics, effects, noise)
 
 
 # ------------------------------------------------------------------------------------ formatting
@@ -738,9 +740,8 @@ def findings(report: Report) -> list[str]:
         ratio = f"{m_big / m_small:.2f}× less than" if m_small > 0 else "versus"
         lines.append(f"**Least memory**: {name(small)} at {_num(m_small)} MB peak{n_note(small)}; "
                      f"{ratio} the most, {name(big)} ({_num(m_big)} MB).")
-    noise = seed_noise(report.trials, report.factors, FACTOR_METRICS[0].column)
     for key in report.factors:
-        lines.extend(_factor_finding(report, key, noise))
+        lines.extend(_factor_finding(report, key))
     return lines
 
 
@@ -751,7 +752,7 @@ def _paired_text(metric: Metric, row: pd.Series, unit: str) -> str:
     return f"{mean} {unit} (95 % CI {low} to {high} {unit}, {n} pairs)" if n > 1 else f"{mean} {unit} (1 pair)"
 
 
-def _factor_finding(report: Report, key: str, noise: tuple[float, int]) -> list[str]:
+def _factor_finding(report: Report, key: str) -> list[str]:
     acc, time = (report.effects[key][m.column] for m in PAIRED_METRICS)
     if not len(acc):  # a single grid value: nothing to compare
         return []
@@ -769,7 +770,7 @@ def _factor_finding(report: Report, key: str, noise: tuple[float, int]) -> list[
         parts.append(part)
     line = (f"**{key}** (baseline {base}; paired differences vs the trial with {key}={base} and the same other keys "
             "and seed): " + ". ".join(parts) + ".")
-    std, configs = noise
+    std, configs = report.noise
     if configs:
         line += (f" Seed noise: {100 * std:.2f} pp (pooled within-configuration std of final test accuracy over "
                  f"{configs} configuration{'s' if configs != 1 else ''} with ≥ 2 finished seeds).")
@@ -1092,7 +1093,7 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 def export_json(report: Report, out_dir: Path) -> Path:
     info = header_info(report)
-    noise_std, noise_configs = seed_noise(report.trials, report.factors, "final_test_acc")
+    noise_std, noise_configs = report.noise
     data = {
         "sweep": {k: _plain(v) if not isinstance(v, dict) else v for k, v in info.items()},
         "trials": _records(report.trials),

@@ -101,3 +101,20 @@ class BatchUnpickler(pickle.Unpickler):
             return BATCH_GLOBALS[module, name]
         except KeyError:
             raise Refused(SHOW.repr(f"{module}.{name}")) from None
+
+
+def load(handle) -> object:
+    """The batch pickle in `handle` (read as Python 2 str -> bytes, as the official archive needs), with
+    its arrays as numpy arrays. Raises Refused for anything a batch never holds."""
+    return _plain(BatchUnpickler(handle, encoding="bytes").load())
+
+
+def _plain(value: object) -> object:
+    """The stand-ins replaced by what they stand for (batches nest arrays only in dicts and lists)."""
+    if isinstance(value, NumpyArray):
+        return value.array
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
