@@ -17,6 +17,7 @@ import torch
 
 from .config import TrainConfig
 from . import safe_pickle
+from .datasets import DATASET_SIZES, DataError
 from .safe_pickle import SHOW, Refused
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -30,10 +31,6 @@ CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 CROP_PADDING = 4  # pad-and-crop translates by up to 4 px (He et al. 2016)
 CUTOUT_SIZE = 12  # airbench96's cutout; DeVries & Taylor (2017) use 16 with longer training
-
-
-class DataError(RuntimeError):
-    """Data cannot be found or read: the message says where it was looked for and what to do."""
 
 
 @dataclass
@@ -177,9 +174,6 @@ def ensure_cifar10(data_dir: str | Path) -> Path:
     return data_dir / CIFAR_FOLDER
 
 
-SYNTHETIC_SIZES = (50_000, 10_000)  # like CIFAR-10, so subsets mean the same on both
-
-
 def _place(crops: torch.Tensor, classes: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
     """Each sample's class pattern, cut from a random one of the 9 x 9 windows (`crops`:
     class x window x 3 x 32 x 32, precomputed so this is one gather, ~20x faster than indexing pixels)."""
@@ -209,8 +203,8 @@ def synthetic_cifar(n: int, split_seed: int) -> Split:
 def load_splits(cfg: TrainConfig) -> tuple[Split, Split]:
     """(train, test) on the CPU, cut to train_subset / test_subset."""
     if cfg.dataset == "synthetic":
-        n_train = cfg.train_subset or SYNTHETIC_SIZES[0]
-        n_test = cfg.test_subset or SYNTHETIC_SIZES[1]
+        n_train = cfg.train_subset or DATASET_SIZES["synthetic"][0]
+        n_test = cfg.test_subset or DATASET_SIZES["synthetic"][1]
         train, test = synthetic_cifar(n_train, split_seed=1), synthetic_cifar(n_test, split_seed=2)
     else:
         folder = ensure_cifar10(cfg.data_dir)

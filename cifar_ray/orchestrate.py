@@ -26,6 +26,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -63,10 +64,31 @@ NOISY_LOGGERS = (
 )
 
 
+# Tune logs a failed trial's whole traceback (~45 lines) and then lists the failed trials; our
+# on_trial_error line and the closing summary say both in one line each, error.txt keeps the traceback.
+REPEATED_TUNE_ERRORS = {
+    "ray.tune.execution.tune_controller": "Trial task failed for trial",
+    "ray.tune.tune": "Trials did not complete",
+}
+
+
+class DropMessages(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
 def quiet_ray_logs() -> None:
     """Runs in every Ray worker process (worker_process_setup_hook) and in the driver."""
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name, prefix in REPEATED_TUNE_ERRORS.items():
+        target = logging.getLogger(name)
+        if not any(isinstance(f, DropMessages) for f in target.filters):
+            target.addFilter(DropMessages(prefix))
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -314,6 +336,43 @@ def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] 
         print_line(f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they reach {folder}")
 
 
+def shape_label(cfg: TrainConfig) -> str:
+    per_worker = worker_resources(cfg)
+    gpus = f" + {per_worker['GPU']:g} GPU" if "GPU" in per_worker else ""
+    return f"{cfg.ray_workers} worker{'s' * (cfg.ray_workers > 1)} x {per_worker['CPU']:g} CPU{gpus}"
+
+
+def trials_at_once(plan: SweepPlan, capacity: dict[str, Any], limit: int | None) -> dict[str, tuple[int, int]]:
+    """Per trial shape: (number of trials, how many of them run at once on the empty cluster).
+    Slot packing: as many copies as fit the nodes; cap packing: Tune's cap for all."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for trial in plan.trials:
+        label = shape_label(trial.config)
+        if capacity["packing"] == "slots":
+            fit = trials_that_fit(trial.config, capacity["per_node"], slots=True)
+            fit = min(fit, limit) if limit else fit
+        else:
+            fit = limit or 1
+        count = shapes.get(label, (0, 0))[0] + 1
+        shapes[label] = (count, min(fit, count))
+    return shapes
+
+
+def sweep_header(plan: SweepPlan, capacity: dict[str, Any], limit: int | None, run_dir: StoragePath,
+                 unfinished: int | None = None) -> str:
+    """The first thing a sweep prints: what runs, how many at once, where the logs go.
+    `unfinished`: the trials a --resume still has to run."""
+    shapes = trials_at_once(plan, capacity, limit)
+    at_once = ", ".join(f"{fit} of {count} with {label}" for label, (count, fit) in shapes.items())
+    nodes = capacity["nodes"]
+    where = f"{capacity['cpus']:g} CPUs, {capacity['gpus']:g} GPUs on {nodes} node{'s' * (nodes > 1)}"
+    trials = f"{len(plan.trials)} trial{'s' * (len(plan.trials) > 1)}"
+    what = f"{plan.name}: {trials}"
+    if unfinished is not None:
+        what = f"resuming {plan.name}: {unfinished} of {trials} unfinished"
+    return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}"
+
+
 def resolve_plan(plan: SweepPlan, capacity: dict[str, float]) -> SweepPlan:
     """`auto` use_gpu/backend made concrete for this cluster, for every trial."""
     has_gpus = capacity["gpus"] > 0
@@ -331,7 +390,8 @@ def _error_line(error: BaseException) -> str:
     text = "".join(traceback.format_exception_only(error)).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     causes = [line for line in lines if "Error" in line.split(":")[0] or "Exception" in line.split(":")[0]]
-    return (causes[-1] if causes else lines[-1] if lines else repr(error))[:500]
+    line = causes[-1] if causes else lines[-1] if lines else repr(error)
+    return re.sub(r"^(?:\w+\.)+(?=\w+:)", "", line)[:500]  # cifar_ray.data.DataError: ... -> DataError: ...
 
 
 def run_trial(tune_config: dict) -> None:
@@ -372,6 +432,17 @@ def run_trial(tune_config: dict) -> None:
         (trial_dir / runlog.ERROR_FILE).write_text("".join(traceback.format_exception(error)))
         runlog.update_json(trial_file, status=_failure_status(error), error=_error_line(error), finished_at=runlog.now_iso())
         raise
+    record_outcome(trial_dir)
+
+
+def record_outcome(trial_dir: StoragePath) -> None:
+    """Mark a trial whose training has ended finished or diverged (from its logged epochs), once.
+    The progress callback calls it when the last epoch's result arrives (its checkpoint and log are
+    written by then), run_trial when fit() returns: a sweep interrupted in between (the workers'
+    teardown takes seconds) keeps a trial that trained every epoch as finished, not running."""
+    trial_file = trial_dir / runlog.TRIAL_FILE
+    if runlog.read_json(trial_file).get("status") in ("finished", "diverged"):
+        return
     epochs = runlog.read_epochs(trial_dir)
     diverged = [row["epoch"] for row in epochs if row.get("diverged")]
     status = "diverged" if diverged else "finished"
@@ -384,7 +455,8 @@ def format_epoch(trial: str, result: dict, epochs: int) -> str:
         f"{trial}  epoch {result['epoch']}/{epochs}  "
         f"train loss {result['train_loss']:.3f} acc {100 * result['train_acc']:5.1f}%  "
         f"test loss {result['test_loss']:.3f} acc {100 * result['test_acc']:5.1f}%  "
-        f"{result['epoch_time_s']:.1f}s  {result['samples_per_s']:.0f} img/s  {result['peak_mem_mb']:.0f} MB"
+        f"{result['epoch_time_s']:.1f}s  {result['samples_per_s']:.0f} img/s  "
+        f"{result['peak_mem_mb']:.0f} MB/worker peak"
         + ("  DIVERGED" if result.get("diverged") else "")
     )
 
@@ -489,23 +561,43 @@ def _trial_folder_name(trial) -> str:
     return trial.config["trial"]["name"]
 
 
-def _epoch_printer():
-    from ray.tune import Callback
+def swept_text(spec: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in spec["swept"].items())
 
-    class EpochPrinter(Callback):
-        """One line per finished epoch of every trial, and one when a trial fails."""
+
+def _progress_callback():
+    from ray.tune.progress_reporter import TrialProgressCallback
+
+    class SweepProgress(TrialProgressCallback):
+        """Our progress lines: one when a trial starts (or continues), one per finished epoch, one
+        when a trial fails. A TrialProgressCallback, so Tune adds none of its own: its
+        `Trial ... completed. Last result:` line printed during --resume even with verbose=0."""
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            spec, run_dir = trial.config["trial"], trial.config["run_dir"]
+            trial_dir = run_dir / spec["name"]
+            if runlog.read_json(trial_dir / runlog.TRIAL_FILE).get("status") in runlog.FINAL_STATUSES:
+                return  # finished before an interruption: run_trial returns at once
+            done, epochs = len(runlog.read_epochs(trial_dir)), spec["config"]["epochs"]
+            what = f"continues after epoch {done}/{epochs}" if done else "starts"
+            _print_progress(f"{spec['name']}  {what}  {swept_text(spec)}".rstrip())
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if "epoch" in result:
                 spec = trial.config["trial"]
                 _print_progress(format_epoch(spec["name"], result, spec["config"]["epochs"]))
+                if result["epoch"] == spec["config"]["epochs"] or result.get("diverged"):
+                    record_outcome(trial.config["run_dir"] / spec["name"])
 
         def on_trial_error(self, iteration, trials, trial, **info):
             spec = trial.config["trial"]
             meta = runlog.read_json(trial.config["run_dir"] / spec["name"] / runlog.TRIAL_FILE)
             _print_progress(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see ' + runlog.ERROR_FILE}")
 
-    return EpochPrinter()
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            pass
+
+    return SweepProgress()
 
 
 def run_plan(
@@ -546,8 +638,9 @@ def run_plan(
             raise ConfigError(f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file and --set values, or use --name")
         tuner = tune.Tuner.restore(run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem)
     else:
-        if previous:
-            raise ConfigError(f"{run_dir} already holds a run of '{plan.name}': pass --resume to finish it, --name NEW to start another, or delete the folder")
+        refusal = runlog.existing_run_refusal(run_dir, plan.name)
+        if refusal:
+            raise ConfigError(refusal)
         run_dir.mkdir()
         runlog.write_json(sweep_file, plan.summary() | {
             "started_at": runlog.now_iso(), "git_revision": sysinfo.git_revision(Path(__file__).parent),
@@ -560,8 +653,11 @@ def run_plan(
             param_space={"run_dir": run_dir, "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
             tune_config=tune.TuneConfig(max_concurrent_trials=limit, trial_dirname_creator=_trial_folder_name,
                                         trial_name_creator=_trial_folder_name),
-            run_config=tune.RunConfig(name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[_epoch_printer()]),
+            run_config=tune.RunConfig(name=plan.name, **run_dir.parent.ray_storage(), verbose=0,
+                                      callbacks=[_progress_callback()]),
         )
+    unfinished = sum(t.status not in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials) if resume else None
+    print_line(sweep_header(plan, capacity, limit, run_dir, unfinished))
     with progress_relay(print_line) if client else contextlib.nullcontext():
         try:
             tuner.fit()

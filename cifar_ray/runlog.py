@@ -11,9 +11,12 @@ Ray Tune writes its own files (result.json, progress.csv, ...) into the same tri
 not read back: after a driver restore they may lag behind, while metrics.jsonl is written by the
 training itself as each epoch ends.
 
-Epoch keys: epoch (1-based), train_loss, train_acc, test_loss, test_acc (fractions 0-1),
-epoch_time_s, samples_per_s, peak_mem_mb, lr, peak_lr (after lr_scaling), allreduce_bytes_per_step,
-amp_skipped_steps, and the step-time breakdown.
+Epoch keys: epoch (1-based), train_loss, train_acc (running means over the epoch's steps), test_loss,
+test_acc, train_eval_loss, train_eval_acc (the first train_eval_size training images evaluated like the
+test set; absent when it is 0; accuracies are fractions 0-1), epoch_time_s, samples_per_s, peak_mem_mb
+(the largest peak of one worker or GPU), peak_mem_total_mb (the sum over all workers and GPUs), lr,
+peak_lr (after lr_scaling), allreduce_bytes_per_step, amp_skipped_steps, and the step-time breakdown
+(time_eval_s: the test set and the train_eval pass).
 Trial status: pending | running | finished | failed | diverged | oom.
 """
 
@@ -140,3 +143,24 @@ def load_run(run_dir: Where) -> RunLog:
     names = [n for n in listed if n in found] + [n for n in found if n not in listed]
     trials = [TrialLog(n, read_json(run_dir / n / TRIAL_FILE), read_epochs(run_dir / n)) for n in names]
     return RunLog(run_dir, sweep, trials)
+
+
+def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True) -> str | None:
+    """Why a new run of `plan_name` may not start in `run_dir`, in one line; None when the folder
+    holds no run (no readable sweep.json). A finished run is not offered --resume: it has nothing left;
+    nor is a run that cannot be resumed (`cifar-ray train` has no --resume)."""
+    import shlex
+
+    run_dir = StoragePath.of(run_dir)
+    sweep = read_json(run_dir / SWEEP_FILE)
+    if not sweep:
+        return None
+    names = list(sweep.get("trials", []))
+    if "finished_at" in sweep or names and all(
+            read_json(run_dir / name / TRIAL_FILE).get("status") in FINAL_STATUSES for name in names):
+        trials = f"{len(names)} trial{'s' * (len(names) != 1)}"
+        return (f"{run_dir} already holds a finished run of '{plan_name}' ({trials}): see it with `cifar-ray report "
+                f"{shlex.quote(str(run_dir))}`; pass --name NEW to start another, or delete the folder")
+    options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
+    return (f"{run_dir} already holds an unfinished run of '{plan_name}': {options} to start another, "
+            "or delete the folder")

@@ -9,6 +9,9 @@ Credentials and endpoints come from each node's environment (AWS_ACCESS_KEY_ID, 
 GOOGLE_APPLICATION_CREDENTIALS, ...) or from the URI itself (`s3://bucket/runs?region=eu-west-1&
 endpoint_override=host:9000&scheme=http`); a StoragePath pickles with them, so Ray workers on any
 node open the same store.
+
+pyarrow is imported inside the methods that touch a filesystem: at module level it cost 0.4 s of
+every `cifar-ray --help` and usage error (python -X importtime).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import re
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import pyarrow
-import pyarrow.fs as pafs
+from typing import TYPE_CHECKING
 
 from .config import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@?\s]*@")
@@ -47,6 +51,9 @@ class StoragePath:
         """A folder path, a file:// URI or another pyarrow URI; ConfigError naming what is allowed."""
         if isinstance(where, StoragePath):
             return where
+        import pyarrow
+        import pyarrow.fs as pafs
+
         text = os.fspath(where)
         match = URI.match(text)
         if not match or match.group(1).lower() == "file":
@@ -92,13 +99,19 @@ class StoragePath:
         return {"storage_path": self.path, "storage_filesystem": self.ray_filesystem}
 
     def exists(self) -> bool:
+        import pyarrow.fs as pafs
+
         return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
 
     def is_dir(self) -> bool:
+        import pyarrow.fs as pafs
+
         return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
 
     def subfolders(self) -> list[str]:
         """Names of the folders directly inside (none when this folder does not exist)."""
+        import pyarrow.fs as pafs
+
         infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
         return sorted(posixpath.basename(info.path) for info in infos if info.type == pafs.FileType.Directory)
 

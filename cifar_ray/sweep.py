@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import KEYS, ConfigError, TrainConfig, absolute_paths, parse_config, unknown_key_message
+from .datasets import DATASET_SIZES
 
 METRICS = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s", "samples_per_s", "peak_mem_mb")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -138,12 +139,19 @@ def build_plan(data: Any, overrides: dict[str, Any] | None = None, source: str =
             if key not in KEYS:
                 raise ConfigError(unknown_key_message(str(key), f"{where}grid.{factor}: "))
     base_overrides = absolute_paths(overrides or {})
-    base = absolute_paths(sweep.base) | base_overrides
+    file_base = absolute_paths(sweep.base)
+    base = file_base | base_overrides
     grid = {k: v for k, v in sweep.grid.items() if k not in base_overrides}
     labels = {k: [bundle_label(k, v) if isinstance(v, dict) else v for v in values] for k, values in grid.items()}
     if "seed" in grid and sweep.repeats > 1:
         raise ConfigError(f"{where}grid.seed and repeats={sweep.repeats} both vary the seed; use one of them")
-    parse_config(base, f"{where}base: ")  # a bad base value is reported once, not per trial
+    # A bad base value is reported once, not per trial, and blamed on where it came from. A --set value may be
+    # valid only with the file's other base keys, so the file's base is checked alone only when the two together fail.
+    try:
+        parse_config(base)
+    except ConfigError:
+        parse_config(file_base, f"{where}base: ")
+        parse_config(base, "--set: ")  # raises: the file's base is fine alone, so --set made it invalid
 
     first_seed = base.get("seed", 0)
     trials = []
@@ -184,15 +192,58 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
 
 def single_run_plan(overrides: dict[str, Any], name: str) -> SweepPlan:
     """`cifar-ray train`: one trial of base config + overrides, recorded like a sweep."""
-    parse_config(absolute_paths(overrides), "--set: ")
     return build_plan({"name": name, "description": "A single training run (cifar-ray train).", "base": {}}, overrides, "--set", name)
 
 
+@dataclass(frozen=True)
+class TrialWork:
+    """The size of one trial's work, from its config and the full datasets' sizes."""
+
+    dataset: str
+    train_images: int  # after train_subset
+    test_images: int  # after test_subset
+    epochs: int
+    images_trained: int  # over all epochs: an epoch trains whole optimizer steps only
+
+
+def trial_work(config: TrainConfig) -> TrialWork:
+    full_train, full_test = DATASET_SIZES[config.dataset]
+    train = min(config.train_subset or full_train, full_train)
+    test = min(config.test_subset or full_test, full_test)
+    # an epoch is floor(n / effective_batch) optimizer steps; the rest is skipped (data.train_step_indices)
+    per_epoch = train // config.effective_batch * config.effective_batch
+    return TrialWork(config.dataset, train, test, config.epochs, per_epoch * config.epochs)
+
+
 def trial_table(plan: SweepPlan) -> list[dict[str, Any]]:
-    """Rows for --dry-run and the summary: swept values, workers, per-worker and effective batch."""
+    """Rows for --dry-run and the summary: swept values, workers, per-worker and effective batch, and
+    the images each trial trains."""
     return [
         {"trial": t.name, **t.swept, "workers": t.config.workers, "strategy": t.config.strategy,
          "per_worker_batch": t.config.per_worker_batch, "effective_batch": t.config.effective_batch,
-         "epochs": t.config.epochs}
+         "epochs": t.config.epochs, "images_trained": trial_work(t.config).images_trained}
         for t in plan.trials
     ]
+
+
+def _span(values: list[Any]) -> str:
+    """One value, or the range of values the trials have: '50,000' or '4,992-5,000'; 'cifar10/synthetic'."""
+    if all(isinstance(value, int) for value in values):
+        low, high = min(values), max(values)
+        return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+    return "/".join(dict.fromkeys(values))
+
+
+def _counted(number: str, noun: str) -> str:
+    return f"{number} {noun}" if number == "1" else f"{number} {noun}s"
+
+
+def work_summary(plan: SweepPlan) -> str:
+    """The --dry-run's closing line: what the sweep will train, e.g. '4 trials · dataset synthetic ·
+    5,000 train / 1,000 test images per trial · 3 epochs · 59,904 images trained in all (14,976 per trial)'."""
+    works = [trial_work(t.config) for t in plan.trials]
+    trained = [w.images_trained for w in works]
+    return (f"{_counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
+            f"{_span([w.train_images for w in works])} train / {_span([w.test_images for w in works])} test images "
+            f"per trial · {_counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
+            f"in all ({_span(trained)} per trial)")

@@ -75,6 +75,20 @@ def test_cap_packing_runs_as_many_trials_as_copies_of_the_largest_fit():
     assert orchestrate.concurrency_cap(ones, slots, 3) == 3
 
 
+def test_sweep_header_says_how_many_trials_of_each_shape_run_at_once():
+    plan = plan_of({"workers": [1, 2], "seed": [0, 1]})
+    two_cpus = capacity({"CPU": 2, RESOURCE_CPU: 2}, slots=True) | {"cpus": 2.0}
+    assert orchestrate.trials_at_once(plan, two_cpus, None) == {"1 worker x 1 CPU": (2, 2), "2 workers x 1 CPU": (2, 1)}
+    assert orchestrate.trials_at_once(plan, two_cpus, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
+    header = orchestrate.sweep_header(plan, two_cpus, None, "runs/p")
+    assert header == ("p: 4 trials, at once: 2 of 2 with 1 worker x 1 CPU, 1 of 2 with 2 workers x 1 CPU "
+                      "(2 CPUs, 0 GPUs on 1 node); logs and checkpoints in runs/p")
+    resuming = orchestrate.sweep_header(plan, two_cpus, None, "runs/p", unfinished=3)
+    assert resuming.startswith("resuming p: 3 of 4 trials unfinished, at once: 2 of 2")
+    cap = TWO_ONE_CPU_NODES | {"cpus": 2.0}  # cap packing: Tune's one cap for every shape
+    assert orchestrate.trials_at_once(plan, cap, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
+
+
 def test_trial_bundles():
     cfg = plan_of({"workers": [2]}).trials[0].config
     head = {"CPU": 0.0, "memory": 1.0}
@@ -183,16 +197,19 @@ def test_concurrent_workers_download_once_and_never_see_half_a_folder(tmp_path, 
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_bad_data_is_the_trials_one_line_error(tmp_path, capsys):
+def test_bad_data_is_the_trials_one_line_error(tmp_path, capfd):
+    """As on a cluster node whose copy of the data is damaged: the data is there (so the check
+    before Ray starts passes) but a batch cannot be read in the worker."""
     from cifar_ray.cli import main
 
     write_cifar_fixture(tmp_path / "data", per_batch=10, n_test=10)
     (tmp_path / "data" / data.CIFAR_FOLDER / "data_batch_2").write_bytes(b"cut short")
     code = main(["train", "--storage", str(tmp_path / "runs"), "--name", "bad", "--json", "--set", "dataset=cifar10",
                  f"data_dir={tmp_path / 'data'}", "max_failures=0", "epochs=1", "width=8", "batch_size=8"])
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()  # file descriptors: Ray's log handlers write there, not to sys.stderr
     result = json.loads(out.strip().splitlines()[-1])
     assert code == 1 and result["status"] == "failed", err
-    assert result["error"].startswith("cifar_ray.data.DataError: cannot read CIFAR-10 batch") and "data_batch_2" in result["error"]
+    assert result["error"].startswith("DataError: cannot read CIFAR-10 batch") and "data_batch_2" in result["error"]
     assert "\n" not in result["error"]
     assert f"FAILED: {result['error']}" in err  # the progress line says the same
+    assert "Traceback" not in err and "Trial task failed" not in err and "did not complete" not in err, err

@@ -121,7 +121,7 @@ def test_sweep_logs_and_checkpoints_land_in_a_bucket_and_report_reads_them(s3_ro
 
     # a second run of the same sweep into the same bucket is refused, --resume of a finished one is a no-op
     assert main(["sweep", str(sweep), "--storage", storage]) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds a finished run" in capsys.readouterr().err
     assert main(["sweep", str(sweep), "--storage", storage, "--resume", "--json"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["test_acc"] for r in again] == [r["test_acc"] for r in results]

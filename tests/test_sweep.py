@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from cifar_ray.cli import main
-from cifar_ray.config import ConfigError
-from cifar_ray.sweep import build_plan, load_sweep, trial_name
+from cifar_ray.config import ConfigError, TrainConfig
+from cifar_ray.sweep import TrialWork, build_plan, load_sweep, trial_name, trial_work, work_summary
 
 SWEEPS = sorted((Path(__file__).parent.parent / "sweeps").glob("*.yaml"))
 
@@ -22,7 +22,7 @@ def test_every_shipped_sweep_dry_runs(path, capsys):
     plan = load_sweep(path)
     assert len(trials) == len(plan.trials) > 0
     assert plan.description, f"{path.name} has no description (the question it answers)"
-    assert f"{len(trials)} trial(s)" in out
+    assert out[-2] == work_summary(plan)
     # and offline, as the README suggests for trying any sweep on a laptop
     assert main(["sweep", str(path), "--dry-run", "--set", "dataset=synthetic", "epochs=1"]) == 0
 
@@ -51,6 +51,45 @@ def test_set_overrides_base_and_collapses_the_grid():
     plan = build_plan({"name": "o", "base": {"epochs": 5}, "grid": {"batch_size": [32, 64], "lr": [0.1, 0.2]}}, {"epochs": 1, "lr": 0.3})
     assert len(plan.trials) == 2
     assert all(t.config.epochs == 1 and t.config.lr == 0.3 for t in plan.trials)
+
+
+def test_a_bad_set_value_is_blamed_on_set_and_a_bad_file_base_on_the_file(tmp_path):
+    batch_size = SWEEPS[0].parent / "batch_size.yaml"
+    with pytest.raises(ConfigError) as error:
+        load_sweep(batch_size, {"batch_size": 0})
+    assert str(error.value).startswith("--set: batch_size=0: should be greater than or equal to 1")
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nbase: {batch_size: 96}\n")
+    assert load_sweep(path, {"workers": 3}).trials[0].config.workers == 3  # valid only with the file's batch_size
+    with pytest.raises(ConfigError, match=r"^--set: batch_size=96 must be divisible by workers=5"):
+        load_sweep(path, {"workers": 5})
+    path.write_text("name: s\nbase: {lr: -1}\n")
+    with pytest.raises(ConfigError, match=f"^{path}: base: lr=-1: should be greater than 0"):
+        load_sweep(path, {"batch_size": 0})  # both are bad: the file's base is named first
+    assert load_sweep(path, {"lr": 0.1}).trials[0].config.lr == 0.1  # --set may fix the file's base
+
+
+def test_trial_work_counts_the_images_trained():
+    quick = TrainConfig(dataset="synthetic", train_subset=5000, test_subset=1000, batch_size=64, epochs=3)
+    assert trial_work(quick) == TrialWork("synthetic", 5000, 1000, 3, 3 * 78 * 64)  # 78 steps of 64, 8 left over
+    assert trial_work(TrainConfig()) == TrialWork("cifar10", 50_000, 10_000, 10, 10 * 390 * 128)
+    accumulated = TrainConfig(batch_size=64, accum_steps=4, train_subset=1000, epochs=1)
+    assert trial_work(accumulated).images_trained == 3 * 256  # whole optimizer steps of the effective batch
+    capped = trial_work(TrainConfig(train_subset=80_000, test_subset=20_000, batch_size=100))  # subsets beyond the data
+    assert (capped.train_images, capped.test_images, capped.images_trained) == (50_000, 10_000, 10 * 50_000)
+
+
+def test_work_summary_totals_the_sweep():
+    quickstart = load_sweep(SWEEPS[0].parent / "quickstart.yaml")
+    assert work_summary(quickstart) == ("4 trials · dataset synthetic · 5,000 train / 1,000 test images per trial · "
+                                        "3 epochs · 59,904 images trained in all (14,976 per trial)")
+    mixed = build_plan({"name": "m", "base": {"train_subset": 1000, "batch_size": 100},
+                        "grid": {"epochs": [1, 2], "dataset": ["cifar10", "synthetic"]}})
+    assert work_summary(mixed) == ("4 trials · dataset cifar10/synthetic · 1,000 train / 10,000 test images per "
+                                   "trial · 1-2 epochs · 6,000 images trained in all (1,000-2,000 per trial)")
+    one = build_plan({"name": "o", "base": {"dataset": "synthetic", "epochs": 1, "test_subset": 500}})
+    assert work_summary(one) == ("1 trial · dataset synthetic · 50,000 train / 500 test images per trial · "
+                                 "1 epoch · 49,920 images trained in all (49,920 per trial)")
 
 
 def test_trial_names_are_folder_safe():

@@ -1,0 +1,169 @@
+"""The command line's fast failures: what it refuses before Ray starts, and what it never imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cifar_ray import data, orchestrate, runlog
+from cifar_ray.cli import build_parser, ensure_local_data, main
+from cifar_ray.sweep import build_plan, load_sweep, single_run_plan
+from conftest import write_cifar_fixture
+
+SWEEPS = Path(__file__).parent.parent / "sweeps"
+
+
+class RayStarted(Exception):
+    """Raised by the stand-in for orchestrate.init_ray: the command got as far as starting Ray."""
+
+
+@pytest.fixture
+def ray_start(monkeypatch) -> None:
+    """Starting Ray raises RayStarted (a session Ray may be running already, so ray.is_initialized()
+    cannot tell whether this command started one)."""
+    def init_ray(**options):
+        raise RayStarted(options)
+
+    monkeypatch.setattr(orchestrate, "init_ray", init_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+@pytest.fixture
+def downloads(monkeypatch) -> list[str]:
+    """CIFAR-10 downloads attempted; each fails at once, as offline."""
+    import torchvision.datasets.utils as tv_utils
+
+    attempted: list[str] = []
+
+    def fail(url, *args, **kwargs):
+        attempted.append(url)
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(tv_utils, "download_and_extract_archive", fail)
+    return attempted
+
+
+def no_torch_nor_ray(*argvs: list[str]) -> list[tuple[int, str]]:
+    """(exit code, stderr) of main(argv) for each argv, in a fresh Python that must import neither torch nor ray."""
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from cifar_ray.cli import main\n"
+        "results = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            code = main(argv)\n"
+        "        except SystemExit as stop:\n"
+        "            code = stop.code\n"
+        "    results.append((code, err.getvalue()))\n"
+        "print(json.dumps(results))\n"
+        "imported = {'torch', 'ray'} & set(sys.modules)\n"
+        "assert not imported, imported\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(argvs)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return [tuple(result) for result in json.loads(done.stdout)]
+
+
+def test_missing_cifar_is_one_line_before_ray_starts_on_the_embedded_ray_only(tmp_path, capsys, ray_start, downloads):
+    empty, storage = tmp_path / "no-cifar", tmp_path / "runs"
+    code = main(["train", "--storage", str(storage), "--set", f"data_dir={empty}"])
+    err = capsys.readouterr().err
+    assert code == 2 and downloads == [data.CIFAR_URL]
+    assert err.startswith(f"cifar-ray: error: CIFAR-10 is not in {empty}") and err.count("\n") == 1, err
+    assert "network is unreachable" in err and not storage.exists()  # no run folder
+
+    staged = tmp_path / "staged"
+    write_cifar_fixture(staged, per_batch=10, n_test=10)
+    with pytest.raises(RayStarted):  # the check passed, without a download
+        main(["train", "--storage", str(storage), "--set", f"data_dir={staged}", "batch_size=8"])
+    with pytest.raises(RayStarted):  # on a cluster each node reads its own data_dir: no check here
+        main(["train", "--address", "127.0.0.1:6379", "--storage", str(storage), "--set", f"data_dir={empty}"])
+    assert len(downloads) == 1
+
+
+def test_ensure_local_data_checks_each_cifar_data_dir_once(tmp_path, monkeypatch):
+    checked: list[str] = []
+    monkeypatch.setattr(data, "ensure_cifar10", checked.append)
+    ensure_local_data(load_sweep(SWEEPS / "batch_size.yaml", {"data_dir": str(tmp_path / "a")}))  # 10 trials
+    ensure_local_data(single_run_plan({"dataset": "synthetic"}, "x"))
+    dirs = [str(tmp_path / "b"), str(tmp_path / "c")]
+    ensure_local_data(build_plan({"name": "d", "grid": {"data_dir": dirs, "dataset": ["cifar10", "synthetic"]}}))
+    assert checked == [str(tmp_path / "a"), *dirs]
+
+
+def write_run(storage: Path, name: str, statuses: list[str], **sweep) -> Path:
+    run_dir = storage / name
+    trials = [f"t{i:03d}-seed={i}" for i in range(len(statuses))]
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": name, "trials": trials} | sweep)
+    for trial, status in zip(trials, statuses):
+        runlog.write_json(run_dir / trial / runlog.TRIAL_FILE, {"name": trial, "status": status})
+    return run_dir
+
+
+@pytest.mark.parametrize("statuses, sweep, finished", [
+    (["finished", "running"], {}, False),
+    (["finished", "pending"], {}, False),
+    (["finished", "failed"], {}, True),
+    (["finished", "running"], {"finished_at": "2026-01-01T00:00:00+0000"}, True),
+])
+def test_a_folder_holding_a_run_is_refused_before_ray_starts(tmp_path, capsys, ray_start, statuses, sweep, finished):
+    sweep_file = tmp_path / "fake.yaml"
+    sweep_file.write_text("name: fake\nbase: {dataset: synthetic}\ngrid: {seed: [0, 1]}\n")
+    storage = tmp_path / "runs"
+    run_dir = write_run(storage, "fake", statuses, **sweep)
+    before = sorted(p.relative_to(storage) for p in storage.rglob("*"))
+    assert main(["sweep", str(sweep_file), "--storage", str(storage)]) == 2
+    err = capsys.readouterr().err
+    if finished:
+        assert err == (f"cifar-ray: error: {run_dir} already holds a finished run of 'fake' (2 trials): see it with "
+                       f"`cifar-ray report {run_dir}`; pass --name NEW to start another, or delete the folder\n")
+    else:
+        assert err == (f"cifar-ray: error: {run_dir} already holds an unfinished run of 'fake': pass --resume to "
+                       "finish it, --name NEW to start another, or delete the folder\n")
+    assert sorted(p.relative_to(storage) for p in storage.rglob("*")) == before  # nothing written
+    with pytest.raises(RayStarted):  # --resume goes on to Ray (which resumes or says there is nothing to resume)
+        main(["sweep", str(sweep_file), "--storage", str(storage), "--resume"])
+    [(code, subprocess_err)] = no_torch_nor_ray(["sweep", str(sweep_file), "--storage", str(storage)])
+    assert (code, subprocess_err) == (2, err)
+
+
+def test_existing_run_refusal_is_none_without_a_run(tmp_path):
+    assert runlog.existing_run_refusal(tmp_path / "nothing", "x") is None
+    (tmp_path / "empty").mkdir()
+    assert runlog.existing_run_refusal(tmp_path / "empty", "x") is None
+    run_dir = write_run(tmp_path, "one", ["oom"])
+    assert f"finished run of 'x' (1 trial): see it with `cifar-ray report {run_dir}`" in \
+        runlog.existing_run_refusal(run_dir, "x")
+
+
+def test_bare_command_prints_the_usage_and_errors_name_the_subcommand_once(capsys):
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err == build_parser().format_help()
+    assert main(["sweep", str(SWEEPS / "quickstart.yaml"), "--max-concurrent", "x"]) == 2
+    assert capsys.readouterr().err == "cifar-ray sweep: error: argument --max-concurrent: invalid int value: 'x'\n"
+    assert main(["bogus"]) == 2
+    assert capsys.readouterr().err.startswith("cifar-ray: error: argument command: invalid choice: 'bogus'")
+
+
+def test_help_usage_errors_and_dry_run_import_neither_torch_nor_ray():
+    quickstart = str(SWEEPS / "quickstart.yaml")
+    results = no_torch_nor_ray(["--help"], [], ["train", "--bogus"], ["sweep", quickstart, "--dry-run"],
+                               ["sweep", quickstart, "--dry-run", "--set", "batch_size=0"],
+                               ["sweep", str(SWEEPS / "batch_size.yaml"), "--dry-run", "--json"])
+    assert [code for code, _ in results] == [0, 2, 2, 0, 2, 0]
+    assert results[4][1].startswith("cifar-ray: error: --set: batch_size=0: should be greater than or equal to 1")
+
+
+def test_an_unfinished_train_folder_is_not_offered_resume(tmp_path, capsys, ray_start):
+    """`cifar-ray train` has no --resume: its refusal offers only --name and deleting the folder."""
+    run_dir = write_run(tmp_path, "mine", ["running"])
+    assert main(["train", "--storage", str(tmp_path), "--name", "mine", "--set", "dataset=synthetic"]) == 2
+    assert capsys.readouterr().err == (f"cifar-ray: error: {run_dir} already holds an unfinished run of 'mine': "
+                                       "pass --name NEW to start another, or delete the folder\n")
