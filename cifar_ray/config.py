@@ -48,6 +48,9 @@ class TrainConfig(BaseModel):
     data_dir: str = Field(default_factory=default_data_dir, description="folder holding (or receiving) `cifar-10-batches-py`")
     train_subset: int = Field(0, ge=0, description="train on the first N images (0 = all: 50000)")
     test_subset: int = Field(0, ge=0, description="evaluate on the first N test images (0 = all: 10000)")
+    train_eval_size: int = Field(5000, ge=0, description="training images evaluated each epoch like the test set "
+                                 "(eval mode, no augmentation): the first N, capped at the training set, for a "
+                                 "like-for-like train/test gap; 0 = off")
     augment: Augment = Field("flip_crop", description="batched on-device augmentation: none, flip, flip_crop (pad 4 + random crop), flip_crop_cutout")
     # --- model
     model: ModelName = Field("simple_cnn", description="`simple_cnn` (assignment-style conv/norm/pool blocks + MLP head) or `resnet9` (airbench-style residual net)")

@@ -13,6 +13,10 @@ out-of-memory and unfinished trials appear in the trial table and are listed wit
 A factor's effect is measured on matched pairs (trials that differ only in that factor, seed included)
 with a Student-t 95 % interval; per-value means pool the other factors and are shown as means only.
 "Best" follows the sweep file's metric and mode.
+Peak memory comes twice: per worker (the largest peak of one worker process, or one GPU: what must fit on one device)
+and total over workers (the sum of every worker's peak: what a configuration occupies); "least memory" uses the total.
+The train/test gap, overfitting and the train loss curve read the training subset evaluated like the test set
+(train_eval_*) where logged, else the running train metrics (means over the epoch, augmentation and dropout on).
 In CSV/JSON, accuracies stay fractions 0-1 as in metrics.jsonl; Markdown shows percentages.
 """
 
@@ -33,16 +37,31 @@ from .config import ConfigError
 from .runlog import BREAKDOWN_KEYS, SWEEP_FILE, TRIAL_FILE, RunLog, Where, load_run
 
 FORMATS = ("md", "csv", "json")
-EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
-              "peak_mem_mb", "lr", "peak_lr", "amp_skipped_steps", "allreduce_bytes_per_step")
+EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "train_eval_loss", "train_eval_acc", "epoch_time_s",
+              "samples_per_s", "peak_mem_mb", "peak_mem_total_mb", "lr", "peak_lr", "amp_skipped_steps",
+              "allreduce_bytes_per_step")
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
 
 OVERFIT_RISE = 0.02
 OVERFIT_RULE = (
     "A trial is flagged as overfitting when, after the epoch m with its lowest test loss, a later "
     f"epoch has a test loss more than {OVERFIT_RISE:.0%} above that minimum while its train loss is "
-    "below the train loss at epoch m (still falling); the first such epoch is reported as the onset."
+    "below the train loss at epoch m (still falling); the first such epoch is reported as the onset. "
+    "Train loss here is the eval train loss where the trial logged it, else the running one."
 )
+
+# A trial's train metrics, by basis: "eval" evaluates the first train_eval_size training images after the epoch
+# exactly like the test set; "running" are the means over the epoch's steps. Gap, overfitting and the train loss
+# curve read "eval" where logged (train_basis).
+TRAIN_COLUMNS = {"eval": ("train_eval_loss", "train_eval_acc"), "running": ("train_loss", "train_acc")}
+RUNNING_NOTE = ("Running train accuracy and loss are means over the epoch's training steps, taken with augmentation "
+                "and dropout on while the weights still change, so they trail the model at the end of the epoch and "
+                "can read below test accuracy: not a like-for-like comparison with the test metrics.")
+EVAL_NOTE = ("Eval train accuracy and loss evaluate the first `train_eval_size` training images{size} after each epoch "
+             "exactly as the test set is (eval mode, no augmentation, the same code): the like-for-like comparison.")
+# What peak_mem_mb measures, by the trials' device type (trial.json: system.device_type).
+MEMORY_MEASURES = {"cpu": "peak RSS of one worker process (the whole process: Python, torch, data)",
+                   "cuda": "peak memory allocated by torch on one GPU"}
 
 
 @dataclass(frozen=True)
@@ -58,16 +77,17 @@ FACTOR_METRICS = (
     Metric("best_test_acc", "best test acc (%)", "max", "acc"),
     Metric("time_per_epoch_s", "time/epoch (s)", "min", "cost"),
     Metric("samples_per_s", "throughput (samples/s)", "max", "cost"),
-    Metric("peak_mem_mb", "peak memory (MB)", "min", "cost"),
+    Metric("peak_mem_mb", "peak mem per worker (MB)", "min", "cost"),
+    Metric("peak_mem_total_mb", "peak mem, total over workers (MB)", "min", "cost"),
 )
 PAIRED_METRICS = (FACTOR_METRICS[0], FACTOR_METRICS[2])  # final test acc (Δ in pp), time/epoch (Δ in s)
 # The sweep file's `metric` (sweep.METRICS) -> the trial column that ranks trials by it: epoch metrics at the
 # last epoch (final_<metric>), costs aggregated over epochs as in the factor tables.
 OBJECTIVES = {
     "test_acc": FACTOR_METRICS[0],
-    "train_acc": Metric("final_train_acc", "final train acc (%)", "max", "acc"),
+    "train_acc": Metric("final_train_acc", "final running train acc (%)", "max", "acc"),
     "test_loss": Metric("final_test_loss", "final test loss", "min", "loss"),
-    "train_loss": Metric("final_train_loss", "final train loss", "min", "loss"),
+    "train_loss": Metric("final_train_loss", "final running train loss", "min", "loss"),
     "epoch_time_s": FACTOR_METRICS[2],
     "samples_per_s": FACTOR_METRICS[3],
     "peak_mem_mb": FACTOR_METRICS[4],
@@ -102,6 +122,7 @@ class Report:
     metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
     effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
     noise: tuple[float, int]     # seed_noise() of final test accuracy: (pooled std, configurations behind it)
+    memory_measure: str          # what peak memory per worker measures on these trials' devices
 
 
 # ----------------------------------------------------------------------------------------- load
@@ -191,6 +212,27 @@ def find_overfitting(epochs: Sequence[int], train_loss: Sequence[float],
     return None
 
 
+def train_basis(e: pd.DataFrame) -> str:
+    """"eval" when the trial's epochs `e` logged the training subset evaluated like the test set, else "running"."""
+    return "eval" if e["train_eval_loss"].notna().any() else "running"
+
+
+def trial_overfitting(e: pd.DataFrame) -> Overfit | None:
+    """OVERFIT_RULE on one trial's epochs, with the train loss of its train_basis."""
+    train_loss = TRAIN_COLUMNS[train_basis(e)][0]
+    return find_overfitting(e["epoch"].tolist(), e[train_loss].tolist(), e["test_loss"].tolist())
+
+
+def memory_measure(run: RunLog) -> str:
+    """What peak memory per worker measures, worded from the trials' device types (trial.json: system)."""
+    types = sorted({(t.meta.get("system") or {}).get("device_type") for t in run.trials} & set(MEMORY_MEASURES))
+    if not types:
+        return "the peak memory of one worker as logged (peak_mem_mb; the trials recorded no device)"
+    if len(types) == 1:
+        return MEMORY_MEASURES[types[0]]
+    return "; ".join(f"{MEMORY_MEASURES[kind]} on {'CPU' if kind == 'cpu' else 'GPU'} trials" for kind in types)
+
+
 def _device(system: dict) -> str:
     if not system:
         return ""
@@ -222,16 +264,20 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
     else:
         row["best_test_acc"], row["best_epoch"] = math.nan, None
     row["final_train_acc"] = final("train_acc")
-    row["gap"] = row["final_train_acc"] - row["final_test_acc"]
+    row["final_train_eval_acc"] = final("train_eval_acc")
+    row["train_basis"] = train_basis(e)
+    row["gap"] = final(TRAIN_COLUMNS[row["train_basis"]][1]) - row["final_test_acc"]
     row["final_train_loss"] = final("train_loss")
+    row["final_train_eval_loss"] = final("train_eval_loss")
     row["final_test_loss"] = final("test_loss")
     row["train_time_s"] = float(e["epoch_time_s"].sum(min_count=1))
     row["time_per_epoch_s"] = float(e["epoch_time_s"].mean())
     row["samples_per_s"] = float(e["samples_per_s"].mean())
     row["peak_mem_mb"] = float(e["peak_mem_mb"].max())
+    row["peak_mem_total_mb"] = float(e["peak_mem_total_mb"].max())
     for key in breakdown:
         row[key] = float(e[key].mean())
-    over = find_overfitting(e["epoch"].tolist(), e["train_loss"].tolist(), e["test_loss"].tolist())
+    over = trial_overfitting(e)
     row["overfitting"] = over is not None
     row["overfit_epoch"] = over.onset if over else None
     row["error"] = trial.meta.get("error")
@@ -425,7 +471,7 @@ def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
     noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
     name = str(sweep.get("name") or run.path.name)
     return Report(run, name, factors, grid, chosen, seed_column, breakdown, epochs, trials, groups, configs,
-                  objective, note, metrics, effects, noise)
+                  objective, note, metrics, effects, noise, memory_measure(run))
 
 
 # ------------------------------------------------------------------------------------ formatting
@@ -653,6 +699,7 @@ def header_info(report: Report) -> dict:
         "baseline": report.baseline,
         "repeats": sweep.get("repeats", 1),
         "overfitting_rule": OVERFIT_RULE,
+        "memory_measure": report.memory_measure,
     }
 
 
@@ -708,7 +755,7 @@ def findings(report: Report) -> list[str]:
     if len(configs) == 1:
         i = configs.index[0]
         return [f"One {unit}: final test accuracy {_mean_std(FACTOR_METRICS[0], configs.loc[i, 'final_test_acc_mean'], configs.loc[i, 'final_test_acc_std'])} %, "
-                f"{_num(configs.loc[i, 'time_per_epoch_s_mean'])} s/epoch, peak memory {_num(configs.loc[i, 'peak_mem_mb_mean'])} MB "
+                f"{_num(configs.loc[i, 'time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(configs.loc[i])} "
                 f"({done} finished trial{'s' if done != 1 else ''})."]
 
     best = report.objective
@@ -733,16 +780,28 @@ def findings(report: Report) -> list[str]:
         ratio = f"; {(1 - a_low) / (1 - a_top):.2f}× fewer test errors" if a_top < 1 else ""
         lines.append(f"**Most accurate**: {name(top)} at {_pct(a_top)} % final test accuracy{n_note(top)}; "
                      f"{100 * (a_top - a_low):+.2f} pp over the least accurate, {name(low)} ({_pct(a_low)} %){ratio}.")
-    pick = _best(configs, "peak_mem_mb_mean", "min")
+    # Ranked by the total (what running the configuration costs) when every configuration logged one.
+    by_total = bool(configs["peak_mem_total_mb_mean"].notna().all())
+    column = "peak_mem_total_mb_mean" if by_total else "peak_mem_mb_mean"
+    pick = _best(configs, column, "min")
     if pick:
         small, big = pick
-        m_small, m_big = configs.loc[small, "peak_mem_mb_mean"], configs.loc[big, "peak_mem_mb_mean"]
+        m_small, m_big = configs.loc[small, column], configs.loc[big, column]
         ratio = f"{m_big / m_small:.2f}× less than" if m_small > 0 else "versus"
-        lines.append(f"**Least memory**: {name(small)} at {_num(m_small)} MB peak{n_note(small)}; "
-                     f"{ratio} the most, {name(big)} ({_num(m_big)} MB).")
+        basis = ("by the peak total over workers, what the configuration occupies; per worker is what must fit on "
+                 "one device" if by_total else "by the peak per worker: not every configuration logged a total")
+        lines.append(f"**Least memory** ({basis}): {name(small)} at {_memory_text(configs.loc[small])}{n_note(small)}; "
+                     f"{ratio} the most, {name(big)} ({_memory_text(configs.loc[big])}).")
     for key in report.factors:
         lines.extend(_factor_finding(report, key))
     return lines
+
+
+def _memory_text(config: pd.Series) -> str:
+    """`2,200 MB total over workers, 1,100 MB per worker` for a configuration row; per worker alone without a total."""
+    per_worker = f"{_num(config['peak_mem_mb_mean'])} MB per worker"
+    total = config["peak_mem_total_mb_mean"]
+    return per_worker if _missing(total) else f"{_num(total)} MB total over workers, {per_worker}"
 
 
 def _paired_text(metric: Metric, row: pd.Series, unit: str) -> str:
@@ -786,27 +845,36 @@ def _trial_table(report: Report) -> str:
     show_workers = "workers" not in keys
     show_device = t["device"].nunique() > 1
     show_gpus = bool((t["gpus"].fillna(0) > 0).any())
+    show_eval = _has_train_eval(report)
     headers = ["trial", *keys] + (["workers"] if show_workers else []) + (["GPUs"] if show_gpus else []) \
         + (["device"] if show_device else []) + [
-        "eff. batch", "epochs", "final test acc (%)", "best test acc (%) (epoch)", "final train acc (%)",
-        "gap (pp)", "train loss", "test loss", "time", "time/epoch (s)", "samples/s", "peak mem (MB)",
-        "status", "overfitting"]
+        "eff. batch", "epochs", "final test acc (%)", "best test acc (%) (epoch)", "train acc, running (%)"] \
+        + (["train acc, eval (%)"] if show_eval else []) + ["gap (pp)", "train loss, running"] \
+        + (["train loss, eval"] if show_eval else []) + [
+        "test loss", "time", "time/epoch (s)", "samples/s", "peak mem per worker (MB)",
+        "peak mem, total over workers (MB)", "status", "overfitting"]
     rows = []
     for _, r in t.iterrows():
         best = f"{_pct(r['best_test_acc'])} ({_int(r['best_epoch'])})" if not math.isnan(r["best_test_acc"]) else "—"
         planned = _int(r["epochs_planned"])
+        gap = _pct(r["gap"]) + (" †" if show_eval and r["train_basis"] == "running" and r["epochs_done"] else "")
         rows.append([f"`{r['trial']}`", *(_fmt_value(r[k]) for k in keys)]
                     + ([_int(r["workers"])] if show_workers else []) + ([_int(r["gpus"])] if show_gpus else []) \
                     + ([r["device"]] if show_device else []) + [
             _int(r["effective_batch"]), f"{r['epochs_done']}/{planned}", _pct(r["final_test_acc"]), best,
-            _pct(r["final_train_acc"]), _pct(r["gap"]), _loss(r["final_train_loss"]), _loss(r["final_test_loss"]),
-            _duration(r["train_time_s"]), _num(r["time_per_epoch_s"]), _num(r["samples_per_s"]),
-            _num(r["peak_mem_mb"]), r["status"],
+            _pct(r["final_train_acc"])] + ([_pct(r["final_train_eval_acc"])] if show_eval else []) + [
+            gap, _loss(r["final_train_loss"])] + ([_loss(r["final_train_eval_loss"])] if show_eval else []) + [
+            _loss(r["final_test_loss"]), _duration(r["train_time_s"]), _num(r["time_per_epoch_s"]),
+            _num(r["samples_per_s"]), _num(r["peak_mem_mb"]), _num(r["peak_mem_total_mb"]), r["status"],
             f"**yes** (from epoch {_int(r['overfit_epoch'])})" if r["overfitting"]
             else ("no" if r["epochs_done"] >= 2 else "—")])
     align = "l" * (1 + len(keys)) + ("r" if show_workers else "") + ("r" if show_gpus else "") \
-        + ("l" if show_device else "") + "r" * 12 + "ll"
+        + ("l" if show_device else "") + "r" * (13 + 2 * show_eval) + "ll"
     return markdown_table(headers, rows, align)
+
+
+def _has_train_eval(report: Report) -> bool:
+    return bool((report.trials["train_basis"] == "eval").any())
 
 
 def _factor_table(report: Report, key: str) -> str:
@@ -871,15 +939,44 @@ def _overfit_sentences(report: Report) -> list[str]:
     keys = report.factors + (["seed"] if report.seed_column else [])
     lines = []
     for _, r in report.trials[report.trials["overfitting"]].iterrows():
-        e = report.epochs[report.epochs["trial"] == r["trial"]].sort_values("epoch")
-        o = find_overfitting(e["epoch"].tolist(), e["train_loss"].tolist(), e["test_loss"].tolist())
+        o = trial_overfitting(report.epochs[report.epochs["trial"] == r["trial"]].sort_values("epoch"))
         label = _label(r, keys) or r["trial"]
+        basis = r["train_basis"]
         lines.append(f"- `{r['trial']}` ({label}): test loss bottomed at {o.test_min:.4f} in epoch {o.min_epoch}, "
                      f"then rose to {o.test_at_onset:.4f} in epoch {o.onset} "
-                     f"({100 * (o.test_at_onset / o.test_min - 1):+.1f} %) while train loss fell from "
-                     f"{o.train_at_min:.4f} to {o.train_at_onset:.4f}; final train−test accuracy gap "
-                     f"{_pct(r['gap'])} pp.")
+                     f"({100 * (o.test_at_onset / o.test_min - 1):+.1f} %) while {basis} train loss fell from "
+                     f"{o.train_at_min:.4f} to {o.train_at_onset:.4f}; final {basis} train − test accuracy gap "
+                     f"{_pct(r['gap'])} pp" + ("." if basis == "eval" else " (running: not like-for-like)."))
     return lines
+
+
+def train_metrics_note(report: Report) -> str:
+    """What the train accuracy and loss columns measure: the running means, and the eval ones where logged."""
+    if not _has_train_eval(report):
+        return f"{RUNNING_NOTE} These logs have no eval train metrics (train_eval_acc): the gap is not like-for-like."
+    sizes = {t.config.get("train_eval_size") for t, basis in zip(report.run.trials, report.trials["train_basis"])
+             if basis == "eval"}
+    size = f" ({_fmt_value(sizes.pop())} here; all of them when the training set is smaller)" if len(sizes) == 1 else ""
+    return f"{RUNNING_NOTE} {EVAL_NOTE.format(size=size)}"
+
+
+def _gap_note(report: Report) -> str:
+    if not _has_train_eval(report):
+        return "gap = final running train acc − final test acc (percentage points)"
+    t = report.trials
+    running = ((t["train_basis"] == "running") & (t["epochs_done"] > 0)).any()
+    return ("gap = final eval train acc − final test acc (percentage points"
+            + ("; † the running train acc: the trial logged no eval one)" if running else ")"))
+
+
+def memory_note(report: Report) -> str:
+    """What the two peak memory columns measure, worded from the trials' devices."""
+    t = report.trials
+    missing = ((t["epochs_done"] > 0) & t["peak_mem_total_mb"].isna()).any()
+    return (f"Peak mem per worker: {report.memory_measure}, the largest over the workers and epochs: what must fit "
+            "on one device. Peak mem, total over workers: the sum of every worker's peak (of every GPU's with "
+            "strategy=dp), the largest over epochs: what running it occupies (at most: the workers may peak at "
+            "different moments)" + ("; — where the logs have no total (peak_mem_total_mb)." if missing else "."))
 
 
 def _excluded_lines(report: Report) -> list[str]:
@@ -939,6 +1036,17 @@ def _trial_labels(report: Report) -> list[str]:
     return [_label(r, keys) or r["trial"] for _, r in report.trials.iterrows()]
 
 
+def _train_curve_phrase(report: Report) -> str:
+    """Which train loss the curves draw (each trial's train_basis), in words."""
+    t = report.trials
+    bases = set(t.loc[t["epochs_done"] > 0, "train_basis"])
+    if bases == {"eval"}:
+        return "train loss evaluated like the test set"
+    if bases == {"running"}:
+        return "running train loss (mean over the epoch)"
+    return "train loss evaluated like the test set where logged, else running"
+
+
 def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
     """Loss curves (train dashed, test solid) and test accuracy per epoch, one colour per trial."""
     from matplotlib.ticker import MaxNLocator
@@ -952,13 +1060,15 @@ def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
         e = report.epochs[report.epochs["trial"] == name].sort_values("epoch")
         if not len(e):
             continue
-        ax.plot(e["epoch"], e["train_loss"], linestyle="--", color=color, marker=".")
+        train_loss = e[TRAIN_COLUMNS[train_basis(e)][0]]
+        ax.plot(e["epoch"], train_loss, linestyle="--", color=color, marker=".")
         ax.plot(e["epoch"], e["test_loss"], linestyle="-", color=color, marker=".", label=label)
-        positive += [x for x in pd.concat([e["train_loss"], e["test_loss"]]).dropna() if x > 0]
+        positive += [x for x in pd.concat([train_loss, e["test_loss"]]).dropna() if x > 0]
     if positive and max(positive) / min(positive) > 100:
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="epoch", ylabel="loss", title="Loss per epoch (train dashed, test solid)")
+    train = _train_curve_phrase(report)
+    ax.set(xlabel="epoch", ylabel="loss", title=f"Loss per epoch (dashed: {train}; solid: test loss)")
     _legend(ax, len(ax.get_lines()) // 2)
     _save(fig, out_dir / "curves_loss.png")
 
@@ -972,18 +1082,73 @@ def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
     ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy per epoch")
     _legend(ax, len(ax.get_lines()))
     _save(fig, out_dir / "curves_test_acc.png")
-    return [("curves_loss.png", "Train (dashed) and test (solid) loss per epoch"),
+    return [("curves_loss.png", f"Loss per epoch: {train} (dashed), test loss (solid)"),
             ("curves_test_acc.png", "Test accuracy per epoch")]
 
 
+AXIS_NAMES = {"category": "categories, unordered", "linear": "linear axis", "log2": "log2 axis", "log10": "log axis"}
+
+
+def factor_axis(values: Sequence[Any]) -> str:
+    """How a factor's values are laid out on an x axis (one of AXIS_NAMES). "category" unless there are two or more
+    distinct values and all are numbers (true/false are categories); numbers go on "log2" when all are positive,
+    span a factor of 4 or more and each is the smallest times a power of two (batch sizes, workers: 1, 2, 4, 8), on
+    "log10" when all are positive and span a factor of 100 or more (learning rates), else on "linear"."""
+    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+                  for v in values)
+    if not numeric or len(set(values)) < 2:
+        return "category"
+    low, high = min(values), max(values)
+    if low <= 0:
+        return "linear"
+    doublings = [math.log2(v / low) for v in values]
+    if high / low >= 4 and all(abs(d - round(d)) < 1e-9 for d in doublings):
+        return "log2"
+    return "log10" if high / low >= 100 else "linear"
+
+
+def factor_positions(values: Sequence[Any], axis: str) -> np.ndarray:
+    """x of each value: its index for categories, the value itself on a numeric axis."""
+    return np.arange(len(values), dtype=float) if axis == "category" else np.asarray(values, dtype=float)
+
+
+def dodge(x: np.ndarray, axis: str, shift: float) -> np.ndarray:
+    """`x` moved by `shift` times the mean gap between neighbouring values as the axis draws it (one category, a
+    linear step, a log-scale ratio), so two series side by side do not hide each other's error bars."""
+    if axis == "category":
+        return x + shift
+    if len(x) < 2:
+        return x
+    if axis == "linear":
+        return x + shift * (x.max() - x.min()) / (len(x) - 1)
+    return x * (x.max() / x.min()) ** (shift / (len(x) - 1))
+
+
+def accuracy_series(frame: pd.DataFrame) -> list[tuple[Metric, str]]:
+    """The accuracy series of a factor plot as (metric, legend label): final and best test accuracy, or final alone,
+    labelled best = final, when their means agree for every value. A trial's best is never below its final, so
+    equal means say that every trial's last epoch was its best: a second series would cover the first."""
+    final, best = FACTOR_METRICS[0], FACTOR_METRICS[1]
+    pooled = "mean ± std (other keys pooled)"
+    if np.array_equal(frame[f"{final.column}_mean"].to_numpy(dtype=float),
+                      frame[f"{best.column}_mean"].to_numpy(dtype=float), equal_nan=True):
+        return [(final, f"final test acc (%) = best (every trial's last epoch was its best), {pooled}")]
+    return [(final, f"{final.label}, {pooled}"), (best, f"{best.label}, {pooled}")]
+
+
 def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]]:
-    """Bars of time/epoch, throughput and peak memory per value (error bars = std); accuracy vs value."""
+    """Bars of time/epoch, throughput and peak memory (per worker, total) per value (error bars = std); test accuracy
+    vs value as points, joined by a line only on a numeric axis (factor_axis)."""
+    from matplotlib.ticker import NullLocator
+
     frame = report.groups[key]
-    ticks = [_fmt_value(v) for v in frame[key]]
+    values = frame[key].tolist()
+    ticks = [_fmt_value(v) for v in values]
     x = np.arange(len(frame))
-    fig = _figure(12, 3.8)
-    axes = fig.subplots(1, 3)
-    for ax, metric in zip(axes, FACTOR_METRICS[2:]):
+    costs = FACTOR_METRICS[2:]
+    fig = _figure(4 * len(costs), 4)
+    axes = fig.subplots(1, len(costs))
+    for ax, metric in zip(axes, costs):
         mean = frame[f"{metric.column}_mean"].to_numpy(dtype=float)
         std = np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
         colors = np.array(["0.6" if b else "tab:blue" for b in frame["is_baseline"]])
@@ -997,26 +1162,42 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
         ax.set_xlim(-0.6, len(x) - 0.4)
         ax.set_xticks(x, ticks)
         ax.set(xlabel=key, title=metric.label)
-    fig.suptitle(f"Cost per {key} value (mean ± std over finished trials, other keys pooled; grey = baseline)")
+    fig.suptitle(f"Cost per {key} value (mean ± std over finished trials, other keys pooled; grey = baseline)\n"
+                 f"peak mem per worker: {report.memory_measure}; total: the sum over the workers", fontsize=10)
     _save(fig, out_dir / f"{key}_cost.png")
 
     fig = _figure(7, 4.5)
     ax = fig.subplots()
     done = report.trials[report.trials["status"] == "finished"]
-    for offset, metric, color in ((-0.08, FACTOR_METRICS[0], "tab:blue"), (0.08, FACTOR_METRICS[1], "tab:orange")):
+    axis = factor_axis(values)
+    positions = factor_positions(values, axis)
+    order = np.argsort(positions, kind="stable")  # a line joins numeric values left to right
+    series = accuracy_series(frame)
+    for slot, ((metric, label), color) in enumerate(zip(series, ("tab:blue", "tab:orange"))):
+        at = dodge(positions, axis, 0.08 * (2 * slot - len(series) + 1))  # ±0.08 of a gap for two series, 0 for one
         mean = 100 * frame[f"{metric.column}_mean"].to_numpy(dtype=float)
         std = 100 * np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
-        ax.errorbar(x + offset, mean, yerr=std, fmt="o-", color=color, capsize=4,
-                    label=f"{metric.label}, mean ± std (other keys pooled)")
-        for i, value in enumerate(frame[key]):
+        ax.errorbar(at[order], mean[order], yerr=std[order], fmt="o" if axis == "category" else "o-", color=color,
+                    capsize=4, label=label)
+        for i, value in enumerate(values):
             points = 100 * _with(done, key, value)[metric.column].dropna()
-            ax.scatter(np.full(len(points), x[i] + offset), points, color=color, alpha=0.35, s=14)
-    ax.set_xticks(x, ticks)
-    ax.set(xlabel=key, ylabel="test accuracy (%)", title=f"Accuracy vs {key} (dots = trials)")
-    ax.legend(fontsize=8)
+            ax.scatter(np.full(len(points), at[i]), points, color=color, alpha=0.35, s=14)
+    if axis == "log2":
+        ax.set_xscale("log", base=2)
+    elif axis == "log10":
+        ax.set_xscale("log")
+    ax.set_xticks(positions, ticks)
+    ax.xaxis.set_minor_locator(NullLocator())
+    if axis == "category":
+        ax.set_xlim(-0.5, len(values) - 0.5)
+    ax.set(xlabel=f"{key} ({AXIS_NAMES[axis]})", ylabel="test accuracy (%)",
+           title=f"Test accuracy vs {key} (dots = trials)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below: never on the data
     _save(fig, out_dir / f"{key}_accuracy.png")
-    return [(f"{key}_accuracy.png", f"Final and best test accuracy vs {key}"),
-            (f"{key}_cost.png", f"Time per epoch, throughput and peak memory per {key} value")]
+    what = "Final and best test accuracy" if len(series) == 2 else "Final test accuracy (= best in every trial)"
+    return [(f"{key}_accuracy.png", f"{what} vs {key}"),
+            (f"{key}_cost.png", f"Time per epoch, throughput and peak memory (per worker, total over workers) per "
+                                f"{key} value")]
 
 
 # -------------------------------------------------------------------------------------- markdown
@@ -1046,22 +1227,21 @@ def render_markdown(report: Report, plots: dict[str, list[tuple[str, str]]]) -> 
                   "trials with each value, all other keys and seeds pooled, so they also carry the other keys' "
                   f"effects. Δ = difference of these means vs {base}: accuracy in percentage points, others in "
                   f"percent. Bold: the best value per column (for {report.objective.label}, the sweep's metric, the "
-                  f"{best}).", "", _factor_table(report, key), ""]
+                  f"{best}). {memory_note(report)}", "", _factor_table(report, key), ""]
         if report.breakdown:
             lines += ["Step-time breakdown (seconds per epoch, mean ± std):", "", _factor_breakdown_table(report, key), ""]
         lines += [f"![{caption}]({file})" for file, caption in plots.get(key, [])]
         lines += [""]
 
     lines += ["## Trials", "", _trial_table(report), "",
-              "Accuracies are at the last logged epoch unless marked best; gap = final train acc − final test acc "
-              "(percentage points); "
-              "time = sum of epoch times; time/epoch and samples/s are means over logged epochs; peak mem is the "
-              "maximum over epochs; eff. batch = batch_size × accum_steps.", ""]
+              f"Accuracies are at the last logged epoch unless marked best; {_gap_note(report)}; time = sum of epoch "
+              "times; time/epoch and samples/s are means over logged epochs; eff. batch = batch_size × accum_steps. "
+              f"{train_metrics_note(report)} {memory_note(report)}", ""]
     if report.breakdown:
         lines += ["### Step-time breakdown", "", "Mean seconds per epoch (share of the epoch time):", "",
                   _trial_breakdown_table(report), ""]
 
-    lines += ["## Overfitting", "", OVERFIT_RULE, ""]
+    lines += ["## Overfitting", "", OVERFIT_RULE, "", train_metrics_note(report), ""]
     flagged = _overfit_sentences(report)
     lines += flagged if flagged else ["No trial is flagged."]
     lines += [""]

@@ -5,7 +5,8 @@ Semantics (tests/test_equivalence.py proves them):
 - `accum_steps` micro-batches form one optimizer step: each micro-batch loss is scaled by
   1/accum_steps, DDP all-reduces only on the last micro-batch (`no_sync` on the others), so the
   step equals one of batch_size x accum_steps samples (up to batch-norm statistics);
-- train metrics are sums over all ranks (all_reduce), test metrics cover the whole test set.
+- train metrics are sums over all ranks (all_reduce), test metrics cover the whole test set;
+- train_eval metrics evaluate the first train_eval_size training images exactly like the test set.
 """
 
 from __future__ import annotations
@@ -43,12 +44,25 @@ def reset_peak_memory(devices: list[torch.device]) -> None:
             torch.cuda.reset_peak_memory_stats(device)
 
 
-def peak_memory_mb(devices: list[torch.device]) -> float:
-    """GPU: the largest peak of bytes allocated by torch since the last reset over this worker's
-    GPUs (dp drives several). CPU: peak RSS of this process."""
+def peak_memory_per_device_mb(devices: list[torch.device]) -> list[float]:
+    """GPU: the peak of bytes allocated by torch since the last reset, one number per GPU of this
+    worker (dp drives several). CPU: one number, the peak RSS of this process."""
     if devices[0].type == "cuda":
-        return max(torch.cuda.max_memory_allocated(device) for device in devices) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        return [torch.cuda.max_memory_allocated(device) / 2**20 for device in devices]
+    return [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]  # Linux reports KiB
+
+
+def peak_memory_mb(devices: list[torch.device]) -> float:
+    """The largest peak of one of this worker's devices: what must fit on one GPU (or in one process)."""
+    return max(peak_memory_per_device_mb(devices))
+
+
+def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float]:
+    """(per worker, total) over all ranks: the largest peak of any one device of any worker, and the
+    sum of the peaks of every device of every worker (what the whole run occupies)."""
+    largest = torch.tensor([peak_memory_mb(devices)], device=devices[0], dtype=torch.float64)
+    total = torch.tensor([sum(peak_memory_per_device_mb(devices))], device=devices[0], dtype=torch.float64)
+    return all_reduce(largest, dist.ReduceOp.MAX).item(), all_reduce(total).item()
 
 
 def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
@@ -259,22 +273,30 @@ def train_epoch(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, test: Split, cfg: TrainConfig, device: torch.device, rank: int, world: int) -> torch.Tensor:
-    """[loss sum, correct, samples] of this rank's slice of the test set (unsmoothed loss)."""
+def evaluate(model: nn.Module, split: Split, cfg: TrainConfig, device: torch.device, rank: int,
+             world: int) -> torch.Tensor:
+    """[loss sum, correct, samples] of this rank's slice of `split` (the test set, or the fixed training
+    subset of train_eval_size) in eval mode, without augmentation (unsmoothed loss)."""
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)
-    shard = test_shard(len(test), rank, world)
+    shard = test_shard(len(split), rank, world)
     autocast = amp_autocast(cfg, device)
     for start in range(shard.start, shard.stop, EVAL_BATCH):
         stop = min(start + EVAL_BATCH, shard.stop)
-        images = normalise(test.images[start:stop]).contiguous(memory_format=memory_format(device))
-        labels = test.labels[start:stop]
+        images = normalise(split.images[start:stop]).contiguous(memory_format=memory_format(device))
+        labels = split.labels[start:stop]
         with autocast:
             logits = model(images)
         totals[0] += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
         totals[1] += (logits.argmax(1) == labels).sum()
         totals[2] += len(labels)
     return totals
+
+
+def evaluation_metrics(prefix: str, totals: torch.Tensor) -> dict[str, float]:
+    """`{prefix}_loss` and `{prefix}_acc` from evaluate()'s totals summed over the ranks."""
+    loss_sum, correct, samples = totals.tolist()
+    return {f"{prefix}_loss": loss_sum / samples, f"{prefix}_acc": correct / samples}
 
 
 def broadcast_buffers(model: nn.Module) -> None:
@@ -380,6 +402,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in load_splits(cfg))
+    # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
+    train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
     model = build_model(cfg).to(device, memory_format=memory_format(device))
     steps_per_epoch = len(train) // cfg.effective_batch
     parts = build_training(cfg, model, steps_per_epoch, device, world, rank=rank, devices=devices)
@@ -408,27 +432,30 @@ def train_loop_per_worker(loop_config: dict) -> None:
         phases = timer.seconds()  # synchronises CUDA once
         train_time = time.perf_counter() - started
         broadcast_buffers(raw_model)
-        test_totals = all_reduce(evaluate(raw_model, test, cfg, device, rank, world))
+        evaluated = evaluation_metrics("test", all_reduce(evaluate(raw_model, test, cfg, device, rank, world)))
+        if train_eval is not None:
+            train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, device, rank, world))
+            evaluated |= evaluation_metrics("train_eval", train_eval_totals)
         eval_time = time.perf_counter() - started - train_time
         allreduce = min(allreduce_wait_per_step(model) * steps_per_epoch, phases.get("forward_backward", 0.0))
         breakdown = torch.tensor([phases.get("data", 0.0), phases.get("forward_backward", 0.0) - allreduce, allreduce,
                                   phases.get("optimizer", 0.0), eval_time], dtype=torch.float64, device=device)
         breakdown = (all_reduce(breakdown) / world).tolist()  # mean over ranks
-        peak = all_reduce(torch.tensor([peak_memory_mb(devices)], device=device, dtype=torch.float64), dist.ReduceOp.MAX)
+        peak_per_worker, peak_total = reduce_peak_memory(devices)
         epoch_time = time.perf_counter() - started
         loss_sum, correct, samples, skipped = train_totals.tolist()
         metrics = {
             "epoch": epoch,
             "train_loss": loss_sum / samples,
             "train_acc": correct / samples,
-            "test_loss": test_totals[0].item() / test_totals[2].item(),
-            "test_acc": test_totals[1].item() / test_totals[2].item(),
+            **evaluated,  # test_loss, test_acc, and train_eval_loss, train_eval_acc unless train_eval_size=0
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             **dict(zip(runlog.BREAKDOWN_KEYS, breakdown)),
             "train_samples": int(samples),  # over all ranks: steps x effective batch
             "samples_per_s": samples / train_time,
-            "peak_mem_mb": peak.item(),
+            "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
+            "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
             "lr": lr,
             "peak_lr": peak_lr(cfg),  # lr after lr_scaling
             "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(raw_model, cfg, world, (epoch - 1) * steps_per_epoch, steps_per_epoch),

@@ -39,20 +39,26 @@ def combos() -> list[dict]:
 
 
 def healthy_epochs(i: int, swept: dict, n: int = EPOCHS) -> list[dict]:
-    """Falling losses, rising accuracy; numbers differ per trial so aggregates are non-trivial."""
+    """Falling losses, rising accuracy; numbers differ per trial so aggregates are non-trivial. A second worker
+    lowers the peak per worker but raises the total (each worker holds a model and its own half batch)."""
     bs, w, seed = swept["batch_size"], swept["workers"], swept["seed"]
     epoch_time = 12.0 / w * (64 / bs) + 0.3 * seed + 0.01 * i
     rows = []
     for e in range(1, n + 1):
+        test_acc = 0.35 + 0.09 * e + 0.013 * i - (0.12 if e == n and i == 1 else 0.0)
+        per_worker = 3.0 * bs / w + 100 + 7 * seed + e
         rows.append({
             "epoch": e,
             "train_loss": 2.0 - 0.3 * e - 0.01 * i,
             "train_acc": 0.40 + 0.10 * e + 0.011 * i,
             "test_loss": 2.1 - 0.25 * e - 0.01 * i,
-            "test_acc": 0.35 + 0.09 * e + 0.013 * i - (0.12 if e == n and i == 1 else 0.0),
+            "test_acc": test_acc,
+            "train_eval_loss": 2.0 - 0.26 * e - 0.01 * i,
+            "train_eval_acc": test_acc + 0.02 + 0.001 * e,
             "epoch_time_s": epoch_time + 0.05 * e,
             "samples_per_s": 50000 / (epoch_time + 0.05 * e),
-            "peak_mem_mb": 3.0 * bs * w + 7 * seed + e,
+            "peak_mem_mb": per_worker,
+            "peak_mem_total_mb": w * per_worker - 5 * (w - 1),  # the other worker peaks 5 MB lower
             "lr": 0.05,
             "amp_skipped_steps": 0,
             "time_data_s": 0.1 * epoch_time,
@@ -64,8 +70,8 @@ def healthy_epochs(i: int, swept: dict, n: int = EPOCHS) -> list[dict]:
 
 def overfitting_epochs(i: int, swept: dict) -> list[dict]:
     rows = healthy_epochs(i, swept)
-    for row, train, test in zip(rows, [1.4, 1.0, 0.6, 0.3], [1.5, 1.2, 1.3, 1.45]):
-        row["train_loss"], row["test_loss"] = train, test
+    for row, train, train_eval, test in zip(rows, [1.4, 1.0, 0.6, 0.3], [1.3, 0.9, 0.5, 0.25], [1.5, 1.2, 1.3, 1.45]):
+        row["train_loss"], row["train_eval_loss"], row["test_loss"] = train, train_eval, test
     return rows
 
 
@@ -74,7 +80,7 @@ def write_trial(run_dir: Path, index: int, swept: dict, status: str, epochs: lis
     folder = run_dir / trial_name(index)
     folder.mkdir(parents=True)
     config = {"model": "simple_cnn", "optimizer": "momentum", "epochs": EPOCHS, "accum_steps": 2, "amp": "off",
-              "backend": "nccl", "strategy": "ddp", "data_dir": "/data/somewhere"} | swept
+              "backend": "nccl", "strategy": "ddp", "data_dir": "/data/somewhere", "train_eval_size": 5000} | swept
     system = ({"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "devices_per_worker": 1,
                "world_size": swept["workers"], "num_gpus": swept["workers"]} if gpus else
               {"device_type": "cpu", "device_name": "Test CPU", "devices_per_worker": 1,
@@ -151,10 +157,15 @@ def test_trial_table_has_one_row_per_trial_with_the_logged_numbers(run, readme):
     best = max(epochs, key=lambda e: e["test_acc"])
     assert best["epoch"] == 3  # trial 1's last epoch drops: best != final
     assert row["best_test_acc"] == pytest.approx(best["test_acc"]) and row["best_epoch"] == 3
-    assert row["gap"] == pytest.approx(epochs[-1]["train_acc"] - epochs[-1]["test_acc"])
+    # The gap is like-for-like: the training subset evaluated as the test set is, not the running train accuracy.
+    assert row["train_basis"] == "eval"
+    assert row["gap"] == pytest.approx(epochs[-1]["train_eval_acc"] - epochs[-1]["test_acc"])
+    assert row["final_train_acc"] == pytest.approx(epochs[-1]["train_acc"])
+    assert row["final_train_eval_loss"] == pytest.approx(epochs[-1]["train_eval_loss"])
     assert row["time_per_epoch_s"] == pytest.approx(statistics.mean(e["epoch_time_s"] for e in epochs))
     assert row["train_time_s"] == pytest.approx(sum(e["epoch_time_s"] for e in epochs))
     assert row["peak_mem_mb"] == max(e["peak_mem_mb"] for e in epochs)
+    assert row["peak_mem_total_mb"] == max(e["peak_mem_total_mb"] for e in epochs)
     assert row["effective_batch"] == 2 * 64  # batch_size x accum_steps
     assert row["time_data_s"] == pytest.approx(statistics.mean(e["time_data_s"] for e in epochs))
     assert "future_key" not in trials.columns
@@ -165,6 +176,14 @@ def test_trial_table_has_one_row_per_trial_with_the_logged_numbers(run, readme):
     line = next(line for line in table if trial_name(1) in line)
     assert f"| {100 * epochs[-1]['test_acc']:.2f} |" in line
     assert f"{100 * best['test_acc']:.2f} (3)" in line
+    gap = 100 * (epochs[-1]["train_eval_acc"] - epochs[-1]["test_acc"])
+    assert (f"| {100 * epochs[-1]['train_acc']:.2f} | {100 * epochs[-1]['train_eval_acc']:.2f} | {gap:.2f} | "
+            f"{epochs[-1]['train_loss']:.4f} | {epochs[-1]['train_eval_loss']:.4f} |") in line
+    assert f"| {epochs[-1]['peak_mem_mb']:.1f} | {epochs[-1]['peak_mem_total_mb']:.1f} | finished |" in line
+    header = table[0]
+    assert ("| train acc, running (%) | train acc, eval (%) | gap (pp) | train loss, running | train loss, eval |"
+            in header)
+    assert "| peak mem per worker (MB) | peak mem, total over workers (MB) |" in header
     assert "| 4/4 |" in line and "| finished |" in line
     pending = next(line for line in table if trial_name(PENDING) in line)
     assert "| 0/4 |" in pending and "| pending |" in pending
@@ -283,6 +302,10 @@ def test_overfitting_trial_is_flagged_and_explained(run, readme):
     sentences = [line for line in text.split("## Overfitting")[1].split("## ")[0].splitlines() if line.startswith("- ")]
     assert len(sentences) == 1 and trial_name(OVERFIT) in sentences[0]
     assert "1.2000 in epoch 2" in sentences[0] and "1.3000 in epoch 3" in sentences[0]
+    epochs = overfitting_epochs(OVERFIT, combos()[OVERFIT])
+    assert "while eval train loss fell from 0.9000 to 0.5000" in sentences[0]  # not the running 1.0 to 0.6
+    gap = 100 * (epochs[-1]["train_eval_acc"] - epochs[-1]["test_acc"])
+    assert sentences[0].endswith(f"final eval train − test accuracy gap {gap:.2f} pp.")
 
 
 def test_excluded_trials_are_listed_with_their_reason(readme):
@@ -308,7 +331,14 @@ def test_findings_are_computed_from_the_tables(run, readme):
     top = configs.loc[configs["final_test_acc_mean"].idxmax()]
     line = next(line for line in text.splitlines() if "**Most accurate**" in line)
     assert f"{100 * top['final_test_acc_mean']:.2f} % final test accuracy" in line
-    assert any("**Least memory**" in line for line in text.splitlines())
+    # Least memory ranks the total over workers: one worker, though two have the smaller peak per worker.
+    small = configs.loc[configs["peak_mem_total_mb_mean"].idxmin()]
+    assert (small["batch_size"], small["workers"]) == (64, 1)
+    assert configs.loc[configs["peak_mem_mb_mean"].idxmin(), "workers"] == 2
+    line = next(line for line in text.splitlines() if "**Least memory**" in line)
+    assert (f"**Least memory** (by the peak total over workers, what the configuration occupies; per worker is what "
+            f"must fit on one device): batch_size=64, workers=1 at {small['peak_mem_total_mb_mean']:,.1f} MB total "
+            f"over workers, {small['peak_mem_mb_mean']:,.1f} MB per worker, mean of 2 trials;") in line
     assert "**batch_size** (baseline 64" in text and "**workers** (baseline 1" in text
     # Paired effects: workers=2 vs 1 pairs only trials with the same batch_size and seed, both finished.
     ok = finished(run[1])
