@@ -137,7 +137,8 @@ def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storag
     """Runs every section, writes bench.json and README.md into out_dir, returns the README path."""
     import tempfile
 
-    from .orchestrate import cluster_capacity, init_ray
+    from .placement import cluster_capacity
+    from .ray_session import init_ray
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -356,7 +356,7 @@ def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from .orchestrate import worker_resources
+    from .placement import worker_resources
 
     trainer = TorchTrainer(
         ddp_worker,
@@ -409,7 +409,8 @@ def run_checks(workers: int = 2, use_gpu: str = "auto", print_line: Callable[[st
     """All checks, one printed line each: the in-process ones, then the one DDP run on Ray Train.
     Ray is started locally (and shut down afterwards) if it is not running. Usage errors
     (ConfigError) are raised before any check runs."""
-    from .orchestrate import cluster_capacity, init_ray
+    from .placement import cluster_capacity
+    from .ray_session import init_ray
 
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")

@@ -134,7 +134,8 @@ def ensure_local_data(plan) -> None:
 
 
 def run_plan_command(plan, args: argparse.Namespace) -> int:
-    from .orchestrate import cluster_address, init_ray, run_plan  # imports Ray inside its functions only
+    from .orchestrate import run_plan  # these import Ray inside their functions only
+    from .ray_session import cluster_address, init_ray
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")

@@ -164,3 +164,19 @@ def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True)
     options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
     return (f"{run_dir} already holds an unfinished run of '{plan_name}': {options} to start another, "
             "or delete the folder")
+
+
+def record_outcome(trial_dir: Where) -> None:
+    """Mark a trial whose training has ended finished or diverged (from its logged epochs), once.
+    The progress callback calls it when the last epoch's result arrives (its checkpoint and log are
+    written by then), run_trial when fit() returns: a sweep interrupted in between (the workers'
+    teardown takes seconds) keeps a trial that trained every epoch as finished, not running."""
+    trial_dir = StoragePath.of(trial_dir)
+    trial_file = trial_dir / TRIAL_FILE
+    if read_json(trial_file).get("status") in ("finished", "diverged"):
+        return
+    epochs = read_epochs(trial_dir)
+    diverged = [row["epoch"] for row in epochs if row.get("diverged")]
+    status = "diverged" if diverged else "finished"
+    update_json(trial_file, status=status, diverged_epoch=diverged[0] if diverged else None,
+                finished_at=now_iso(), finished_unix=time.time())

@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -39,17 +39,41 @@ EVAL_BATCH = 1000
 
 
 def reset_peak_memory(devices: list[torch.device]) -> None:
+    """Start a new peak: of torch's allocations on each GPU, or of this process's RSS on CPU."""
     for device in devices:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+    if devices[0].type == "cpu":
+        reset_peak_rss()
+
+
+def reset_peak_rss() -> None:
+    """Linux: writing 5 to /proc/self/clear_refs resets the process's peak RSS (VmHWM) to its current RSS
+    (proc(5)), so the peak is that of the epoch, not of the process's life (which would carry one trial's
+    peak into the next in a reused process). Where /proc cannot be written the peak stays the lifetime's."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS since the last reset_peak_rss (VmHWM), else since it started (ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def peak_memory_per_device_mb(devices: list[torch.device]) -> list[float]:
     """GPU: the peak of bytes allocated by torch since the last reset, one number per GPU of this
-    worker (dp drives several). CPU: one number, the peak RSS of this process."""
+    worker (dp drives several). CPU: one number, the peak RSS of this process since the last reset."""
     if devices[0].type == "cuda":
         return [torch.cuda.max_memory_allocated(device) / 2**20 for device in devices]
-    return [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]  # Linux reports KiB
+    return [peak_rss_mb()]
 
 
 def peak_memory_mb(devices: list[torch.device]) -> float:
@@ -381,6 +405,23 @@ def memory_format(device: torch.device) -> torch.memory_format:
     return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 
+@dataclass(frozen=True)
+class Worker:
+    """What stays the same for every trial a worker process runs: its rank among `world` and its devices."""
+
+    rank: int
+    world: int
+    devices: list[torch.device]
+
+    @property
+    def device(self) -> torch.device:
+        return self.devices[0]
+
+
+# An epoch's metrics and, on rank 0 unless the epoch diverged, the folder of its checkpoint (None elsewhere).
+ReportEpoch = Callable[[dict, "Path | None"], None]
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """Entry point of each Ray Train worker. loop_config: {"config": resolved TrainConfig dict,
     "trial_dir": StoragePath of the trial's folder (metrics.jsonl, trial.json)}."""
@@ -390,16 +431,32 @@ def train_loop_per_worker(loop_config: dict) -> None:
     cfg = TrainConfig(**loop_config["config"])
     trial_dir = loop_config["trial_dir"]
     context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
     torch.set_num_threads(cfg.cpus_per_worker)
-    devices = select_devices(cfg)
-    device = devices[0]
+    worker = Worker(context.get_world_rank(), context.get_world_size(), select_devices(cfg))
     placement = sysinfo.gather_placement()  # collective: node id + hostname of every rank, in rank order
-    if rank == 0:
-        gpus = len(devices) if device.type == "cuda" else 0
-        system = sysinfo.device_info(device.type, len(devices)) | {"world_size": world, "num_gpus": gpus * world}
+    if worker.rank == 0:
+        gpus = len(worker.devices) if worker.device.type == "cuda" else 0
+        system = sysinfo.device_info(worker.device.type, len(worker.devices)) | {
+            "world_size": worker.world, "num_gpus": gpus * worker.world}
         runlog.update_json(trial_dir / runlog.TRIAL_FILE, system=system | placement | {"versions": sysinfo.versions()})
 
+    def report(metrics: dict, folder: Path | None) -> None:
+        # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint, which
+        # Ray copies to the trial's storage before report returns.
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder) if folder else None)
+
+    checkpoint = ray.train.get_checkpoint()  # set after a worker failure or a driver restore
+    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as folder:
+        run_trial(cfg, trial_dir, worker, report, Path(folder) if folder else None, loop_started)
+
+
+def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, resume_from: Path | None = None,
+              loop_started: float | None = None) -> None:
+    """Train one trial on this worker from scratch or from the checkpoint folder `resume_from`, calling
+    `report` after every epoch (collectively, on every rank). Everything a trial trains with is built here
+    from its config (seeded RNG, data order, model, optimizer, wrapper, hooks), so a process that ran other
+    trials before trains this one exactly as a fresh process would (tests/test_train_eval.py)."""
+    rank, world, devices, device = worker.rank, worker.world, worker.devices, worker.device
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in load_splits(cfg))
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
@@ -411,15 +468,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
         parts.raw_model, parts.model, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion)
 
     last_done = 0
-    checkpoint = ray.train.get_checkpoint()  # set after a worker failure or a driver restore
-    if checkpoint:
-        with checkpoint.as_directory() as folder:
-            last_done = load_checkpoint(Path(folder), raw_model, optimizer, scheduler, scaler, device,
-                                        comm.hook_state(model), rank, world, cfg.seed)
+    if resume_from is not None:
+        last_done = load_checkpoint(resume_from, raw_model, optimizer, scheduler, scaler, device,
+                                    comm.hook_state(model), rank, world, cfg.seed)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
         # Where a trial's time goes outside the epochs (read by `cifar-ray bench`).
-        runlog.update_json(trial_dir / runlog.TRIAL_FILE, timeline={"loop_started_unix": loop_started, "ready_unix": time.time()})
+        runlog.update_json(trial_dir / runlog.TRIAL_FILE,
+                           timeline={"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()})
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
         lr = optimizer.param_groups[0]["lr"]
@@ -470,13 +526,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
             comm_states = comm.gather_hook_state(comm.hook_state(model), device)
             rng_states = comm.gather_on_rank0(rng_state(device), device)
         with tempfile.TemporaryDirectory() as folder:
-            checkpoint = None
-            if rank == 0 and not diverged:
+            saved = rank == 0 and not diverged
+            if saved:
                 save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler, comm_states, rng_states)
-                checkpoint = ray.train.Checkpoint.from_directory(folder)
-            # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint,
-            # which Ray copies to the trial's storage before report returns.
-            ray.train.report(metrics, checkpoint=checkpoint)
+            report(metrics, Path(folder) if saved else None)
         if diverged:
             break
 

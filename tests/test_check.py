@@ -100,10 +100,10 @@ def test_use_gpu_true_without_cuda_is_a_usage_error(capsys):
 def test_check_shuts_down_only_the_ray_it_started(fast_checks, monkeypatch, capsys):
     import ray
 
-    from cifar_ray import orchestrate
+    from cifar_ray import ray_session
 
     started, stopped = [], []
-    monkeypatch.setattr(orchestrate, "init_ray", lambda address=None, verbose=False: started.append(address) or True)
+    monkeypatch.setattr(ray_session, "init_ray", lambda address=None, verbose=False: started.append(address) or True)
     monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(True))
     assert main(["check", "--use-gpu", "false", "--address", "10.0.0.9:1"]) == 1  # the fake accumulation FAIL
     assert started == ["10.0.0.9:1"] and stopped == [True]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cifar_ray import data, orchestrate, runlog
+from cifar_ray import data, ray_session, runlog
 from cifar_ray.cli import build_parser, ensure_local_data, main
 from cifar_ray.sweep import build_plan, load_sweep, single_run_plan
 from conftest import write_cifar_fixture
@@ -18,7 +18,7 @@ SWEEPS = Path(__file__).parent.parent / "sweeps"
 
 
 class RayStarted(Exception):
-    """Raised by the stand-in for orchestrate.init_ray: the command got as far as starting Ray."""
+    """Raised by the stand-in for ray_session.init_ray: the command got as far as starting Ray."""
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def ray_start(monkeypatch) -> None:
     def init_ray(**options):
         raise RayStarted(options)
 
-    monkeypatch.setattr(orchestrate, "init_ray", init_ray)
+    monkeypatch.setattr(ray_session, "init_ray", init_ray)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from cifar_ray import data, orchestrate, sysinfo
+from cifar_ray import data, placement, progress, ray_session, sysinfo
 from cifar_ray.config import ConfigError
-from cifar_ray.orchestrate import RESOURCE_CPU, RESOURCE_GPU
+from cifar_ray.placement import RESOURCE_CPU, RESOURCE_GPU
 from cifar_ray.sweep import build_plan
 
 from conftest import write_cifar_fixture
@@ -23,7 +23,7 @@ from conftest import write_cifar_fixture
 def plan_of(grid: dict, **base):
     document = {"name": "p", "base": {"dataset": "synthetic", "batch_size": 120} | base, "grid": grid}
     plan = build_plan(document)
-    return orchestrate.resolve_plan(plan, {"gpus": 1 if base.get("use_gpu") == "true" else 0})
+    return placement.resolve_plan(plan, {"gpus": 1 if base.get("use_gpu") == "true" else 0})
 
 
 def capacity(*nodes: dict, slots: bool = False) -> dict:
@@ -36,95 +36,95 @@ TWO_ONE_CPU_NODES = capacity({"CPU": 1}, {"CPU": 1})
 
 
 def test_a_trial_may_span_nodes_but_a_worker_may_not():
-    orchestrate.check_fits(plan_of({"workers": [1, 2]}), TWO_ONE_CPU_NODES)  # 2 workers: one per node
+    placement.check_fits(plan_of({"workers": [1, 2]}), TWO_ONE_CPU_NODES)  # 2 workers: one per node
     with pytest.raises(ConfigError) as error:
-        orchestrate.check_fits(plan_of({"workers": [1]}, cpus_per_worker=2), TWO_ONE_CPU_NODES)
+        placement.check_fits(plan_of({"workers": [1]}, cpus_per_worker=2), TWO_ONE_CPU_NODES)
     message = str(error.value)
     assert "\n" not in message and "t000" in message and "1 worker(s) x 2 CPU(s)" in message
     assert "CPUs 1+1" in message and "can never run" in message
     with pytest.raises(ConfigError, match="needs 3 worker"):
-        orchestrate.check_fits(plan_of({"workers": [3]}), TWO_ONE_CPU_NODES)
+        placement.check_fits(plan_of({"workers": [3]}), TWO_ONE_CPU_NODES)
 
 
 def test_gpu_trials_need_gpu_nodes():
     gpu_nodes = capacity({"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2})
     plan = plan_of({"workers": [4]}, use_gpu="true")
-    orchestrate.check_fits(plan, gpu_nodes)
-    assert orchestrate.concurrency_cap(plan, gpu_nodes, None) == 1
+    placement.check_fits(plan, gpu_nodes)
+    assert placement.concurrency_cap(plan, gpu_nodes, None) == 1
     with pytest.raises(ConfigError, match="and 1 GPU"):
-        orchestrate.check_fits(plan_of({"workers": [5]}, use_gpu="true"), gpu_nodes)
+        placement.check_fits(plan_of({"workers": [5]}, use_gpu="true"), gpu_nodes)
 
 
 def test_slot_packing_needs_the_mirror_resources_on_the_nodes():
     nodes = capacity({"CPU": 2, RESOURCE_CPU: 2}, {"CPU": 2}, slots=True)
-    orchestrate.check_fits(plan_of({"workers": [2]}), nodes)
+    placement.check_fits(plan_of({"workers": [2]}), nodes)
     with pytest.raises(ConfigError, match=f"start every node with --resources='{{\"{RESOURCE_CPU}\""):
-        orchestrate.check_fits(plan_of({"workers": [4]}), nodes)
+        placement.check_fits(plan_of({"workers": [4]}), nodes)
 
 
 def test_cap_packing_runs_as_many_trials_as_copies_of_the_largest_fit():
     ones = plan_of({"seed": [0, 1, 2, 3]})
-    assert orchestrate.concurrency_cap(ones, TWO_ONE_CPU_NODES, None) == 2
-    assert orchestrate.concurrency_cap(ones, TWO_ONE_CPU_NODES, 1) == 1  # --max-concurrent still caps
-    assert orchestrate.concurrency_cap(ones, TWO_ONE_CPU_NODES, 5) == 2
-    assert orchestrate.concurrency_cap(plan_of({"workers": [1, 2]}), TWO_ONE_CPU_NODES, None) == 1
+    assert placement.concurrency_cap(ones, TWO_ONE_CPU_NODES, None) == 2
+    assert placement.concurrency_cap(ones, TWO_ONE_CPU_NODES, 1) == 1  # --max-concurrent still caps
+    assert placement.concurrency_cap(ones, TWO_ONE_CPU_NODES, 5) == 2
+    assert placement.concurrency_cap(plan_of({"workers": [1, 2]}), TWO_ONE_CPU_NODES, None) == 1
     big = capacity({"CPU": 3}, {"CPU": 3})  # 2-CPU workers: one per node, not 3 CPUs' worth
-    assert orchestrate.concurrency_cap(plan_of({"seed": [0, 1, 2]}, cpus_per_worker=2), big, None) == 2
+    assert placement.concurrency_cap(plan_of({"seed": [0, 1, 2]}, cpus_per_worker=2), big, None) == 2
     slots = capacity({"CPU": 2, RESOURCE_CPU: 2}, slots=True)  # Tune packs by resources: no cap
-    assert orchestrate.concurrency_cap(ones, slots, None) is None
-    assert orchestrate.concurrency_cap(ones, slots, 3) == 3
+    assert placement.concurrency_cap(ones, slots, None) is None
+    assert placement.concurrency_cap(ones, slots, 3) == 3
 
 
 def test_sweep_header_says_how_many_trials_of_each_shape_run_at_once():
     plan = plan_of({"workers": [1, 2], "seed": [0, 1]})
     two_cpus = capacity({"CPU": 2, RESOURCE_CPU: 2}, slots=True) | {"cpus": 2.0}
-    assert orchestrate.trials_at_once(plan, two_cpus, None) == {"1 worker x 1 CPU": (2, 2), "2 workers x 1 CPU": (2, 1)}
-    assert orchestrate.trials_at_once(plan, two_cpus, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
-    header = orchestrate.sweep_header(plan, two_cpus, None, "runs/p")
+    assert placement.trials_at_once(plan, two_cpus, None) == {"1 worker x 1 CPU": (2, 2), "2 workers x 1 CPU": (2, 1)}
+    assert placement.trials_at_once(plan, two_cpus, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
+    header = progress.sweep_header(plan, two_cpus, None, "runs/p")
     assert header == ("p: 4 trials, at once: 2 of 2 with 1 worker x 1 CPU, 1 of 2 with 2 workers x 1 CPU "
                       "(2 CPUs, 0 GPUs on 1 node); logs and checkpoints in runs/p")
-    resuming = orchestrate.sweep_header(plan, two_cpus, None, "runs/p", unfinished=3)
+    resuming = progress.sweep_header(plan, two_cpus, None, "runs/p", unfinished=3)
     assert resuming.startswith("resuming p: 3 of 4 trials unfinished, at once: 2 of 2")
     cap = TWO_ONE_CPU_NODES | {"cpus": 2.0}  # cap packing: Tune's one cap for every shape
-    assert orchestrate.trials_at_once(plan, cap, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
+    assert placement.trials_at_once(plan, cap, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
 
 
 def test_trial_bundles():
     cfg = plan_of({"workers": [2]}).trials[0].config
     head = {"CPU": 0.0, "memory": 1.0}
-    assert orchestrate.trial_bundles(cfg, slots=True) == [head, {RESOURCE_CPU: 1.0}, {RESOURCE_CPU: 1.0}]
-    assert orchestrate.trial_bundles(cfg, slots=False) == [head]
+    assert placement.trial_bundles(cfg, slots=True) == [head, {RESOURCE_CPU: 1.0}, {RESOURCE_CPU: 1.0}]
+    assert placement.trial_bundles(cfg, slots=False) == [head]
     gpu = plan_of({"workers": [2]}, use_gpu="true").trials[0].config
-    assert orchestrate.trial_bundles(gpu)[1] == {RESOURCE_CPU: 1.0, RESOURCE_GPU: 1.0}
+    assert placement.trial_bundles(gpu)[1] == {RESOURCE_CPU: 1.0, RESOURCE_GPU: 1.0}
 
 
 def test_address_comes_from_the_flag_or_ray_address(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert orchestrate.cluster_address(None) is None
-    assert orchestrate.cluster_address("local") is None
-    assert orchestrate.cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    assert ray_session.cluster_address(None) is None
+    assert ray_session.cluster_address("local") is None
+    assert ray_session.cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")  # what `ray job submit` gives its entrypoint
-    assert orchestrate.cluster_address(None) == "10.0.0.2:6379"
-    assert orchestrate.cluster_address("auto") == "auto"
-    assert orchestrate.cluster_address("ray://head:10001") == "ray://head:10001"
+    assert ray_session.cluster_address(None) == "10.0.0.2:6379"
+    assert ray_session.cluster_address("auto") == "auto"
+    assert ray_session.cluster_address("ray://head:10001") == "ray://head:10001"
 
 
 def test_a_dead_address_is_a_one_line_error_not_minutes_of_retries():
     with pytest.raises(ConfigError, match=r"cannot connect to the Ray cluster at 127\.0\.0\.1:1 "):
-        orchestrate._check_reachable("127.0.0.1:1")
+        ray_session._check_reachable("127.0.0.1:1")
     with pytest.raises(ConfigError, match=r"cannot connect to the Ray cluster at ray://127\.0\.0\.1:1 "):
-        orchestrate._check_reachable("ray://127.0.0.1:1")
-    orchestrate._check_reachable("auto")  # left to Ray
+        ray_session._check_reachable("ray://127.0.0.1:1")
+    ray_session._check_reachable("auto")  # left to Ray
 
 
 def test_runtime_env_leaves_the_jobs_own_settings_alone(monkeypatch):
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
-    env = orchestrate.cluster_runtime_env(verbose=False)
-    assert set(env["env_vars"]) == set(orchestrate.RAY_ENV_DEFAULTS)
-    assert env["worker_process_setup_hook"] == "cifar_ray.orchestrate.quiet_ray_logs"
+    env = ray_session.cluster_runtime_env(verbose=False)
+    assert set(env["env_vars"]) == set(ray_session.RAY_ENV_DEFAULTS)
+    assert env["worker_process_setup_hook"] == "cifar_ray.ray_session.quiet_ray_logs"
     job = {"runtime_env": {"working_dir": "gcs://x.zip", "env_vars": {"RAY_DEDUP_LOGS": "0"}}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
-    env = orchestrate.cluster_runtime_env(verbose=True)
+    env = ray_session.cluster_runtime_env(verbose=True)
     assert "RAY_DEDUP_LOGS" not in env["env_vars"] and "worker_process_setup_hook" not in env
 
 

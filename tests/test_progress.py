@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from cifar_ray import orchestrate, runlog
+from cifar_ray import progress, runlog
 from cifar_ray.storage import StoragePath
 
 
 @pytest.fixture
 def printed(monkeypatch) -> list[str]:
     lines: list[str] = []
-    monkeypatch.setattr(orchestrate, "_progress_printer", [lines.append])
+    monkeypatch.setattr(progress, "progress_printer", [lines.append])
     return lines
 
 
@@ -36,14 +36,14 @@ def test_tune_adds_no_progress_printer_of_its_own():
     from ray.tune.progress_reporter import TrialProgressCallback
     from ray.tune.utils.callback import _create_default_callbacks
 
-    ours = orchestrate._progress_callback()
+    ours = progress.progress_callback()
     callbacks = _create_default_callbacks([ours], metric=None)
     assert [c for c in callbacks if isinstance(c, TrialProgressCallback)] == [ours]
 
 
 def test_a_trial_start_says_whether_it_starts_or_continues(tmp_path, printed):
     run_dir = StoragePath.of(tmp_path)
-    callback = orchestrate._progress_callback()
+    callback = progress.progress_callback()
     callback.on_trial_start(0, [], fake_trial(run_dir))
     callback.on_trial_start(0, [], fake_trial(run_dir, epochs=3, logged=1))
     callback.on_trial_start(0, [], fake_trial(run_dir, status="finished", logged=2))  # run_trial returns at once
@@ -55,7 +55,7 @@ def test_the_last_epochs_result_marks_the_trial_finished(tmp_path, printed):
     keeps the trial as finished, not `running 2/2`."""
     run_dir = StoragePath.of(tmp_path)
     trial = fake_trial(run_dir, epochs=2, logged=1)
-    callback = orchestrate._progress_callback()
+    callback = progress.progress_callback()
     callback.on_trial_result(0, [], trial, epoch_row(1))
     assert runlog.read_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE)["status"] == "running"
     runlog.append_epoch(run_dir / "t000-lr=0.1", epoch_row(2))
@@ -69,7 +69,7 @@ def test_a_diverged_epoch_marks_the_trial_diverged(tmp_path, printed):
     run_dir = StoragePath.of(tmp_path)
     trial = fake_trial(run_dir, epochs=5)
     runlog.append_epoch(run_dir / "t000-lr=0.1", epoch_row(1) | {"diverged": True})
-    orchestrate._progress_callback().on_trial_result(0, [], trial, epoch_row(1) | {"diverged": True})
+    progress.progress_callback().on_trial_result(0, [], trial, epoch_row(1) | {"diverged": True})
     meta = runlog.read_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE)
     assert meta["status"] == "diverged" and meta["diverged_epoch"] == 1
     assert printed[0].endswith("DIVERGED")

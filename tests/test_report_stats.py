@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cifar_ray.report import OBJECTIVES, build_report, paired_effects, seed_noise, t_quantile, write_report
+from cifar_ray.report import OBJECTIVES, build_report, seed_noise, t_quantile, write_report
 from cifar_ray.sweep import METRICS
 from test_report import trial_name, write_sweep, write_trial
 

@@ -60,3 +60,17 @@ def test_peak_memory_per_worker_and_total_over_both_workers(trial):
     for row in trial[1].epochs:
         # Two worker processes, each a whole Python + torch process: the total sums both peaks.
         assert row["peak_mem_mb"] < row["peak_mem_total_mb"] <= 2 * row["peak_mem_mb"]
+
+
+def test_cpu_peak_memory_is_reset_per_epoch():
+    """The CPU peak is the epoch's (VmHWM after /proc/self/clear_refs), not the process's lifetime peak: an
+    earlier 256 MiB allocation must not show in the next epoch's number."""
+    cpu = [torch.device("cpu")]
+    train.reset_peak_memory(cpu)
+    before = train.peak_memory_mb(cpu)
+    block = bytearray(256 * 2**20)
+    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page, so it is resident
+    assert train.peak_memory_mb(cpu) > before + 200
+    del block
+    train.reset_peak_memory(cpu)
+    assert train.peak_memory_mb(cpu) < before + 50

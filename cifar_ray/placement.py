@@ -1,0 +1,139 @@
+"""Where trials run: the resources of a trial and its workers, and how many trials fit the cluster at once.
+
+Packing: a trial's driver needs no core, its workers do. Each trial reserves the cores and GPUs of
+its workers in custom resources that mirror the cluster's (RESOURCE_CPU, RESOURCE_GPU), so Tune
+starts a trial only when its workers will fit: two 1-worker trials run side by side on 2 cores,
+2-worker trials one after another, and no trial's driver holds a core its workers wait for (which
+deadlocks on small machines). A trial reserves one mirror bundle per worker, so on a cluster its
+workers, like the Train workers, may sit on different nodes.
+
+On an existing cluster (`--address`, RAY_ADDRESS) the mirror resources exist only if its nodes
+were started with `ray start --resources='{"cifar_ray_cpu": <CPUs>, "cifar_ray_gpu": <GPUs>}'`
+("slots" packing, exact). Without them ("cap" packing) a trial's driver still reserves no core and
+Tune runs at most as many trials at once as copies of the largest trial fit the nodes: never a
+deadlock, but a smaller trial may wait while a slot would be free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import ConfigError, TrainConfig
+from .sweep import SweepPlan, TrialSpec
+
+RESOURCE_CPU = "cifar_ray_cpu"
+
+
+RESOURCE_GPU = "cifar_ray_gpu"
+
+
+def cluster_capacity() -> dict[str, float]:
+    import ray
+
+    total = ray.cluster_resources()
+    keys = ("CPU", "GPU", RESOURCE_CPU, RESOURCE_GPU)
+    per_node = [{k: float(n["Resources"].get(k, 0.0)) for k in keys} for n in ray.nodes() if n.get("Alive")]
+    return {"cpus": total.get("CPU", 0.0), "gpus": total.get("GPU", 0.0), "nodes": len(per_node),
+            "slot_cpus": total.get(RESOURCE_CPU, 0.0), "slot_gpus": total.get(RESOURCE_GPU, 0.0),
+            "packing": "slots" if total.get(RESOURCE_CPU, 0.0) > 0 else "cap", "per_node": per_node}
+
+
+def worker_resources(cfg: TrainConfig) -> dict[str, float]:
+    """Resources of ONE Ray Train worker (dp: the single worker holds all its GPUs)."""
+    resources = {"CPU": float(cfg.cpus_per_worker)}
+    if cfg.use_gpu == "true":
+        resources["GPU"] = float(cfg.workers if cfg.strategy == "dp" else 1)
+    return resources
+
+
+def mirror_resources(per_worker: dict[str, float]) -> dict[str, float]:
+    """A worker's CPUs and GPUs under the mirror (slot) resource names."""
+    mirror = {RESOURCE_CPU: per_worker["CPU"]}
+    if per_worker.get("GPU"):
+        mirror[RESOURCE_GPU] = per_worker["GPU"]
+    return mirror
+
+
+def trial_bundles(cfg: TrainConfig, slots: bool = True) -> list[dict[str, float]]:
+    """What a Tune trial (the driver of one TorchTrainer) reserves: no core for the driver
+    ("memory": 1 byte keeps Ray from rejecting a bundle with no CPU) and, with slot packing, one
+    bundle of mirror resources per worker (PACK: on one node if they fit, else spread)."""
+    head = {"CPU": 0.0, "memory": 1.0}
+    return [head] + [mirror_resources(worker_resources(cfg))] * cfg.ray_workers if slots else [head]
+
+
+def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
+    """How many workers of this shape the nodes hold at once (a worker lives on one node)."""
+    need = {k: v for k, v in per_worker.items() if v > 0}
+    return sum(min(int((node.get(k, 0.0) + 1e-9) // v) for k, v in need.items()) for node in nodes) if need else 0
+
+
+def trials_that_fit(cfg: TrainConfig, nodes: list[dict[str, float]], slots: bool) -> int:
+    """How many copies of this trial run at once on empty nodes (slots: also in the mirror resources)."""
+    per_worker = worker_resources(cfg)
+    fit = workers_that_fit(per_worker, nodes)
+    if slots:
+        fit = min(fit, workers_that_fit(mirror_resources(per_worker), nodes))
+    return fit // cfg.ray_workers
+
+
+def _per_node(nodes: list[dict[str, float]], key: str) -> str:
+    return "+".join(f"{node.get(key, 0.0):g}" for node in nodes) or "0"
+
+
+def check_fits(plan: SweepPlan, capacity: dict[str, Any]) -> None:
+    """A trial that fits no placement on the cluster's nodes would wait forever: refuse it up front."""
+    nodes = capacity["per_node"]
+    for trial in plan.trials:
+        cfg = trial.config
+        per_worker = worker_resources(cfg)
+        gpus = f" and {per_worker['GPU']:g} GPU(s)" if "GPU" in per_worker else ""
+        need = (f"trial {trial.name} needs {cfg.ray_workers} worker(s) x {per_worker['CPU']:g} CPU(s){gpus} "
+                f"(workers={cfg.workers}, cpus_per_worker={cfg.cpus_per_worker})")
+        if workers_that_fit(per_worker, nodes) < cfg.ray_workers:
+            raise ConfigError(f"{need} but the cluster's {len(nodes)} node(s) have CPUs {_per_node(nodes, 'CPU')}, "
+                              f"GPUs {_per_node(nodes, 'GPU')}: it can never run")
+        if capacity["packing"] == "slots" and workers_that_fit(mirror_resources(per_worker), nodes) < cfg.ray_workers:
+            raise ConfigError(
+                f"{need} but the nodes' slot resources are {RESOURCE_CPU} {_per_node(nodes, RESOURCE_CPU)}, "
+                f"{RESOURCE_GPU} {_per_node(nodes, RESOURCE_GPU)}: start every node with "
+                f"--resources='{{\"{RESOURCE_CPU}\": <its CPUs>, \"{RESOURCE_GPU}\": <its GPUs>}}', or none of them"
+            )
+
+
+def concurrency_cap(plan: SweepPlan, capacity: dict[str, Any], max_concurrent: int | None) -> int | None:
+    """Tune's max_concurrent_trials. Slot packing: --max-concurrent as given (Tune packs by
+    resources). Cap packing: at most as many trials as copies of the most demanding one fit."""
+    if capacity["packing"] == "slots":
+        return max_concurrent
+    fit = max(1, min(trials_that_fit(t.config, capacity["per_node"], slots=False) for t in plan.trials))
+    return min(fit, max_concurrent) if max_concurrent else fit
+
+
+def shape_label(cfg: TrainConfig) -> str:
+    per_worker = worker_resources(cfg)
+    gpus = f" + {per_worker['GPU']:g} GPU" if "GPU" in per_worker else ""
+    return f"{cfg.ray_workers} worker{'s' * (cfg.ray_workers > 1)} x {per_worker['CPU']:g} CPU{gpus}"
+
+
+def trials_at_once(plan: SweepPlan, capacity: dict[str, Any], limit: int | None) -> dict[str, tuple[int, int]]:
+    """Per trial shape: (number of trials, how many of them run at once on the empty cluster).
+    Slot packing: as many copies as fit the nodes; cap packing: Tune's cap for all."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for trial in plan.trials:
+        label = shape_label(trial.config)
+        if capacity["packing"] == "slots":
+            fit = trials_that_fit(trial.config, capacity["per_node"], slots=True)
+            fit = min(fit, limit) if limit else fit
+        else:
+            fit = limit or 1
+        count = shapes.get(label, (0, 0))[0] + 1
+        shapes[label] = (count, min(fit, count))
+    return shapes
+
+
+def resolve_plan(plan: SweepPlan, capacity: dict[str, float]) -> SweepPlan:
+    """`auto` use_gpu/backend made concrete for this cluster, for every trial."""
+    has_gpus = capacity["gpus"] > 0
+    trials = [TrialSpec(t.index, t.name, t.swept, t.config.resolved(has_gpus)) for t in plan.trials]
+    return SweepPlan(**{**plan.__dict__, "trials": trials})
