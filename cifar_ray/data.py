@@ -212,6 +212,19 @@ def load_splits(cfg: TrainConfig) -> tuple[Split, Split]:
     return train.head(cfg.train_subset), test.head(cfg.test_subset)
 
 
+_LOADED: dict[tuple, tuple[Split, Split]] = {}
+
+
+def loaded_splits(cfg: TrainConfig) -> tuple[Split, Split]:
+    """load_splits, kept for the next trial of a warm worker that reads the same data (one dataset at a time:
+    CIFAR-10 is 180 MB as uint8). Nothing changes the splits in place: every step gathers a new batch."""
+    key = (cfg.dataset, cfg.data_dir, cfg.train_subset, cfg.test_subset)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = load_splits(cfg)
+    return _LOADED[key]
+
+
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The same permutation on every rank (seeded by seed and epoch), so shards can be cut from it."""
     generator = torch.Generator().manual_seed(seed * 100_003 + epoch)

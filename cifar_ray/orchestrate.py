@@ -19,19 +19,14 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from . import runlog, sysinfo
+from . import runlog, slots, sysinfo
 from .config import ConfigError, TrainConfig
 from .placement import (RESOURCE_CPU, RESOURCE_GPU, check_fits, cluster_capacity, concurrency_cap, resolve_plan,
                         trial_bundles, worker_resources)
 from .progress import progress_callback, progress_printer, progress_relay, sweep_header
-from .ray_session import check_shared_storage, error_line, is_ray_client
+from .ray_session import check_shared_storage, error_line, failure_status, is_ray_client
 from .storage import StoragePath, redact
 from .sweep import SweepPlan
-
-def _failure_status(error: BaseException) -> str:
-    text = "".join(traceback.format_exception(error))
-    return "oom" if ("OutOfMemoryError" in text or "MemoryError" in text) else "failed"
-
 
 def run_trial(tune_config: dict) -> None:
     """The Tune function trainable: one TorchTrainer fit for one trial spec."""
@@ -69,7 +64,7 @@ def run_trial(tune_config: dict) -> None:
         if runlog.read_json(run_dir / runlog.SWEEP_FILE).get("interrupted_unix", 0) > started:
             raise  # stopped with the interrupted sweep (Ray Client): unfinished, resumable
         (trial_dir / runlog.ERROR_FILE).write_text("".join(traceback.format_exception(error)))
-        runlog.update_json(trial_file, status=_failure_status(error), error=error_line(error), finished_at=runlog.now_iso())
+        runlog.update_json(trial_file, status=failure_status(error), error=error_line(error), finished_at=runlog.now_iso())
         raise
     runlog.record_outcome(trial_dir)
 
@@ -104,11 +99,14 @@ def run_plan(
     max_concurrent: int | None = None,
     print_line: Callable[[str], None] = print,
     resume: bool = False,
+    warm: bool = False,
 ) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
     interrupted run of the same plan continues: finished trials are kept, the others continue
-    from their last checkpoints."""
+    from their last checkpoints. `warm`: trials run in warm worker slots (cifar_ray/slots.py), else
+    each in a TorchTrainer of its own; a resumed run keeps the choice it was started with."""
+    import ray
     from ray import tune
 
     capacity = cluster_capacity()
@@ -126,7 +124,8 @@ def run_plan(
     sweep_file = run_dir / runlog.SWEEP_FILE
     previous = runlog.read_json(sweep_file)
     names = [t.name for t in plan.trials]
-    trainable = trial_trainable(slots=capacity["packing"] == "slots")
+    warm = previous.get("warm", False) if resume else warm
+    trainable = slots.thin_trainable() if warm else trial_trainable(slots=capacity["packing"] == "slots")
     progress_printer[0] = print_line
     started = time.time()
     if resume:
@@ -143,9 +142,13 @@ def run_plan(
         runlog.write_json(sweep_file, plan.summary() | {
             "started_at": runlog.now_iso(), "git_revision": sysinfo.git_revision(Path(__file__).parent),
             "host": sysinfo.host_info(), "versions": sysinfo.versions(), "cluster": capacity, "command": redact(" ".join(sys.argv)),
+            "warm": warm,
         })
         for trial in plan.trials:
             runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
+        if warm:
+            started_slots = slots.start_slots(plan, run_dir, capacity, max_concurrent)
+            limit = started_slots.count + slots.LOOK_AHEAD
         tuner = tune.Tuner(
             trainable,
             param_space={"run_dir": run_dir, "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
@@ -155,10 +158,14 @@ def run_plan(
                                       callbacks=[progress_callback()]),
         )
     unfinished = sum(t.status not in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials) if resume else None
+    if warm and resume:
+        started_slots = slots.start_slots(plan, run_dir, capacity, max_concurrent)
     print_line(sweep_header(plan, capacity, limit, run_dir, unfinished))
     with progress_relay(print_line) if client else contextlib.nullcontext():
         try:
             tuner.fit()
+            if warm:
+                ray.get(started_slots.tasks)  # each ends when its shape has no trial left
         except KeyboardInterrupt:
             if not client:
                 raise
@@ -167,6 +174,9 @@ def run_plan(
             # that they are unfinished, not failed.
             runlog.update_json(sweep_file, interrupted_unix=time.time())
             logging.getLogger("ray.util.client.dataclient").setLevel(logging.CRITICAL)  # "Unrecoverable error in data channel"
+        finally:
+            if warm:
+                started_slots.stop()
     wall = runlog.read_json(sweep_file).get("wall_time_s") or 0.0  # a resumed run adds its own time
     done = all(t.status in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials)
     runlog.update_json(sweep_file, wall_time_s=wall + time.time() - started, **({"finished_at": runlog.now_iso()} if done else {}))

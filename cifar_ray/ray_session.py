@@ -230,6 +230,12 @@ def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] 
         print_line(f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they reach {folder}")
 
 
+def failure_status(error: BaseException) -> str:
+    """The status of a trial that `error` ended: oom when memory ran out anywhere in its chain, else failed."""
+    text = "".join(traceback.format_exception(error))
+    return "oom" if ("OutOfMemoryError" in text or "MemoryError" in text) else "failed"
+
+
 def error_line(error: BaseException) -> str:
     """The root cause in one line (Ray wraps worker errors in several layers)."""
     text = "".join(traceback.format_exception_only(error)).strip()

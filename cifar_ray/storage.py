@@ -118,24 +118,37 @@ class StoragePath:
     def mkdir(self) -> None:
         self.fs.create_dir(self.path, recursive=True)
 
-    def read_text(self) -> str:
+    def files(self) -> list[str]:
+        """Names of the files directly inside (none when this folder does not exist)."""
+        import pyarrow.fs as pafs
+
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        return sorted(posixpath.basename(info.path) for info in infos if info.type == pafs.FileType.File)
+
+    def read_bytes(self) -> bytes:
         """The whole file; FileNotFoundError when there is none (pyarrow raises it for disks and S3 alike)."""
         with self.fs.open_input_stream(self.path) as stream:
-            return stream.read().decode()
+            return stream.read()
 
-    def write_text(self, text: str) -> None:
+    def read_text(self) -> str:
+        return self.read_bytes().decode()
+
+    def write_bytes(self, data: bytes) -> None:
         """All or nothing: a killed writer never leaves half a file."""
         if self.is_local:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=posixpath.dirname(self.path), prefix=self.name, suffix=".tmp")
-            with os.fdopen(fd, "w") as out:
-                out.write(text)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self.path)
         else:
             with self.fs.open_output_stream(self.path) as stream:
-                stream.write(text.encode())
+                stream.write(data)
+
+    def write_text(self, text: str) -> None:
+        self.write_bytes(text.encode())
 
     def unlink(self) -> None:
         try:

@@ -28,7 +28,7 @@ from torch import nn
 
 from . import comm, runlog, sysinfo
 from .config import TrainConfig
-from .data import Split, iterate_train, load_splits, normalise, test_shard
+from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
 
@@ -418,6 +418,14 @@ class Worker:
         return self.devices[0]
 
 
+def worker_system(worker: Worker) -> dict:
+    """trial.json's `system`: the devices, versions, and the node and host of every rank. Collective."""
+    placement = sysinfo.gather_placement()  # node id + hostname of every rank, in rank order
+    gpus = len(worker.devices) if worker.device.type == "cuda" else 0
+    return sysinfo.device_info(worker.device.type, len(worker.devices)) | placement | {
+        "world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
+
+
 # An epoch's metrics and, on rank 0 unless the epoch diverged, the folder of its checkpoint (None elsewhere).
 ReportEpoch = Callable[[dict, "Path | None"], None]
 
@@ -433,12 +441,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     context = ray.train.get_context()
     torch.set_num_threads(cfg.cpus_per_worker)
     worker = Worker(context.get_world_rank(), context.get_world_size(), select_devices(cfg))
-    placement = sysinfo.gather_placement()  # collective: node id + hostname of every rank, in rank order
+    system = worker_system(worker)
     if worker.rank == 0:
-        gpus = len(worker.devices) if worker.device.type == "cuda" else 0
-        system = sysinfo.device_info(worker.device.type, len(worker.devices)) | {
-            "world_size": worker.world, "num_gpus": gpus * worker.world}
-        runlog.update_json(trial_dir / runlog.TRIAL_FILE, system=system | placement | {"versions": sysinfo.versions()})
+        runlog.update_json(trial_dir / runlog.TRIAL_FILE, system=system)
 
     def report(metrics: dict, folder: Path | None) -> None:
         # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint, which
@@ -458,7 +463,7 @@ def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, 
     trials before trains this one exactly as a fresh process would (tests/test_train_eval.py)."""
     rank, world, devices, device = worker.rank, worker.world, worker.devices, worker.device
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-    train, test = (split.to(device) for split in load_splits(cfg))
+    train, test = (split.to(device) for split in loaded_splits(cfg))
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
     train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
     model = build_model(cfg).to(device, memory_format=memory_format(device))

@@ -1,0 +1,283 @@
+"""Warm worker slots: trials stream through long-lived Ray Train runs instead of one run each.
+
+A fresh `TorchTrainer.fit()` per trial costs ~20 s here before and after its training (a controller, a
+worker group, a process group, every process importing torch: reports/bench). A **slot** is one
+long-lived `fit()` of a trial shape (workers, CPUs and GPUs per worker, backend, strategy). Its workers
+loop: rank 0 takes the next trial of that shape from the Dispatcher, broadcasts it to every rank, and
+the ranks train it with the same code as a fresh run (`train.run_trial`: model, optimizer, DDP wrapper,
+hooks and every random stream are built from the trial's config), then take the next. The processes,
+the process group, the imports and the loaded dataset stay warm.
+
+Ray Tune stays the sweep engine: each trial is still a Tune trial (names, results, experiment state,
+restore), now a thin one that holds no core and forwards the epochs the Dispatcher collected for it.
+The Dispatcher holds the whole plan, so slots never wait on Tune: a slot takes trials whether or not
+Tune has started their thin trial yet, and Tune runs only as many thin trials as there are slots plus
+LOOK_AHEAD. Every shape gets as many slots as copies of it fit the cluster; Ray starts a slot's worker
+group when its resources are free (a placement group takes all its bundles or none), and a slot ends when
+its shape has no trial left, so shapes never deadlock each other.
+
+Failures: checkpoints are the trial's own (CHECKPOINTS in the trial folder). A worker that dies, or a
+trial that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same
+trial back from the Dispatcher and continues it from its last checkpoint, up to the trial's
+max_failures times; then the trial is failed and the slot goes on with the next. A diverged trial just
+ends: the slot goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import tempfile
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from . import runlog, sysinfo
+from .config import TrainConfig
+from .placement import trial_bundles, trials_that_fit, worker_resources
+from .ray_session import error_line, failure_status
+from .storage import StoragePath
+from .sweep import SweepPlan
+
+DISPATCHER = "cifar-ray-dispatcher"
+CHECKPOINTS = "checkpoints"  # <trial>/checkpoints/epoch-0003.pt: a slot's trials keep their own
+LOOK_AHEAD = 2  # thin trials started beyond the slots: the next ones print their start at once
+NEWS_WAIT_S = 0.2  # how often a thin trial asks for its epochs
+
+
+def shape_key(cfg: TrainConfig) -> str:
+    """Trials with the same key can run one after another in the same worker group."""
+    resources = ",".join(f"{k}={v:g}" for k, v in sorted(worker_resources(cfg).items()))
+    return f"{cfg.ray_workers}x[{resources}]/{cfg.backend}/{cfg.strategy}"
+
+
+class Dispatcher:
+    """The trials not yet finished, per shape, and what happened to each (a Ray actor). A slot takes
+    trials from it; a thin Tune trial reads its trial's news from it."""
+
+    def __init__(self, specs: list[dict], run_dir: StoragePath):
+        self.run_dir = run_dir
+        self.pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        for spec in specs:
+            self.pending[spec["shape"]].append(spec)
+        self.in_flight: dict[str, dict] = {}  # slot -> the trial it runs
+        self.attempts: collections.Counter = collections.Counter()
+        self.errors: dict[str, tuple[str, str]] = {}  # trial -> (status, one-line error) of its last failure
+        self.news: dict[str, list[dict]] = collections.defaultdict(list)
+
+    def take(self, shape: str, slot: str) -> dict | None:
+        """The slot's next trial: the one it was running, if its worker group was restarted (continued
+        from its checkpoint while it has failures left), else the next of its shape; None when none is left."""
+        spec = self.in_flight.get(slot)
+        if spec is not None and self.attempts[spec["name"]] > spec["config"]["max_failures"]:
+            self._fail(slot, spec)
+            spec = None
+        if spec is None:
+            if not self.pending[shape]:
+                return None
+            spec = self.in_flight[slot] = self.pending[shape].popleft()
+        self.attempts[spec["name"]] += 1
+        return spec
+
+    def failed_attempt(self, trial: str, status: str, error: str) -> None:
+        self.errors[trial] = (status, error)
+
+    def epoch(self, trial: str, metrics: dict) -> None:
+        self.news[trial].append({"epoch": metrics})
+
+    def done(self, slot: str, trial: str) -> None:
+        self.in_flight.pop(slot, None)
+        self.news[trial].append({"done": True})
+
+    def read(self, trial: str, since: int) -> list[dict]:
+        return self.news[trial][since:]
+
+    def _fail(self, slot: str, spec: dict) -> None:
+        del self.in_flight[slot]
+        status, error = self.errors.get(spec["name"], ("failed", "a worker of the trial's slot died"))
+        runlog.update_json(self.run_dir / spec["name"] / runlog.TRIAL_FILE, status=status, error=error,
+                           finished_at=runlog.now_iso())
+        self.news[spec["name"]].append({"failed": error, "status": status})
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+
+def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int) -> None:
+    """The epoch's checkpoint (train.save_checkpoint's folder) into the trial's folder; the newest `keep` stay."""
+    from .train import CHECKPOINT_FILE
+
+    checkpoints = trial_dir / CHECKPOINTS
+    (checkpoints / f"epoch-{epoch:04d}.pt").write_bytes((folder / CHECKPOINT_FILE).read_bytes())
+    for name in checkpoints.files()[:-keep]:
+        (checkpoints / name).unlink()
+
+
+def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
+    """The trial's newest checkpoint as a train.load_checkpoint folder under `into`; None without one."""
+    from .train import CHECKPOINT_FILE
+
+    names = [name for name in (trial_dir / CHECKPOINTS).files() if name.endswith(".pt")]
+    if not names:
+        return None
+    (into / CHECKPOINT_FILE).write_bytes((trial_dir / CHECKPOINTS / names[-1]).read_bytes())
+    return into
+
+
+# ------------------------------------------------------------------------------------- the slot
+
+
+def slot_loop(loop_config: dict) -> None:
+    """What every worker of a slot runs (Ray Train's train_loop_per_worker): trial after trial."""
+    import ray
+    import ray.train
+    import torch
+    from ray.train.collective import broadcast_from_rank_zero
+
+    from .train import Worker, run_trial, select_devices, worker_system
+
+    dispatcher, shape, slot = loop_config["dispatcher"], loop_config["shape"], loop_config["slot"]
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    worker, system = None, None
+    while True:
+        spec = broadcast_from_rank_zero(ray.get(dispatcher.take.remote(shape, slot)) if rank == 0 else None)
+        if spec is None:
+            return
+        taken = time.time()
+        cfg = TrainConfig(**spec["config"])
+        trial_dir = spec["run_dir"] / spec["name"]
+        if worker is None:  # the first trial sets the worker up; every trial of the shape shares it
+            torch.set_num_threads(cfg.cpus_per_worker)
+            worker = Worker(rank, world, select_devices(cfg))
+            system = worker_system(worker)
+        if rank == 0:
+            runlog.update_json(trial_dir / runlog.TRIAL_FILE, status="running", error=None, started_at=runlog.now_iso(),
+                               started_unix=taken, system=system, slot=slot, driver=sysinfo.worker_placement())
+
+        def report(metrics: dict, folder: Path | None) -> None:
+            if rank == 0:
+                if folder is not None:  # written before the epoch is announced: a restart finds it
+                    store_checkpoint(trial_dir, folder, metrics["epoch"], cfg.keep_checkpoints)
+                ray.get(dispatcher.epoch.remote(spec["name"], metrics))
+
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                run_trial(cfg, trial_dir, worker, report, fetch_checkpoint(trial_dir, Path(scratch)), taken)
+            except Exception as error:
+                if rank == 0:
+                    (trial_dir / runlog.ERROR_FILE).write_text("".join(traceback.format_exception(error)))
+                ray.get(dispatcher.failed_attempt.remote(spec["name"], failure_status(error), error_line(error)))
+                raise  # Ray Train restarts the worker group, whose rank 0 gets this trial back
+        if rank == 0:
+            runlog.record_outcome(trial_dir)
+            ray.get(dispatcher.done.remote(slot, spec["name"]))
+
+
+def run_slot(shape_cfg: dict, shape: str, slot: str, dispatcher, storage: StoragePath, restarts: int) -> None:
+    """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left (a Ray task)."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    cfg = TrainConfig(**shape_cfg)
+    TorchTrainer(
+        slot_loop,
+        train_loop_config={"dispatcher": dispatcher, "shape": shape, "slot": slot},
+        torch_config=TorchConfig(backend=cfg.backend),
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true",
+                                               resources_per_worker=worker_resources(cfg)),
+        run_config=ray.train.RunConfig(name=slot, **storage.ray_storage(),
+                                       failure_config=ray.train.FailureConfig(max_failures=restarts)),
+    ).fit()
+
+
+@dataclass
+class StartedSlots:
+    dispatcher: Any  # the Dispatcher actor
+    tasks: list  # one run_slot task per slot
+
+    @property
+    def count(self) -> int:
+        return len(self.tasks)
+
+    def stop(self) -> None:
+        """Ends the slots (their worker groups go with them) and the Dispatcher; a no-op once they ended."""
+        import ray
+
+        for task in self.tasks:
+            ray.cancel(task, force=True)
+        ray.kill(self.dispatcher)
+
+
+def start_slots(plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any],
+                max_concurrent: int | None) -> StartedSlots:
+    """The Dispatcher (named per run) and the slots of every shape of the plan's unfinished trials."""
+    import ray
+
+    unfinished = [t for t in plan.trials
+                  if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.FINAL_STATUSES]
+    specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in unfinished]
+    dispatcher = ray.remote(num_cpus=0)(Dispatcher).options(name=dispatcher_name(plan.name)).remote(specs, run_dir)
+    by_shape: dict[str, list] = collections.defaultdict(list)
+    for trial in unfinished:
+        by_shape[shape_key(trial.config)].append(trial)
+    task = ray.remote(num_cpus=0, max_retries=0)(run_slot)
+    refs = []
+    for shape, trials in by_shape.items():
+        fit = max(1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))
+        count = min(len(trials), fit, max_concurrent or fit)
+        # Every attempt of every trial may restart the worker group once.
+        restarts = sum(t.config.max_failures + 1 for t in trials)
+        for _ in range(count):
+            slot = f"slot-{uuid.uuid4().hex[:8]}"
+            refs.append(task.remote(trials[0].config.model_dump(), shape, slot, dispatcher,
+                                    run_dir / ".slots", restarts))
+    return StartedSlots(dispatcher, refs)
+
+
+def dispatcher_name(run_name: str) -> str:
+    return f"{DISPATCHER}-{run_name}"
+
+
+# ----------------------------------------------------------------------------- thin Tune trials
+
+
+class TrialFailed(RuntimeError):
+    """A trial's attempts are used up; its trial.json has the status and the one-line error."""
+
+
+def thin_trial(tune_config: dict) -> None:
+    """A trial as Tune runs it with slots: it forwards the epochs its slot trains to Tune."""
+    import ray
+    from ray import tune
+
+    spec, run_dir = tune_config["trial"], tune_config["run_dir"]
+    if runlog.read_json(run_dir / spec["name"] / runlog.TRIAL_FILE).get("status") in runlog.FINAL_STATUSES:
+        return  # finished before the driver died; Tune's saved state may lag behind our log
+    dispatcher = ray.get_actor(dispatcher_name(run_dir.name))
+    seen = 0
+    while True:
+        news = ray.get(dispatcher.read.remote(spec["name"], seen))
+        seen += len(news)
+        for event in news:
+            if "epoch" in event:
+                tune.report(event["epoch"])
+            elif "failed" in event:
+                raise TrialFailed(event["failed"])
+            else:
+                return
+        if not news:
+            time.sleep(NEWS_WAIT_S)
+
+
+def thin_trainable() -> Callable[[dict], None]:
+    """thin_trial with no core of its own (see orchestrate.trial_trainable for why a local function)."""
+    from ray import tune
+
+    def cifar_ray_thin_trial(config: dict) -> None:
+        thin_trial(config)
+
+    head = trial_bundles(TrainConfig(), slots=False)
+    return tune.with_resources(cifar_ray_thin_trial, tune.PlacementGroupFactory(head))

@@ -1,0 +1,81 @@
+"""Warm worker slots (`--warm`) on real Ray: trials one after another in one worker group give the metrics of
+fresh runs; a diverged trial does not end its slot; a worker killed during a slot's second trial continues that
+trial from its own checkpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import psutil
+import pytest
+
+from cifar_ray import runlog
+from cifar_ray.cli import main
+
+from test_reliability import wait_for
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+# What a trial computes; times, timestamps and memory differ from run to run by nature.
+COMPUTED = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "train_eval_loss", "train_eval_acc",
+            "train_samples", "lr", "diverged")
+TINY = ("dataset=synthetic", "train_subset=512", "test_subset=128", "train_eval_size=128", "width=4", "depth=2",
+        "epochs=2", "batch_size=32", "norm=none", "dropout=0.2")
+
+
+def computed(trial_dir) -> list[dict]:
+    return [{key: row.get(key) for key in COMPUTED} for row in runlog.read_epochs(trial_dir)]
+
+
+def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text("name: slots\ngrid:\n  lr: [0.05, 1.0e+12, 0.02]\n")  # the middle one diverges
+    code = main(["sweep", str(tmp_path / "s.yaml"), "--warm", "--max-concurrent", "1", "--storage",
+                 str(tmp_path / "runs"), "--json", "--set", *TINY])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    run = runlog.load_run(tmp_path / "runs" / "slots")
+    assert run.sweep["warm"] is True
+    assert [t.status for t in run.trials] == ["finished", "diverged", "finished"]
+    assert len({t.meta["slot"] for t in run.trials}) == 1  # one worker group ran all three
+    assert [line for line in err.splitlines() if " starts " in line] and " epoch 2/2 " in err
+
+    # The third trial, after a healthy and a diverged one in the same processes, equals it trained alone.
+    code = main(["train", "--storage", str(tmp_path / "runs"), "--name", "fresh", "--set", *TINY, "lr=0.02"])
+    assert code == 0, capsys.readouterr().err
+    fresh = runlog.load_run(tmp_path / "runs" / "fresh").trials[0]
+    warm = run.trials[2]
+    assert computed(tmp_path / "runs" / "slots" / warm.name) == computed(tmp_path / "runs" / "fresh" / fresh.name)
+    assert "slot" not in fresh.meta
+
+
+def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoint(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text(
+        "name: slot-kill\n"
+        "base: {dataset: synthetic, train_subset: 4096, test_subset: 256, width: 8, epochs: 4, workers: 2, "
+        "batch_size: 64}\n"
+        "grid:\n  seed: [0, 1]\n")
+    run_dir = tmp_path / "runs" / "slot-kill"
+    killed = []
+
+    def kill_a_worker_in_epoch_two_of_the_second_trial():
+        second = run_dir / "t001-seed=1"
+        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 240, "epoch 1 of the second trial")
+        killed.append(runlog.read_epochs(second)[0])
+        workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+        workers[-1].kill()  # SIGKILL: no cleanup, like a crash or the OOM killer
+
+    killer = threading.Thread(target=kill_a_worker_in_epoch_two_of_the_second_trial, daemon=True)
+    killer.start()
+    code = main(["sweep", str(tmp_path / "s.yaml"), "--warm", "--storage", str(tmp_path / "runs"), "--json"])
+    killer.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert killed, "no worker was killed"
+    assert code == 0, err
+    results = json.loads(out.strip().splitlines()[-1])
+    assert [r["status"] for r in results] == ["finished", "finished"]
+    run = runlog.load_run(run_dir)
+    for trial in run.trials:
+        assert [row["epoch"] for row in trial.epochs] == [1, 2, 3, 4], trial.name  # each epoch once, in order
+    assert run.trials[1].epochs[0] == killed[0]  # continued from its checkpoint, not trained again from scratch
+    assert run.trials[0].meta["slot"] == run.trials[1].meta["slot"]
