@@ -28,7 +28,8 @@ from .storage import StoragePath
 from .sweep import build_plan
 from .train import PhaseTimer, build_training, torch_threads, train_epoch
 
-GOALS = {"ray_vs_bare": 0.95, "sweep_wall_vs_training": 1.15, "loader_speedup": 10.0, "data_share": 0.03}
+GOALS = {"ray_vs_bare": 0.95, "sweep_wall_vs_training": 1.15, "loader_speedup": 10.0, "data_share": 0.03,
+         "warm_overhead_s": 1.0, "warm_marginal_ratio": 1.10}
 
 
 def bench_config(quick: bool, **overrides) -> TrainConfig:
@@ -124,13 +125,50 @@ def trial_overheads(run_dir: runlog.Where) -> list[dict]:
     return rows
 
 
-def run_sweep(name: str, base: dict, grid: dict, storage: Path, max_concurrent: int | None, say: Callable[[str], None]) -> tuple[StoragePath, float]:
+def run_sweep(name: str, base: dict, grid: dict, storage: Path, max_concurrent: int | None, say: Callable[[str], None],
+              warm: bool = False) -> tuple[StoragePath, float]:
+    """warm=False: each trial in a Ray Train run of its own (`--isolate`), whose start and stop sections 2-5 measure."""
     from .orchestrate import run_plan
 
     plan = build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})
     started = time.perf_counter()
-    run_dir = run_plan(plan, storage=storage, max_concurrent=max_concurrent, print_line=say)
+    run_dir = run_plan(plan, storage=storage, max_concurrent=max_concurrent, print_line=say, warm=warm)
     return run_dir, time.perf_counter() - started
+
+
+def warm_overheads(run_dir: runlog.Where) -> list[float]:
+    """Per trial that a slot ran after another: the seconds it spent outside its epochs (taking it after the
+    slot's previous trial ended, building data and model, finishing after its last epoch)."""
+    trials = sorted((t for t in runlog.load_run(run_dir).trials if t.epochs and "finished_unix" in t.meta),
+                    key=lambda t: t.meta["started_unix"])
+    previous_end: dict[str, float] = {}
+    overheads = []
+    for trial in trials:
+        slot, meta = trial.meta.get("slot"), trial.meta
+        if slot in previous_end:
+            training = sum(row["epoch_time_s"] for row in trial.epochs)
+            overheads.append(meta["finished_unix"] - previous_end[slot] - training)
+        previous_end[slot] = meta["finished_unix"]
+    return overheads
+
+
+def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable[[str], None]) -> dict:
+    """The same sweep of identical-shape trials with few and with more trials, in warm slots: the marginal
+    cost of a trial (wall added per trial vs the training it adds per slot) and the per-trial overhead."""
+    runs = []
+    for n in sizes:
+        run_dir, wall = run_sweep(f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, storage, None, say,
+                                  warm=True)
+        trials = runlog.load_run(run_dir).trials
+        slots = len({t.meta.get("slot") for t in trials})
+        runs.append({"trials": n, "slots": slots, "wall_s": wall,
+                     "training_s": sum(row["epoch_time_s"] for t in trials for row in t.epochs),
+                     "overheads_s": warm_overheads(run_dir)})
+    few, more = runs
+    added_training = (more["training_s"] - few["training_s"]) / more["slots"]
+    overheads = few["overheads_s"] + more["overheads_s"]
+    return {"runs": runs, "marginal_ratio": (more["wall_s"] - few["wall_s"]) / added_training,
+            "median_overhead_s": statistics.median(overheads) if overheads else None}
 
 
 def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storage: str | Path | None = None, say: Callable[[str], None] = print) -> Path:
@@ -156,34 +194,33 @@ def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storag
     record["ray_init_s"] = (time.perf_counter() - t0) if owns_ray else None
     try:
         record["cluster"] = cluster_capacity()
-        say("bench 1/5: batch-size scan of the bare loop (1 thread)")
+        say("bench 1/6: batch-size scan of the bare loop (1 thread)")
         sizes = [32, 128] if quick else [16, 32, 64, 128, 256]
         record["batch_sizes"] = [{"batch_size": b, **bare_loop(bench_config(quick, batch_size=b, epochs=2))} for b in sizes]
 
-        say("bench 2/5: data path, ours vs torchvision DataLoader + PIL transforms")
+        say("bench 2/6: data path, ours vs torchvision DataLoader + PIL transforms")
         record["data_path"] = loader_comparison(base_cfg, batches=8 if quick else 32)
 
         base = {k: getattr(base_cfg, k) for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "test_subset", "epochs")}
         rounds = 1 if quick else 3
-        say(f"bench 3/5: {rounds} round(s) of bare loop, then the same loop in a 1-worker Ray Train trial (1 thread each)")
+        say(f"bench 3/6: {rounds} round(s) of bare loop, then the same loop in a 1-worker warm slot (1 thread each)")
         record["loop_rounds"], record["trials"] = [], []
         for i in range(rounds):  # interleaved, so that a slow phase of the machine hits both sides
             bare = bare_loop(base_cfg)
-            run_dir, _ = run_sweep(f"bench-loop-{i + 1}", base, {"workers": [1]}, storage, 1, say)
-            trial = trial_overheads(run_dir)[0]
-            record["trials"].append(trial)
+            run_dir, _ = run_sweep(f"bench-loop-{i + 1}", base, {"workers": [1]}, storage, 1, say, warm=True)
+            trial = trial_overheads(run_dir)[0]  # not in the overhead table: a warm slot's start is not the trial's
             record["loop_rounds"].append({"bare_samples_per_s": bare["samples_per_s"], "ray_samples_per_s": trial["samples_per_s"],
                                           "ratio": trial["samples_per_s"] / bare["samples_per_s"]})
             if i == 0:
                 record["bare_loop"] = bare
 
-        say("bench 4/5: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
+        say("bench 4/6: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
         layouts = [{"workers": 2, "cpus_per_worker": 1}, {"workers": 1, "cpus_per_worker": 2}]
         run_dir, _ = run_sweep("bench-trials", base, {"layout": layouts}, storage, 1, say)
         record["trials"] += trial_overheads(run_dir)
 
         if not quick:  # 8 more trials: too long for a first look
-            say("bench 5/5: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
+            say("bench 5/6: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
             run_dir, wall = run_sweep("bench-sweep", base | {"workers": 1}, {"seed": list(range(8))}, storage, None, say)
             rows = trial_overheads(run_dir)
             slots = max(1, int(record["cluster"]["slot_cpus"]))
@@ -193,6 +230,9 @@ def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storag
             record["sweep"] = {"trials": len(rows), "parallel_slots": slots, "wall_s": wall, "training_s_per_slot": pure, "ratio": wall / pure,
                                "training_s_per_trial": pure * slots / len(rows), "fixed_s_per_trial": fixed,
                                "training_s_per_trial_for_goal": fixed / (GOALS["sweep_wall_vs_training"] - 1)}
+
+        say("bench 6/6: warm slots: the same short 1-worker trials, few and more of them, in warm worker slots")
+        record["warm"] = warm_sweeps(base | {"epochs": 3}, (2, 4) if quick else (4, 12), storage, say)
     finally:
         if owns_ray:
             import ray
@@ -223,12 +263,12 @@ def render(record: dict) -> str:
     bare = record["bare_loop"]
     rounds = record["loop_rounds"]
     ratio = statistics.median(r["ratio"] for r in rounds)
-    lines += ["## 1. Training loop: Ray Train worker vs bare PyTorch", "",
+    lines += ["## 1. Training loop: Ray Train worker (warm slot) vs bare PyTorch", "",
               f"The same loop, 1 thread each, in {len(rounds)} interleaved round(s) with Ray up (and idle) for both sides.", "",
               "| round | bare PyTorch (images/s) | Ray Train worker (images/s) | ratio |", "|---:|---:|---:|---:|"]
     lines += [f"| {i} | {r['bare_samples_per_s']:.0f} | {r['ray_samples_per_s']:.0f} | {r['ratio']:.3f} |" for i, r in enumerate(rounds, 1)]
     lines += ["", f"Median ratio {ratio:.3f}: {_goal(ratio, GOALS['ray_vs_bare'])}."]
-    lines += ["", "## 2. Orchestration overhead per trial", "",
+    lines += ["", "## 2. Orchestration overhead per trial (`--isolate`: a Ray Train run per trial)", "",
               f"`ray.init`: {record['ray_init_s']:.1f} s." if record.get("ray_init_s") is not None else "`ray.init`: not measured (Ray was already running).", "",
               "| trial | workers × threads | worker start (s) | data + model (s) | training (s) | teardown (s) | wall (s) | overhead share |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -248,6 +288,22 @@ def render(record: dict) -> str:
                   f"that train at least {sweep['training_s_per_trial_for_goal']:.0f} s."]
     data = record["data_path"]
     share = bare["data_share"]
+    warm = record.get("warm")
+    if warm:
+        lines += ["", "## 2b. Warm slots (the default): trials streaming through long-lived worker groups", "",
+                  "| trials | slots | wall (s) | training, all trials (s) | per-trial overhead in a warm slot, median (s) |",
+                  "|---:|---:|---:|---:|---:|"]
+        for run in warm["runs"]:
+            median = statistics.median(run["overheads_s"]) if run["overheads_s"] else float("nan")
+            lines.append(f"| {run['trials']} | {run['slots']} | {run['wall_s']:.1f} | {run['training_s']:.1f} | {median:.2f} |")
+        few, more = warm["runs"]
+        lines += ["", f"Marginal cost of a trial: (wall at {more['trials']} − wall at {few['trials']}) / (their training "
+                  f"difference / {more['slots']} slots) = {warm['marginal_ratio']:.2f}: "
+                  f"{_goal(warm['marginal_ratio'], GOALS['warm_marginal_ratio'], higher_is_better=False)}. Per-trial overhead "
+                  f"once a slot is warm (from the end of the slot's previous trial to the end of this one, less its "
+                  f"epochs), median over {sum(len(r['overheads_s']) for r in warm['runs'])} trials: "
+                  f"{warm['median_overhead_s']:.2f} s: "
+                  f"{_goal(warm['median_overhead_s'], GOALS['warm_overhead_s'], higher_is_better=False)}."]
     lines += ["", "## 3. Data path", "", "| pipeline | images/s |", "|---|---:|",
               f"| cifar-ray: uint8 tensors, batched normalise + flip + crop | {data['ours_images_per_s']:.0f} |",
               f"| torchvision DataLoader, per-sample PIL RandomCrop + Flip + ToTensor + Normalize | {data['dataloader_images_per_s']:.0f} |", "",

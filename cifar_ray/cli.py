@@ -92,9 +92,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-concurrent", type=int, default=None, metavar="N", help="run at most N trials at once (default: as many as fit)")
     parser.add_argument("--address", default=None, help="existing Ray cluster: auto, HOST:PORT, or ray://HOST:10001 for Ray Client (default: $RAY_ADDRESS, else start a local Ray)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
-    parser.add_argument("--warm", action="store_true",
-                        help="run trials one after another in warm worker slots (long-lived Ray Train worker groups): "
-                             "no start-up cost per trial")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run each trial in a Ray Train run of its own (fresh worker processes per trial, ~20 s "
+                             "more per trial on 2 CPU cores) instead of warm worker slots")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
 
 
@@ -153,7 +153,7 @@ def run_plan_command(plan, args: argparse.Namespace) -> int:
     # Tune stops gracefully on SIGINT (saving its state); give SIGTERM the same treatment.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
-        run_dir = run_plan(plan, storage=args.storage, max_concurrent=args.max_concurrent, resume=resume, warm=args.warm,
+        run_dir = run_plan(plan, storage=args.storage, max_concurrent=args.max_concurrent, resume=resume, warm=not args.isolate,
                            print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True))
     finally:
         if owns_ray:

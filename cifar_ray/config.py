@@ -79,6 +79,9 @@ class TrainConfig(BaseModel):
     compile: bool = Field(False, description="torch.compile the model (faster steps after a one-off compile of tens of seconds)")
     use_gpu: TriState = Field("auto", description="auto (GPUs if the cluster has any), true, false")
     backend: Backend = Field("auto", description="torch.distributed backend: auto (nccl with GPUs, else gloo), nccl, gloo")
+    gpus_per_worker: float = Field(1.0, gt=0, le=1, description="GPUs per Ray Train worker with use_gpu: 1, or a "
+                                   "fraction to share a GPU (0.25: four 1-worker trials per GPU; several workers of "
+                                   "one trial then need backend=gloo)")
     strategy: Strategy = Field("ddp", description="ddp (DistributedDataParallel), dp (one process, nn.DataParallel), single (one process)")
     amp: Amp = Field("off", description="mixed precision: off, fp16 (CUDA, with GradScaler), bf16 (CUDA or CPU)")
     # --- DDP communication (used only where DDP runs: strategy=ddp with workers > 1)
@@ -111,6 +114,9 @@ class TrainConfig(BaseModel):
                 raise ValueError("amp=fp16 needs a GPU but use_gpu=false; use amp=bf16 on CPU")
             if self.strategy == "dp" and self.workers > 1:
                 raise ValueError("strategy=dp splits batches over GPUs but use_gpu=false; use strategy=ddp on CPU")
+        if self.strategy == "dp" and self.gpus_per_worker != 1:
+            raise ValueError(f"strategy=dp drives `workers` whole GPUs from one process: gpus_per_worker must be 1 "
+                             f"(got {self.gpus_per_worker:g}); use strategy=ddp or single to share GPUs")
         if self.grad_compression != "none" and (self.strategy != "ddp" or self.workers < 2):
             raise ValueError(
                 f"grad_compression={self.grad_compression} compresses DDP's gradient all-reduce: it needs strategy=ddp and "
@@ -145,6 +151,11 @@ class TrainConfig(BaseModel):
         if use_gpu and not cluster_has_gpus:
             raise ConfigError("use_gpu=true but the Ray cluster has no GPUs; use use_gpu=auto or false")
         backend = self.backend if self.backend != "auto" else ("nccl" if use_gpu else "gloo")
+        if use_gpu and backend == "nccl" and self.ray_workers > 1 and self.gpus_per_worker < 1:
+            # Ray fills one GPU before the next, and NCCL refuses two ranks on one GPU (ray-project/ray#48012).
+            raise ConfigError(f"gpus_per_worker={self.gpus_per_worker:g} with workers={self.workers} and backend=nccl: "
+                              "two ranks of the trial could share a GPU, which NCCL refuses; use backend=gloo, or "
+                              "gpus_per_worker=1")
         if self.grad_compression == "bf16":
             from .comm import BF16_UNSUPPORTED, bf16_hook_supported  # imports torch: only when it matters
 

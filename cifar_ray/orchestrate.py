@@ -99,14 +99,13 @@ def run_plan(
     max_concurrent: int | None = None,
     print_line: Callable[[str], None] = print,
     resume: bool = False,
-    warm: bool = False,
+    warm: bool = True,
 ) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
     interrupted run of the same plan continues: finished trials are kept, the others continue
     from their last checkpoints. `warm`: trials run in warm worker slots (cifar_ray/slots.py), else
     each in a TorchTrainer of its own; a resumed run keeps the choice it was started with."""
-    import ray
     from ray import tune
 
     capacity = cluster_capacity()
@@ -124,7 +123,7 @@ def run_plan(
     sweep_file = run_dir / runlog.SWEEP_FILE
     previous = runlog.read_json(sweep_file)
     names = [t.name for t in plan.trials]
-    warm = previous.get("warm", False) if resume else warm
+    warm = previous.get("warm", False) if resume else warm  # runs from before slots have no "warm"
     trainable = slots.thin_trainable() if warm else trial_trainable(slots=capacity["packing"] == "slots")
     progress_printer[0] = print_line
     started = time.time()
@@ -155,7 +154,7 @@ def run_plan(
             tune_config=tune.TuneConfig(max_concurrent_trials=limit, trial_dirname_creator=_trial_folder_name,
                                         trial_name_creator=_trial_folder_name),
             run_config=tune.RunConfig(name=plan.name, **run_dir.parent.ray_storage(), verbose=0,
-                                      callbacks=[progress_callback()]),
+                                      callbacks=[progress_callback(warm)]),
         )
     unfinished = sum(t.status not in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials) if resume else None
     if warm and resume:
@@ -165,7 +164,7 @@ def run_plan(
         try:
             tuner.fit()
             if warm:
-                ray.get(started_slots.tasks)  # each ends when its shape has no trial left
+                started_slots.wait()
         except KeyboardInterrupt:
             if not client:
                 raise

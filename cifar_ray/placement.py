@@ -39,10 +39,10 @@ def cluster_capacity() -> dict[str, float]:
 
 
 def worker_resources(cfg: TrainConfig) -> dict[str, float]:
-    """Resources of ONE Ray Train worker (dp: the single worker holds all its GPUs)."""
+    """Resources of ONE Ray Train worker (dp: the single worker holds all its GPUs; else gpus_per_worker)."""
     resources = {"CPU": float(cfg.cpus_per_worker)}
     if cfg.use_gpu == "true":
-        resources["GPU"] = float(cfg.workers if cfg.strategy == "dp" else 1)
+        resources["GPU"] = float(cfg.workers if cfg.strategy == "dp" else cfg.gpus_per_worker)
     return resources
 
 

@@ -120,8 +120,17 @@ def sweep_header(plan: SweepPlan, capacity: dict[str, Any], limit: int | None, r
     return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}"
 
 
-def progress_callback():
+def start_line(spec: dict, done: int) -> str:
+    what = f"continues after epoch {done}/{spec['config']['epochs']}" if done else "starts"
+    return f"{spec['name']}  {what}  {swept_text(spec)}".rstrip()
+
+
+def progress_callback(warm: bool = False):
+    """warm: trials run in warm slots, whose thin Tune trials start before their slot takes them; the
+    start line then comes with the thin trial's slots.STARTED result, else when Tune starts the trial."""
     from ray.tune.progress_reporter import TrialProgressCallback
+
+    from .slots import STARTED
 
     class SweepProgress(TrialProgressCallback):
         """Our progress lines: one when a trial starts (or continues), one per finished epoch, one
@@ -131,14 +140,14 @@ def progress_callback():
         def on_trial_start(self, iteration, trials, trial, **info):
             spec, run_dir = trial.config["trial"], trial.config["run_dir"]
             trial_dir = run_dir / spec["name"]
-            if runlog.read_json(trial_dir / runlog.TRIAL_FILE).get("status") in runlog.FINAL_STATUSES:
-                return  # finished before an interruption: run_trial returns at once
-            done, epochs = len(runlog.read_epochs(trial_dir)), spec["config"]["epochs"]
-            what = f"continues after epoch {done}/{epochs}" if done else "starts"
-            print_progress(f"{spec['name']}  {what}  {swept_text(spec)}".rstrip())
+            if warm or runlog.read_json(trial_dir / runlog.TRIAL_FILE).get("status") in runlog.FINAL_STATUSES:
+                return  # warm: said when its slot takes it; finished before an interruption: it returns at once
+            print_progress(start_line(spec, len(runlog.read_epochs(trial_dir))))
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            if "epoch" in result:
+            if STARTED in result:
+                print_progress(start_line(trial.config["trial"], int(result[STARTED])))
+            elif "epoch" in result:
                 spec = trial.config["trial"]
                 print_progress(format_epoch(spec["name"], result, spec["config"]["epochs"]))
                 if result["epoch"] == spec["config"]["epochs"] or result.get("diverged"):

@@ -70,6 +70,30 @@ def quiet_ray_logs() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+WORKER_POOL_WARNING = "the maximum expected startup concurrency"
+
+
+def drop_worker_pool_warning() -> None:
+    """The raylet warns once a node has started 4 x its CPUs worker processes ("... which is 4x the maximum
+    expected startup concurrency"). Warm slots start zero-CPU processes by design (the Dispatcher, per slot
+    a driver task and Ray Train's controller, one thin Tune trial per running trial): 12 and more on 2 CPUs.
+    The line reaches the terminal through the driver's error channel, past log_to_driver=False, so it is
+    dropped there; every other line passes."""
+    import ray._private.worker as ray_worker
+
+    show = ray_worker.print_to_stdstream
+    if getattr(show, "drops_worker_pool_warning", False):
+        return
+
+    def without_worker_pool_warning(data: dict, *args, **kwargs):
+        lines = [line for line in data.get("lines", []) if WORKER_POOL_WARNING not in line]
+        if lines:
+            show({**data, "lines": lines}, *args, **kwargs)
+
+    without_worker_pool_warning.drops_worker_pool_warning = True
+    ray_worker.print_to_stdstream = without_worker_pool_warning
+
+
 def cluster_address(address: str | None) -> str | None:
     """The existing Ray cluster to use: `address` (auto, HOST:PORT, ray://HOST:PORT for Ray
     Client), else the RAY_ADDRESS variable (`ray job submit` sets it for its entrypoint). None or
@@ -115,6 +139,7 @@ def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | 
         os.environ.setdefault(key, value)
     if not verbose:
         quiet_ray_logs()
+        drop_worker_pool_warning()
     options: dict[str, Any] = {
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,

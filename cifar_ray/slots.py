@@ -25,12 +25,13 @@ ends: the slot goes on.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import tempfile
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,9 +43,10 @@ from .storage import StoragePath
 from .sweep import SweepPlan
 
 DISPATCHER = "cifar-ray-dispatcher"
-CHECKPOINTS = "checkpoints"  # <trial>/checkpoints/epoch-0003.pt: a slot's trials keep their own
-LOOK_AHEAD = 2  # thin trials started beyond the slots: the next ones print their start at once
-NEWS_WAIT_S = 0.2  # how often a thin trial asks for its epochs
+CHECKPOINTS = "checkpoints"  # <trial>/checkpoints/epoch-0003/state.pt: a slot's trials keep their own
+LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
+NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
+STARTED = "slot_started_after_epoch"  # the result a thin trial reports when its slot takes the trial
 
 
 def shape_key(cfg: TrainConfig) -> str:
@@ -54,11 +56,13 @@ def shape_key(cfg: TrainConfig) -> str:
 
 
 class Dispatcher:
-    """The trials not yet finished, per shape, and what happened to each (a Ray actor). A slot takes
-    trials from it; a thin Tune trial reads its trial's news from it."""
+    """The trials not yet finished, per shape, and what happened to each (an async Ray actor). A slot takes
+    trials from it; a thin Tune trial waits on it for its trial's news (no polling: on 2 cores, five thin
+    trials asking five times a second slowed the training next to them)."""
 
-    def __init__(self, specs: list[dict], run_dir: StoragePath):
+    def __init__(self, specs: list[dict], run_dir: StoragePath, slots: dict[str, list[str]]):
         self.run_dir = run_dir
+        self.live = {shape: set(names) for shape, names in slots.items()}  # slots whose Ray Train run has not failed
         self.pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         for spec in specs:
             self.pending[spec["shape"]].append(spec)
@@ -66,40 +70,71 @@ class Dispatcher:
         self.attempts: collections.Counter = collections.Counter()
         self.errors: dict[str, tuple[str, str]] = {}  # trial -> (status, one-line error) of its last failure
         self.news: dict[str, list[dict]] = collections.defaultdict(list)
+        self.changed: asyncio.Condition | None = None  # made in the actor's event loop, on first use
 
-    def take(self, shape: str, slot: str) -> dict | None:
+    def _condition(self) -> asyncio.Condition:
+        if self.changed is None:
+            self.changed = asyncio.Condition()
+        return self.changed
+
+    async def _tell(self, trial: str, event: dict) -> None:
+        async with self._condition():
+            self.news[trial].append(event)
+            self._condition().notify_all()
+
+    async def read(self, trial: str, since: int, wait_s: float) -> list[dict]:
+        """The trial's news from index `since`, waiting up to wait_s for some."""
+        async with self._condition():
+            if len(self.news[trial]) <= since:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._condition().wait_for(lambda: len(self.news[trial]) > since), wait_s)
+            return self.news[trial][since:]
+
+    async def take(self, shape: str, slot: str) -> dict | None:
         """The slot's next trial: the one it was running, if its worker group was restarted (continued
         from its checkpoint while it has failures left), else the next of its shape; None when none is left."""
         spec = self.in_flight.get(slot)
         if spec is not None and self.attempts[spec["name"]] > spec["config"]["max_failures"]:
-            self._fail(slot, spec)
+            await self._fail(slot, spec)
             spec = None
         if spec is None:
             if not self.pending[shape]:
                 return None
             spec = self.in_flight[slot] = self.pending[shape].popleft()
         self.attempts[spec["name"]] += 1
+        await self._tell(spec["name"], {"start": len(runlog.read_epochs(self.run_dir / spec["name"]))})
         return spec
 
-    def failed_attempt(self, trial: str, status: str, error: str) -> None:
+    async def failed_attempt(self, trial: str, status: str, error: str) -> None:
         self.errors[trial] = (status, error)
 
-    def epoch(self, trial: str, metrics: dict) -> None:
-        self.news[trial].append({"epoch": metrics})
+    async def slot_failed(self, slot: str, shape: str, error: str) -> None:
+        """A slot's Ray Train run gave up (its restarts used up, or its workers never started): its trial fails,
+        and so does every trial of its shape still waiting when no other slot of the shape is left to run it."""
+        self.live[shape].discard(slot)
+        spec = self.in_flight.get(slot)
+        if spec is not None:
+            self.errors.setdefault(spec["name"], ("failed", error))
+            await self._fail(slot, spec)
+        while not self.live[shape] and self.pending[shape]:
+            spec = self.pending[shape].popleft()
+            self.in_flight[slot] = spec
+            self.errors[spec["name"]] = ("failed", f"no slot left to run it: {error}")
+            await self._fail(slot, spec)
 
-    def done(self, slot: str, trial: str) -> None:
+    async def epoch(self, trial: str, metrics: dict) -> None:
+        await self._tell(trial, {"epoch": metrics})
+
+    async def done(self, slot: str, trial: str) -> None:
         self.in_flight.pop(slot, None)
-        self.news[trial].append({"done": True})
+        await self._tell(trial, {"done": True})
 
-    def read(self, trial: str, since: int) -> list[dict]:
-        return self.news[trial][since:]
-
-    def _fail(self, slot: str, spec: dict) -> None:
+    async def _fail(self, slot: str, spec: dict) -> None:
         del self.in_flight[slot]
         status, error = self.errors.get(spec["name"], ("failed", "a worker of the trial's slot died"))
         runlog.update_json(self.run_dir / spec["name"] / runlog.TRIAL_FILE, status=status, error=error,
                            finished_at=runlog.now_iso())
-        self.news[spec["name"]].append({"failed": error, "status": status})
+        await self._tell(spec["name"], {"failed": error, "status": status})
 
 
 # ------------------------------------------------------------------------------------ checkpoints
@@ -110,19 +145,19 @@ def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int
     from .train import CHECKPOINT_FILE
 
     checkpoints = trial_dir / CHECKPOINTS
-    (checkpoints / f"epoch-{epoch:04d}.pt").write_bytes((folder / CHECKPOINT_FILE).read_bytes())
-    for name in checkpoints.files()[:-keep]:
-        (checkpoints / name).unlink()
+    (checkpoints / f"epoch-{epoch:04d}" / CHECKPOINT_FILE).write_bytes((folder / CHECKPOINT_FILE).read_bytes())
+    for name in checkpoints.subfolders()[:-keep]:
+        (checkpoints / name).delete_dir()
 
 
 def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
     """The trial's newest checkpoint as a train.load_checkpoint folder under `into`; None without one."""
     from .train import CHECKPOINT_FILE
 
-    names = [name for name in (trial_dir / CHECKPOINTS).files() if name.endswith(".pt")]
+    names = [name for name in (trial_dir / CHECKPOINTS).subfolders() if name.startswith("epoch-")]
     if not names:
         return None
-    (into / CHECKPOINT_FILE).write_bytes((trial_dir / CHECKPOINTS / names[-1]).read_bytes())
+    (into / CHECKPOINT_FILE).write_bytes((trial_dir / CHECKPOINTS / names[-1] / CHECKPOINT_FILE).read_bytes())
     return into
 
 
@@ -153,6 +188,8 @@ def slot_loop(loop_config: dict) -> None:
             torch.set_num_threads(cfg.cpus_per_worker)
             worker = Worker(rank, world, select_devices(cfg))
             system = worker_system(worker)
+        if cfg.compile:  # dynamo's caches hold the previous trial's model: past 8 recompiles it runs eager
+            torch._dynamo.reset()
         if rank == 0:
             runlog.update_json(trial_dir / runlog.TRIAL_FILE, status="running", error=None, started_at=runlog.now_iso(),
                                started_unix=taken, system=system, slot=slot, driver=sysinfo.worker_placement())
@@ -182,7 +219,7 @@ def run_slot(shape_cfg: dict, shape: str, slot: str, dispatcher, storage: Storag
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cfg = TrainConfig(**shape_cfg)
-    TorchTrainer(
+    trainer = TorchTrainer(
         slot_loop,
         train_loop_config={"dispatcher": dispatcher, "shape": shape, "slot": slot},
         torch_config=TorchConfig(backend=cfg.backend),
@@ -190,51 +227,90 @@ def run_slot(shape_cfg: dict, shape: str, slot: str, dispatcher, storage: Storag
                                                resources_per_worker=worker_resources(cfg)),
         run_config=ray.train.RunConfig(name=slot, **storage.ray_storage(),
                                        failure_config=ray.train.FailureConfig(max_failures=restarts)),
-    ).fit()
+    )
+    try:
+        trainer.fit()
+    except Exception as error:
+        import ray
+
+        ray.get(dispatcher.slot_failed.remote(slot, shape, error_line(error)))
+        raise
 
 
-@dataclass
 class StartedSlots:
-    dispatcher: Any  # the Dispatcher actor
-    tasks: list  # one run_slot task per slot
+    """The Dispatcher and the slot tasks of a run. With a limit, at most that many slots run at once: the next
+    is started as one ends (a thread here), so `--max-concurrent N` means N trials at once across shapes."""
+
+    def __init__(self, dispatcher, launches: list[Callable[[], Any]], limit: int | None):
+        import threading
+
+        self.dispatcher, self.launches = dispatcher, list(launches)
+        self.tasks = [launch() for launch in self.launches[:limit or len(self.launches)]]
+        self.stopped = threading.Event()
+        self.launcher = threading.Thread(target=self._launch_as_slots_end, name="cifar-ray-slots", daemon=True)
+        self.launcher.start()
 
     @property
     def count(self) -> int:
+        """Slots running at once at most."""
         return len(self.tasks)
+
+    def _launch_as_slots_end(self) -> None:
+        import ray
+
+        running, waiting = list(self.tasks), self.launches[len(self.tasks):]
+        while waiting and not self.stopped.is_set():
+            ended, running = ray.wait(running, num_returns=1, timeout=1.0)
+            for _ in ended[:len(waiting)]:
+                task = waiting.pop(0)()
+                self.tasks.append(task)
+                running.append(task)
+
+    def wait(self) -> None:
+        """Until every slot has ended (each ends when its shape has no trial left)."""
+        import ray
+
+        self.launcher.join()
+        ray.get(self.tasks)
 
     def stop(self) -> None:
         """Ends the slots (their worker groups go with them) and the Dispatcher; a no-op once they ended."""
         import ray
 
-        for task in self.tasks:
+        self.stopped.set()
+        self.launcher.join(timeout=5)
+        # Only the running ones: cancelling a task as it completes crashes the driver in Ray 2.60 ("Check
+        # failed: it != submissible_tasks_.end()" in task_manager.cc, seen here after a sweep's last trial).
+        _, running = ray.wait(self.tasks, num_returns=len(self.tasks), timeout=0)
+        for task in running:
             ray.cancel(task, force=True)
         ray.kill(self.dispatcher)
 
 
 def start_slots(plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any],
                 max_concurrent: int | None) -> StartedSlots:
-    """The Dispatcher (named per run) and the slots of every shape of the plan's unfinished trials."""
+    """The Dispatcher (named per run) and the slots of every shape of the plan's unfinished trials: as many
+    per shape as copies of it fit the cluster (and, with max_concurrent, at most that many in all at once)."""
+    import functools
+
     import ray
 
     unfinished = [t for t in plan.trials
                   if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.FINAL_STATUSES]
-    specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in unfinished]
-    dispatcher = ray.remote(num_cpus=0)(Dispatcher).options(name=dispatcher_name(plan.name)).remote(specs, run_dir)
     by_shape: dict[str, list] = collections.defaultdict(list)
     for trial in unfinished:
         by_shape[shape_key(trial.config)].append(trial)
+    slots = {shape: [f"slot-{uuid.uuid4().hex[:8]}" for _ in range(min(len(trials), max(
+        1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))))] for shape, trials in by_shape.items()}
+    specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in unfinished]
+    dispatcher = ray.remote(num_cpus=0)(Dispatcher).options(name=dispatcher_name(plan.name)).remote(specs, run_dir, slots)
     task = ray.remote(num_cpus=0, max_retries=0)(run_slot)
-    refs = []
+    launches = []
     for shape, trials in by_shape.items():
-        fit = max(1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))
-        count = min(len(trials), fit, max_concurrent or fit)
-        # Every attempt of every trial may restart the worker group once.
-        restarts = sum(t.config.max_failures + 1 for t in trials)
-        for _ in range(count):
-            slot = f"slot-{uuid.uuid4().hex[:8]}"
-            refs.append(task.remote(trials[0].config.model_dump(), shape, slot, dispatcher,
-                                    run_dir / ".slots", restarts))
-    return StartedSlots(dispatcher, refs)
+        restarts = sum(t.config.max_failures + 1 for t in trials)  # every attempt of every trial may restart it
+        launches += [functools.partial(task.remote, trials[0].config.model_dump(), shape, slot, dispatcher,
+                                       run_dir / ".slots", restarts) for slot in slots[shape]]
+    return StartedSlots(dispatcher, launches, max_concurrent)
 
 
 def dispatcher_name(run_name: str) -> str:
@@ -259,17 +335,17 @@ def thin_trial(tune_config: dict) -> None:
     dispatcher = ray.get_actor(dispatcher_name(run_dir.name))
     seen = 0
     while True:
-        news = ray.get(dispatcher.read.remote(spec["name"], seen))
+        news = ray.get(dispatcher.read.remote(spec["name"], seen, NEWS_WAIT_S))
         seen += len(news)
         for event in news:
-            if "epoch" in event:
+            if "start" in event:  # its slot took it: the progress callback prints "starts" now, not at Tune's start
+                tune.report({STARTED: event["start"]})
+            elif "epoch" in event:
                 tune.report(event["epoch"])
             elif "failed" in event:
                 raise TrialFailed(event["failed"])
             else:
                 return
-        if not news:
-            time.sleep(NEWS_WAIT_S)
 
 
 def thin_trainable() -> Callable[[dict], None]:

@@ -118,13 +118,6 @@ class StoragePath:
     def mkdir(self) -> None:
         self.fs.create_dir(self.path, recursive=True)
 
-    def files(self) -> list[str]:
-        """Names of the files directly inside (none when this folder does not exist)."""
-        import pyarrow.fs as pafs
-
-        infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
-        return sorted(posixpath.basename(info.path) for info in infos if info.type == pafs.FileType.File)
-
     def read_bytes(self) -> bytes:
         """The whole file; FileNotFoundError when there is none (pyarrow raises it for disks and S3 alike)."""
         with self.fs.open_input_stream(self.path) as stream:
@@ -149,6 +142,13 @@ class StoragePath:
 
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode())
+
+    def delete_dir(self) -> None:
+        """This folder and everything in it; nothing when it does not exist."""
+        try:
+            self.fs.delete_dir(self.path)
+        except FileNotFoundError:
+            pass
 
     def unlink(self) -> None:
         try:

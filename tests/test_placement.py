@@ -89,6 +89,27 @@ def test_sweep_header_says_how_many_trials_of_each_shape_run_at_once():
     assert placement.trials_at_once(plan, cap, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
 
 
+def test_fractional_gpus_pack_small_trials_onto_one_gpu_and_keep_nccl_ranks_apart():
+    """Planning with fake GPUs (2 per node on this CPU machine): 0.25 GPU per worker packs four 1-worker
+    trials per GPU; a 2-worker trial sharing GPUs must use gloo, since NCCL refuses two ranks on one GPU."""
+    from cifar_ray.config import TrainConfig
+
+    two_gpus = capacity({"CPU": 16, "GPU": 2}, {"CPU": 16, "GPU": 2})["per_node"]
+    quarter = TrainConfig(use_gpu="true", gpus_per_worker=0.25)
+    assert placement.worker_resources(quarter) == {"CPU": 1.0, "GPU": 0.25}
+    assert placement.trials_that_fit(quarter, two_gpus, slots=False) == 16  # 4 per GPU, 2 GPUs on each of 2 nodes
+    gloo_pairs = TrainConfig(use_gpu="true", gpus_per_worker=0.5, workers=2, backend="gloo")
+    assert placement.trials_that_fit(gloo_pairs, two_gpus, slots=False) == 4
+    assert TrainConfig(gpus_per_worker=0.5, workers=2, backend="gloo").resolved(True).backend == "gloo"
+    for backend in ("nccl", "auto"):
+        with pytest.raises(ConfigError, match="NCCL refuses") as error:
+            TrainConfig(gpus_per_worker=0.5, workers=2, backend=backend).resolved(True)
+        assert "\n" not in str(error.value)
+    assert TrainConfig(gpus_per_worker=0.25).resolved(True).backend == "nccl"  # one rank: nothing to share
+    with pytest.raises(ValueError, match="strategy=dp"):
+        TrainConfig(use_gpu="true", strategy="dp", workers=2, gpus_per_worker=0.5)
+
+
 def test_trial_bundles():
     cfg = plan_of({"workers": [2]}).trials[0].config
     head = {"CPU": 0.0, "memory": 1.0}

@@ -50,6 +50,18 @@ def test_a_trial_start_says_whether_it_starts_or_continues(tmp_path, printed):
     assert printed == ["t000-lr=0.1  starts  lr=0.1", "t000-lr=0.1  continues after epoch 1/3  lr=0.1"]
 
 
+def test_a_warm_trial_starts_when_its_slot_takes_it_not_when_tune_starts_it(tmp_path, printed):
+    from cifar_ray.slots import STARTED
+
+    run_dir = StoragePath.of(tmp_path)
+    callback = progress.progress_callback(warm=True)
+    trial = fake_trial(run_dir, epochs=3, logged=1)
+    callback.on_trial_start(0, [], trial)
+    assert printed == []
+    callback.on_trial_result(0, [], trial, {STARTED: 1})
+    assert printed == ["t000-lr=0.1  continues after epoch 1/3  lr=0.1"]
+
+
 def test_the_last_epochs_result_marks_the_trial_finished(tmp_path, printed):
     """A sweep interrupted while the workers shut down (after the last epoch was logged and checkpointed)
     keeps the trial as finished, not `running 2/2`."""

@@ -14,8 +14,10 @@ import pytest
 
 from cifar_ray import runlog
 from cifar_ray.cli import main
+from cifar_ray.slots import CHECKPOINTS
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
+CHECKPOINTED = f"{CHECKPOINTS}/epoch-*/state.pt"  # a warm slot's trial has saved an epoch
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
@@ -74,7 +76,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsy
             """(trials done, unfinished trials with a checkpoint on disk)"""
             trials = runlog.load_run(run_dir).trials if run_dir.exists() else []
             done = [t.name for t in trials if t.status in ("finished", "diverged")]
-            checkpointed = [t.name for t in trials if t.name not in done and any((run_dir / t.name).glob("train/checkpoint_manager_snapshot.json"))]
+            checkpointed = [t.name for t in trials if t.name not in done and any((run_dir / t.name).glob(CHECKPOINTED))]
             return done, checkpointed
 
         # Kill once a trial is done and another is cut off after its first checkpoint.

@@ -1,6 +1,6 @@
-"""Warm worker slots (`--warm`) on real Ray: trials one after another in one worker group give the metrics of
-fresh runs; a diverged trial does not end its slot; a worker killed during a slot's second trial continues that
-trial from its own checkpoint."""
+"""Warm worker slots (the default; `--isolate` gives each trial its own Ray Train run) on real Ray: trials one
+after another in one worker group give the metrics of fresh runs; a diverged trial does not end its slot; a
+worker killed during a slot's second trial continues that trial from its own checkpoint."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def computed(trial_dir) -> list[dict]:
 
 def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text("name: slots\ngrid:\n  lr: [0.05, 1.0e+12, 0.02]\n")  # the middle one diverges
-    code = main(["sweep", str(tmp_path / "s.yaml"), "--warm", "--max-concurrent", "1", "--storage",
+    code = main(["sweep", str(tmp_path / "s.yaml"), "--max-concurrent", "1", "--storage",
                  str(tmp_path / "runs"), "--json", "--set", *TINY])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -41,12 +41,12 @@ def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path
     assert [line for line in err.splitlines() if " starts " in line] and " epoch 2/2 " in err
 
     # The third trial, after a healthy and a diverged one in the same processes, equals it trained alone.
-    code = main(["train", "--storage", str(tmp_path / "runs"), "--name", "fresh", "--set", *TINY, "lr=0.02"])
+    code = main(["train", "--isolate", "--storage", str(tmp_path / "runs"), "--name", "fresh", "--set", *TINY, "lr=0.02"])
     assert code == 0, capsys.readouterr().err
     fresh = runlog.load_run(tmp_path / "runs" / "fresh").trials[0]
     warm = run.trials[2]
     assert computed(tmp_path / "runs" / "slots" / warm.name) == computed(tmp_path / "runs" / "fresh" / fresh.name)
-    assert "slot" not in fresh.meta
+    assert "slot" not in fresh.meta and runlog.read_json(tmp_path / "runs" / "fresh" / "sweep.json")["warm"] is False
 
 
 def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoint(tmp_path, capsys):
@@ -67,7 +67,7 @@ def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoin
 
     killer = threading.Thread(target=kill_a_worker_in_epoch_two_of_the_second_trial, daemon=True)
     killer.start()
-    code = main(["sweep", str(tmp_path / "s.yaml"), "--warm", "--storage", str(tmp_path / "runs"), "--json"])
+    code = main(["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs"), "--json"])
     killer.join(timeout=5)
     out, err = capsys.readouterr()
     assert killed, "no worker was killed"
