@@ -28,6 +28,7 @@ from .ray_session import check_shared_storage, error_line, failure_status, is_ra
 from .storage import StoragePath, redact
 from .sweep import SweepPlan
 
+
 def run_trial(tune_config: dict) -> None:
     """The Tune function trainable: one TorchTrainer fit for one trial spec."""
     import ray.train
@@ -40,7 +41,7 @@ def run_trial(tune_config: dict) -> None:
     cfg = TrainConfig(**spec["config"])
     trial_dir = run_dir / spec["name"]
     trial_file = trial_dir / runlog.TRIAL_FILE
-    if runlog.read_json(trial_file).get("status") in ("finished", "diverged"):
+    if runlog.read_json(trial_file).get("status") in runlog.TRAINED_STATUSES:
         return  # done before the driver died; Tune's saved state may lag behind our log
     started = time.time()
     runlog.update_json(trial_file, **spec, status="running", error=None, started_at=runlog.now_iso(), started_unix=started)

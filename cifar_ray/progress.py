@@ -14,6 +14,7 @@ from .placement import trials_at_once
 from .storage import StoragePath
 from .sweep import SweepPlan
 
+
 def format_epoch(trial: str, result: dict, epochs: int) -> str:
     return (
         f"{trial}  epoch {result['epoch']}/{epochs}  "

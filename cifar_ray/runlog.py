@@ -41,6 +41,7 @@ ERROR_FILE = "error.txt"
 BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
+TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again
 
 
 def now_iso() -> str:
@@ -173,7 +174,7 @@ def record_outcome(trial_dir: Where) -> None:
     teardown takes seconds) keeps a trial that trained every epoch as finished, not running."""
     trial_dir = StoragePath.of(trial_dir)
     trial_file = trial_dir / TRIAL_FILE
-    if read_json(trial_file).get("status") in ("finished", "diverged"):
+    if read_json(trial_file).get("status") in TRAINED_STATUSES:
         return
     epochs = read_epochs(trial_dir)
     diverged = [row["epoch"] for row in epochs if row.get("diverged")]

@@ -231,8 +231,6 @@ def run_slot(shape_cfg: dict, shape: str, slot: str, dispatcher, storage: Storag
     try:
         trainer.fit()
     except Exception as error:
-        import ray
-
         ray.get(dispatcher.slot_failed.remote(slot, shape, error_line(error)))
         raise
 
@@ -300,8 +298,10 @@ def start_slots(plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any],
     by_shape: dict[str, list] = collections.defaultdict(list)
     for trial in unfinished:
         by_shape[shape_key(trial.config)].append(trial)
-    slots = {shape: [f"slot-{uuid.uuid4().hex[:8]}" for _ in range(min(len(trials), max(
-        1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))))] for shape, trials in by_shape.items()}
+    slots = {}
+    for shape, trials in by_shape.items():
+        fit = max(1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))
+        slots[shape] = [f"slot-{uuid.uuid4().hex[:8]}" for _ in range(min(len(trials), fit))]
     specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in unfinished]
     dispatcher = ray.remote(num_cpus=0)(Dispatcher).options(name=dispatcher_name(plan.name)).remote(specs, run_dir, slots)
     task = ray.remote(num_cpus=0, max_retries=0)(run_slot)

@@ -84,8 +84,9 @@ def peak_memory_mb(devices: list[torch.device]) -> float:
 def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float]:
     """(per worker, total) over all ranks: the largest peak of any one device of any worker, and the
     sum of the peaks of every device of every worker (what the whole run occupies)."""
-    largest = torch.tensor([peak_memory_mb(devices)], device=devices[0], dtype=torch.float64)
-    total = torch.tensor([sum(peak_memory_per_device_mb(devices))], device=devices[0], dtype=torch.float64)
+    peaks = peak_memory_per_device_mb(devices)
+    largest = torch.tensor([max(peaks)], device=devices[0], dtype=torch.float64)
+    total = torch.tensor([sum(peaks)], device=devices[0], dtype=torch.float64)
     return all_reduce(largest, dist.ReduceOp.MAX).item(), all_reduce(total).item()
 
 
