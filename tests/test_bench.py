@@ -24,8 +24,12 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
         assert 0 < trial["training_s"] < trial["wall_s"] and trial["worker_start_s"] > 0 and 0 <= trial["data_share"] < 1
     assert "sweep" not in record  # the 8-trial sweep is skipped with --quick
     warm = record["warm"]
-    assert [run["trials"] for run in warm["runs"]] == [2, 4] and warm["runs"][1]["slots"] == 2
-    assert len(warm["runs"][1]["overheads_s"]) == 2 and warm["marginal_ratio"] > 0  # 4 trials, 2 slots: 2 second trials
+    few, more = warm["runs"]
+    assert [few["trials"], more["trials"]] == [2, 4] and 1 <= more["slots"] <= 2
+    assert len(more["overheads_s"]) == more["trials"] - more["slots"]  # one per trial after a slot's first
+    # No sign asserted: with trials of seconds, wall times are noise (speed is measured by `cifar-ray bench`).
+    added_training = (more["training_s"] - few["training_s"]) / more["slots"]
+    assert warm["marginal_ratio"] == pytest.approx((more["wall_s"] - few["wall_s"]) / added_training)
     text = readme.read_text()
     for heading in ("## 1. Training loop", "## 2. Orchestration overhead", "## 2b. Warm slots", "## 3. Data path",
                     "## 4. Scaling", "## 5. Batch size"):
