@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -28,13 +28,29 @@ from .storage import StoragePath
 from .sweep import build_plan
 from .train import PhaseTimer, build_training, torch_threads, train_epoch
 
-GOALS = {"ray_vs_bare": 0.95, "sweep_wall_vs_training": 1.15, "loader_speedup": 10.0, "data_share": 0.03,
-         "warm_overhead_s": 1.0, "warm_marginal_ratio": 1.10}
+GOALS = {
+    "ray_vs_bare": 0.95,
+    "sweep_wall_vs_training": 1.15,
+    "loader_speedup": 10.0,
+    "data_share": 0.03,
+    "warm_overhead_s": 1.0,
+    "warm_marginal_ratio": 1.10,
+}
 
 
 def bench_config(quick: bool, **overrides) -> TrainConfig:
-    base = {"dataset": "synthetic", "model": "simple_cnn", "width": 16, "batch_size": 64, "augment": "flip_crop",
-            "train_subset": 512 if quick else 4096, "test_subset": 256, "epochs": 2 if quick else 4, "use_gpu": "false", "backend": "gloo"}
+    base = {
+        "dataset": "synthetic",
+        "model": "simple_cnn",
+        "width": 16,
+        "batch_size": 64,
+        "augment": "flip_crop",
+        "train_subset": 512 if quick else 4096,
+        "test_subset": 256,
+        "epochs": 2 if quick else 4,
+        "use_gpu": "false",
+        "backend": "gloo",
+    }
     return parse_config(base | overrides)
 
 
@@ -53,15 +69,28 @@ def bare_loop(cfg: TrainConfig) -> dict:
         for epoch in range(1, cfg.epochs + 1):
             timer = PhaseTimer(cpu)
             started = time.perf_counter()
-            totals = train_epoch(parts.model, iterate_train(train, cfg, epoch, 0, 1), parts.optimizer, parts.scheduler,
-                                 parts.scaler, parts.criterion, cfg, cpu, timer)
+            totals = train_epoch(
+                parts.model,
+                iterate_train(train, cfg, epoch, 0, 1),
+                parts.optimizer,
+                parts.scheduler,
+                parts.scaler,
+                parts.criterion,
+                cfg,
+                cpu,
+                timer,
+            )
             elapsed = time.perf_counter() - started
             rates.append(totals[2].item() / elapsed)
             times.append(elapsed)
             phases.append(timer.seconds())
     last = phases[-1]
-    return {"samples_per_s": median_after_warmup(rates), "epoch_time_s": median_after_warmup(times),
-            "breakdown_s": last, "data_share": last.get("data", 0.0) / sum(last.values())}
+    return {
+        "samples_per_s": median_after_warmup(rates),
+        "epoch_time_s": median_after_warmup(times),
+        "breakdown_s": last,
+        "data_share": last.get("data", 0.0) / sum(last.values()),
+    }
 
 
 def loader_comparison(cfg: TrainConfig, batches: int) -> dict:
@@ -82,10 +111,14 @@ def loader_comparison(cfg: TrainConfig, batches: int) -> dict:
                 break
         ours = produced / (time.perf_counter() - started)
 
-        pipeline = transforms.Compose([
-            transforms.RandomCrop(32, padding=4, padding_mode="reflect"), transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(), transforms.Normalize(CIFAR_MEAN, CIFAR_STD),
-        ])
+        pipeline = transforms.Compose(
+            [
+                transforms.RandomCrop(32, padding=4, padding_mode="reflect"),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                transforms.Normalize(CIFAR_MEAN, CIFAR_STD),
+            ]
+        )
         images = train.images[:n].permute(0, 2, 3, 1).numpy()
         labels = train.labels[:n]
 
@@ -112,21 +145,32 @@ def trial_overheads(run_dir: runlog.Where) -> list[dict]:
         if not epochs or "started_unix" not in meta or "finished_unix" not in meta or not timeline:
             continue
         train_time = sum(row["epoch_time_s"] for row in epochs)
-        rows.append({
-            "trial": trial.name, "workers": trial.config["workers"], "cpus_per_worker": trial.config["cpus_per_worker"],
-            "wall_s": meta["finished_unix"] - meta["started_unix"],
-            "worker_start_s": timeline["loop_started_unix"] - meta["started_unix"],
-            "data_and_model_s": timeline["ready_unix"] - timeline["loop_started_unix"],
-            "training_s": train_time,
-            "teardown_s": meta["finished_unix"] - epochs[-1]["end_unix"],
-            "samples_per_s": median_after_warmup([row["samples_per_s"] for row in epochs]),
-            "data_share": median_after_warmup([row["time_data_s"] / row["train_time_s"] for row in epochs]),
-        })
+        rows.append(
+            {
+                "trial": trial.name,
+                "workers": trial.config["workers"],
+                "cpus_per_worker": trial.config["cpus_per_worker"],
+                "wall_s": meta["finished_unix"] - meta["started_unix"],
+                "worker_start_s": timeline["loop_started_unix"] - meta["started_unix"],
+                "data_and_model_s": timeline["ready_unix"] - timeline["loop_started_unix"],
+                "training_s": train_time,
+                "teardown_s": meta["finished_unix"] - epochs[-1]["end_unix"],
+                "samples_per_s": median_after_warmup([row["samples_per_s"] for row in epochs]),
+                "data_share": median_after_warmup([row["time_data_s"] / row["train_time_s"] for row in epochs]),
+            }
+        )
     return rows
 
 
-def run_sweep(name: str, base: dict, grid: dict, storage: Path, max_concurrent: int | None, say: Callable[[str], None],
-              warm: bool = False) -> tuple[StoragePath, float]:
+def run_sweep(
+    name: str,
+    base: dict,
+    grid: dict,
+    storage: Path,
+    max_concurrent: int | None,
+    say: Callable[[str], None],
+    warm: bool = False,
+) -> tuple[StoragePath, float]:
     """warm=False: each trial in a Ray Train run of its own (`--isolate`), whose start and stop sections 2-5 measure."""
     from .orchestrate import run_plan
 
@@ -139,8 +183,10 @@ def run_sweep(name: str, base: dict, grid: dict, storage: Path, max_concurrent: 
 def warm_overheads(run_dir: runlog.Where) -> list[float]:
     """Per trial that a slot ran after another: the seconds it spent outside its epochs (taking it after the
     slot's previous trial ended, building data and model, finishing after its last epoch)."""
-    trials = sorted((t for t in runlog.load_run(run_dir).trials if t.epochs and "finished_unix" in t.meta),
-                    key=lambda t: t.meta["started_unix"])
+    trials = sorted(
+        (t for t in runlog.load_run(run_dir).trials if t.epochs and "finished_unix" in t.meta),
+        key=lambda t: t.meta["started_unix"],
+    )
     previous_end: dict[str, float] = {}
     overheads = []
     for trial in trials:
@@ -157,21 +203,36 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
     cost of a trial (wall added per trial vs the training it adds per slot) and the per-trial overhead."""
     runs = []
     for n in sizes:
-        run_dir, wall = run_sweep(f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, storage, None, say,
-                                  warm=True)
+        run_dir, wall = run_sweep(
+            f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, storage, None, say, warm=True
+        )
         trials = runlog.load_run(run_dir).trials
         slots = len({t.meta.get("slot") for t in trials})
-        runs.append({"trials": n, "slots": slots, "wall_s": wall,
-                     "training_s": sum(row["epoch_time_s"] for t in trials for row in t.epochs),
-                     "overheads_s": warm_overheads(run_dir)})
+        runs.append(
+            {
+                "trials": n,
+                "slots": slots,
+                "wall_s": wall,
+                "training_s": sum(row["epoch_time_s"] for t in trials for row in t.epochs),
+                "overheads_s": warm_overheads(run_dir),
+            }
+        )
     few, more = runs
     added_training = (more["training_s"] - few["training_s"]) / more["slots"]
     overheads = few["overheads_s"] + more["overheads_s"]
-    return {"runs": runs, "marginal_ratio": (more["wall_s"] - few["wall_s"]) / added_training,
-            "median_overhead_s": statistics.median(overheads) if overheads else None}
+    return {
+        "runs": runs,
+        "marginal_ratio": (more["wall_s"] - few["wall_s"]) / added_training,
+        "median_overhead_s": statistics.median(overheads) if overheads else None,
+    }
 
 
-def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storage: str | Path | None = None, say: Callable[[str], None] = print) -> Path:
+def run_bench(
+    quick: bool = False,
+    out_dir: str | Path = "reports/bench",
+    storage: str | Path | None = None,
+    say: Callable[[str], None] = print,
+) -> Path:
     """Runs every section, writes bench.json and README.md into out_dir, returns the README path."""
     import tempfile
 
@@ -182,10 +243,19 @@ def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storag
     out_dir.mkdir(parents=True, exist_ok=True)
     storage = Path(storage or tempfile.mkdtemp(prefix="cifar-ray-bench-"))
     started = time.perf_counter()
-    record: dict = {"quick": quick, "date": runlog.now_iso(), "git_revision": sysinfo.git_revision(Path(__file__).parent),
-                    "host": sysinfo.host_info(), "versions": sysinfo.versions(), "goals": GOALS}
+    record: dict = {
+        "quick": quick,
+        "date": runlog.now_iso(),
+        "git_revision": sysinfo.git_revision(Path(__file__).parent),
+        "host": sysinfo.host_info(),
+        "versions": sysinfo.versions(),
+        "goals": GOALS,
+    }
     base_cfg = bench_config(quick)
-    record["workload"] = {k: getattr(base_cfg, k) for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "epochs")}
+    record["workload"] = {
+        k: getattr(base_cfg, k)
+        for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "epochs")
+    }
 
     # Ray is up (and idle) for every measurement, the bare loop's included: both compete with the
     # same background processes, and the bare loop is not favoured by running before Ray exists.
@@ -196,12 +266,17 @@ def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storag
         record["cluster"] = cluster_capacity()
         say("bench 1/6: batch-size scan of the bare loop (1 thread)")
         sizes = [32, 128] if quick else [16, 32, 64, 128, 256]
-        record["batch_sizes"] = [{"batch_size": b, **bare_loop(bench_config(quick, batch_size=b, epochs=2))} for b in sizes]
+        record["batch_sizes"] = [
+            {"batch_size": b, **bare_loop(bench_config(quick, batch_size=b, epochs=2))} for b in sizes
+        ]
 
         say("bench 2/6: data path, ours vs torchvision DataLoader + PIL transforms")
         record["data_path"] = loader_comparison(base_cfg, batches=8 if quick else 32)
 
-        base = {k: getattr(base_cfg, k) for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "test_subset", "epochs")}
+        base = {
+            k: getattr(base_cfg, k)
+            for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "test_subset", "epochs")
+        }
         rounds = 1 if quick else 3
         say(f"bench 3/6: {rounds} round(s) of bare loop, then the same loop in a 1-worker warm slot (1 thread each)")
         record["loop_rounds"], record["trials"] = [], []
@@ -209,8 +284,13 @@ def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storag
             bare = bare_loop(base_cfg)
             run_dir, _ = run_sweep(f"bench-loop-{i + 1}", base, {"workers": [1]}, storage, 1, say, warm=True)
             trial = trial_overheads(run_dir)[0]  # not in the overhead table: a warm slot's start is not the trial's
-            record["loop_rounds"].append({"bare_samples_per_s": bare["samples_per_s"], "ray_samples_per_s": trial["samples_per_s"],
-                                          "ratio": trial["samples_per_s"] / bare["samples_per_s"]})
+            record["loop_rounds"].append(
+                {
+                    "bare_samples_per_s": bare["samples_per_s"],
+                    "ray_samples_per_s": trial["samples_per_s"],
+                    "ratio": trial["samples_per_s"] / bare["samples_per_s"],
+                }
+            )
             if i == 0:
                 record["bare_loop"] = bare
 
@@ -221,15 +301,24 @@ def run_bench(quick: bool = False, out_dir: str | Path = "reports/bench", storag
 
         if not quick:  # 8 more trials: too long for a first look
             say("bench 5/6: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
-            run_dir, wall = run_sweep("bench-sweep", base | {"workers": 1}, {"seed": list(range(8))}, storage, None, say)
+            run_dir, wall = run_sweep(
+                "bench-sweep", base | {"workers": 1}, {"seed": list(range(8))}, storage, None, say
+            )
             rows = trial_overheads(run_dir)
             slots = max(1, int(record["cluster"]["slot_cpus"]))
             pure = sum(r["training_s"] for r in rows) / slots
             # Each trial's fixed start/stop cost, as the sweep saw it: wall = pure + fixed x trials / slots.
             fixed = (wall - pure) * slots / len(rows)
-            record["sweep"] = {"trials": len(rows), "parallel_slots": slots, "wall_s": wall, "training_s_per_slot": pure, "ratio": wall / pure,
-                               "training_s_per_trial": pure * slots / len(rows), "fixed_s_per_trial": fixed,
-                               "training_s_per_trial_for_goal": fixed / (GOALS["sweep_wall_vs_training"] - 1)}
+            record["sweep"] = {
+                "trials": len(rows),
+                "parallel_slots": slots,
+                "wall_s": wall,
+                "training_s_per_slot": pure,
+                "ratio": wall / pure,
+                "training_s_per_trial": pure * slots / len(rows),
+                "fixed_s_per_trial": fixed,
+                "training_s_per_trial_for_goal": fixed / (GOALS["sweep_wall_vs_training"] - 1),
+            }
 
         say("bench 6/6: warm slots: the same short 1-worker trials, few and more of them, in warm worker slots")
         record["warm"] = warm_sweeps(base | {"epochs": 3}, (2, 4) if quick else (4, 12), storage, say)
@@ -253,78 +342,138 @@ def _goal(value: float, goal: float, higher_is_better: bool = True) -> str:
 def render(record: dict) -> str:
     host, versions = record["host"], record["versions"]
     lines = [
-        "# cifar-ray benchmark", "",
+        "# cifar-ray benchmark",
+        "",
         f"Measured {record['date']} at git `{record['git_revision']}` on {host['cpu_model']} ({host['cpu_count']} cores, no GPU used), "
         f"Python {versions['python']}, torch {versions['torch']}, Ray {versions['ray']}. "
         f"Workload: {', '.join(f'{k}={v}' for k, v in record['workload'].items())}. Throughputs are medians over the epochs after "
         f"the first; {'`--quick` run (smaller, noisier)' if record['quick'] else 'full run'}; the whole bench took {record['bench_wall_s']:.0f} s. "
-        "Re-run: `cifar-ray bench" + (" --quick" if record["quick"] else "") + "`.", "",
+        "Re-run: `cifar-ray bench" + (" --quick" if record["quick"] else "") + "`.",
+        "",
     ]
     bare = record["bare_loop"]
     rounds = record["loop_rounds"]
     ratio = statistics.median(r["ratio"] for r in rounds)
-    lines += ["## 1. Training loop: Ray Train worker (warm slot) vs bare PyTorch", "",
-              f"The same loop, 1 thread each, in {len(rounds)} interleaved round(s) with Ray up (and idle) for both sides.", "",
-              "| round | bare PyTorch (images/s) | Ray Train worker (images/s) | ratio |", "|---:|---:|---:|---:|"]
-    lines += [f"| {i} | {r['bare_samples_per_s']:.0f} | {r['ray_samples_per_s']:.0f} | {r['ratio']:.3f} |" for i, r in enumerate(rounds, 1)]
+    lines += [
+        "## 1. Training loop: Ray Train worker (warm slot) vs bare PyTorch",
+        "",
+        f"The same loop, 1 thread each, in {len(rounds)} interleaved round(s) with Ray up (and idle) for both sides.",
+        "",
+        "| round | bare PyTorch (images/s) | Ray Train worker (images/s) | ratio |",
+        "|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {i} | {r['bare_samples_per_s']:.0f} | {r['ray_samples_per_s']:.0f} | {r['ratio']:.3f} |"
+        for i, r in enumerate(rounds, 1)
+    ]
     lines += ["", f"Median ratio {ratio:.3f}: {_goal(ratio, GOALS['ray_vs_bare'])}."]
-    lines += ["", "## 2. Orchestration overhead per trial (`--isolate`: a Ray Train run per trial)", "",
-              f"`ray.init`: {record['ray_init_s']:.1f} s." if record.get("ray_init_s") is not None else "`ray.init`: not measured (Ray was already running).", "",
-              "| trial | workers × threads | worker start (s) | data + model (s) | training (s) | teardown (s) | wall (s) | overhead share |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## 2. Orchestration overhead per trial (`--isolate`: a Ray Train run per trial)",
+        "",
+        f"`ray.init`: {record['ray_init_s']:.1f} s."
+        if record.get("ray_init_s") is not None
+        else "`ray.init`: not measured (Ray was already running).",
+        "",
+        "| trial | workers × threads | worker start (s) | data + model (s) | training (s) | teardown (s) | wall (s) | overhead share |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for t in record.get("trials", []):
         overhead = t["wall_s"] - t["training_s"]
-        lines.append(f"| `{t['trial']}` | {t['workers']} × {t['cpus_per_worker']} | {t['worker_start_s']:.1f} | {t['data_and_model_s']:.1f} | "
-                     f"{t['training_s']:.1f} | {t['teardown_s']:.1f} | {t['wall_s']:.1f} | {overhead / t['wall_s']:.0%} |")
+        lines.append(
+            f"| `{t['trial']}` | {t['workers']} × {t['cpus_per_worker']} | {t['worker_start_s']:.1f} | {t['data_and_model_s']:.1f} | "
+            f"{t['training_s']:.1f} | {t['teardown_s']:.1f} | {t['wall_s']:.1f} | {overhead / t['wall_s']:.0%} |"
+        )
     sweep = record.get("sweep")
     if not sweep:
         lines += ["", "The 8-trial sweep (wall time vs pure training time) is skipped with `--quick`."]
     else:
-        lines += ["", f"An {sweep['trials']}-trial sweep ({sweep['parallel_slots']} trials at a time): wall {sweep['wall_s']:.1f} s vs "
-                  f"{sweep['training_s_per_slot']:.1f} s of pure training per slot: ratio {sweep['ratio']:.2f}, "
-                  f"{_goal(sweep['ratio'], GOALS['sweep_wall_vs_training'], higher_is_better=False)}. Each trial trained "
-                  f"{sweep['training_s_per_trial']:.0f} s and paid a fixed start/stop cost of {sweep['fixed_s_per_trial']:.0f} s (Tune's trial actor, Ray "
-                  "Train's controller and worker processes, each booting Python and importing torch); the ratio meets the goal for trials "
-                  f"that train at least {sweep['training_s_per_trial_for_goal']:.0f} s."]
+        lines += [
+            "",
+            f"An {sweep['trials']}-trial sweep ({sweep['parallel_slots']} trials at a time): wall {sweep['wall_s']:.1f} s vs "
+            f"{sweep['training_s_per_slot']:.1f} s of pure training per slot: ratio {sweep['ratio']:.2f}, "
+            f"{_goal(sweep['ratio'], GOALS['sweep_wall_vs_training'], higher_is_better=False)}. Each trial trained "
+            f"{sweep['training_s_per_trial']:.0f} s and paid a fixed start/stop cost of {sweep['fixed_s_per_trial']:.0f} s (Tune's trial actor, Ray "
+            "Train's controller and worker processes, each booting Python and importing torch); the ratio meets the goal for trials "
+            f"that train at least {sweep['training_s_per_trial_for_goal']:.0f} s.",
+        ]
     data = record["data_path"]
     share = bare["data_share"]
     warm = record.get("warm")
     if warm:
-        lines += ["", "## 2b. Warm slots (the default): trials streaming through long-lived worker groups", "",
-                  "| trials | slots | wall (s) | training, all trials (s) | per-trial overhead in a warm slot, median (s) |",
-                  "|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## 2b. Warm slots (the default): trials streaming through long-lived worker groups",
+            "",
+            "| trials | slots | wall (s) | training, all trials (s) | per-trial overhead in a warm slot, median (s) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
         for run in warm["runs"]:
             median = statistics.median(run["overheads_s"]) if run["overheads_s"] else float("nan")
-            lines.append(f"| {run['trials']} | {run['slots']} | {run['wall_s']:.1f} | {run['training_s']:.1f} | {median:.2f} |")
+            lines.append(
+                f"| {run['trials']} | {run['slots']} | {run['wall_s']:.1f} | {run['training_s']:.1f} | {median:.2f} |"
+            )
         few, more = warm["runs"]
-        lines += ["", f"Marginal cost of a trial: (wall at {more['trials']} − wall at {few['trials']}) / (their training "
-                  f"difference / {more['slots']} slots) = {warm['marginal_ratio']:.2f}: "
-                  f"{_goal(warm['marginal_ratio'], GOALS['warm_marginal_ratio'], higher_is_better=False)}. Per-trial overhead "
-                  f"once a slot is warm (from the end of the slot's previous trial to the end of this one, less its "
-                  f"epochs), median over {sum(len(r['overheads_s']) for r in warm['runs'])} trials: "
-                  f"{warm['median_overhead_s']:.2f} s: "
-                  f"{_goal(warm['median_overhead_s'], GOALS['warm_overhead_s'], higher_is_better=False)}."]
-    lines += ["", "## 3. Data path", "", "| pipeline | images/s |", "|---|---:|",
-              f"| cifar-ray: uint8 tensors, batched normalise + flip + crop | {data['ours_images_per_s']:.0f} |",
-              f"| torchvision DataLoader, per-sample PIL RandomCrop + Flip + ToTensor + Normalize | {data['dataloader_images_per_s']:.0f} |", "",
-              f"Speed-up {data['speedup']:.1f}×: {_goal(data['speedup'], GOALS['loader_speedup'])}. "
-              f"Data time as a share of step time (bare loop): {share:.1%}: {_goal(share, GOALS['data_share'], higher_is_better=False)}."]
+        lines += [
+            "",
+            f"Marginal cost of a trial: (wall at {more['trials']} − wall at {few['trials']}) / (their training "
+            f"difference / {more['slots']} slots) = {warm['marginal_ratio']:.2f}: "
+            f"{_goal(warm['marginal_ratio'], GOALS['warm_marginal_ratio'], higher_is_better=False)}. Per-trial overhead "
+            f"once a slot is warm (from the end of the slot's previous trial to the end of this one, less its "
+            f"epochs), median over {sum(len(r['overheads_s']) for r in warm['runs'])} trials: "
+            f"{warm['median_overhead_s']:.2f} s: "
+            f"{_goal(warm['median_overhead_s'], GOALS['warm_overhead_s'], higher_is_better=False)}.",
+        ]
+    lines += [
+        "",
+        "## 3. Data path",
+        "",
+        "| pipeline | images/s |",
+        "|---|---:|",
+        f"| cifar-ray: uint8 tensors, batched normalise + flip + crop | {data['ours_images_per_s']:.0f} |",
+        f"| torchvision DataLoader, per-sample PIL RandomCrop + Flip + ToTensor + Normalize | {data['dataloader_images_per_s']:.0f} |",
+        "",
+        f"Speed-up {data['speedup']:.1f}×: {_goal(data['speedup'], GOALS['loader_speedup'])}. "
+        f"Data time as a share of step time (bare loop): {share:.1%}: {_goal(share, GOALS['data_share'], higher_is_better=False)}.",
+    ]
     layouts = {(t["workers"], t["cpus_per_worker"]): t for t in record.get("trials", [])}
     if (2, 1) in layouts and (1, 2) in layouts:
         a, b = layouts[(1, 2)], layouts[(2, 1)]
-        lines += ["", "## 4. Scaling on this machine's cores", "", "| layout | images/s |", "|---|---:|",
-                  f"| 1 worker × 2 threads | {a['samples_per_s']:.0f} |", f"| 2 workers × 1 thread (DDP, gloo) | {b['samples_per_s']:.0f} |", "",
-                  f"2 workers × 1 thread is {b['samples_per_s'] / a['samples_per_s']:.2f}× the throughput of 1 worker × 2 threads."]
-    lines += ["", "## 5. Batch size: images/s, time per epoch and where it goes (bare loop, 1 thread)", "",
-              "| batch | images/s | epoch (s) | data | forward+backward | optimizer |", "|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## 4. Scaling on this machine's cores",
+            "",
+            "| layout | images/s |",
+            "|---|---:|",
+            f"| 1 worker × 2 threads | {a['samples_per_s']:.0f} |",
+            f"| 2 workers × 1 thread (DDP, gloo) | {b['samples_per_s']:.0f} |",
+            "",
+            f"2 workers × 1 thread is {b['samples_per_s'] / a['samples_per_s']:.2f}× the throughput of 1 worker × 2 threads.",
+        ]
+    lines += [
+        "",
+        "## 5. Batch size: images/s, time per epoch and where it goes (bare loop, 1 thread)",
+        "",
+        "| batch | images/s | epoch (s) | data | forward+backward | optimizer |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in record["batch_sizes"]:
         parts = row["breakdown_s"]
         total = sum(parts.values())
-        lines.append(f"| {row['batch_size']} | {row['samples_per_s']:.0f} | {row['epoch_time_s']:.2f} | {parts.get('data', 0) / total:.1%} | "
-                     f"{parts.get('forward_backward', 0) / total:.1%} | {parts.get('optimizer', 0) / total:.1%} |")
+        lines.append(
+            f"| {row['batch_size']} | {row['samples_per_s']:.0f} | {row['epoch_time_s']:.2f} | {parts.get('data', 0) / total:.1%} | "
+            f"{parts.get('forward_backward', 0) / total:.1%} | {parts.get('optimizer', 0) / total:.1%} |"
+        )
     rates = [row["samples_per_s"] for row in record["batch_sizes"]]
-    compute_share = min(row["breakdown_s"].get("forward_backward", 0) / sum(row["breakdown_s"].values()) for row in record["batch_sizes"])
-    lines += ["", f"Images/s ranges from {min(rates):.0f} to {max(rates):.0f} over these batch sizes. Forward+backward takes at least "
-              f"{compute_share:.0%} of every step: a larger batch only amortises the per-step fixed costs (data gathering, optimizer "
-              "step, Python and kernel launches) in the remaining share, so once compute dominates, time per epoch stops falling.", ""]
+    compute_share = min(
+        row["breakdown_s"].get("forward_backward", 0) / sum(row["breakdown_s"].values())
+        for row in record["batch_sizes"]
+    )
+    lines += [
+        "",
+        f"Images/s ranges from {min(rates):.0f} to {max(rates):.0f} over these batch sizes. Forward+backward takes at least "
+        f"{compute_share:.0%} of every step: a larger batch only amortises the per-step fixed costs (data gathering, optimizer "
+        "step, Python and kernel launches) in the remaining share, so once compute dominates, time per epoch stops falling.",
+        "",
+    ]
     return "\n".join(lines)

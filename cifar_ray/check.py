@@ -26,9 +26,10 @@ import itertools
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,10 +53,22 @@ CHECK_INIT_SCALE = 2.0**10
 
 # The model and data of every check: small enough for seconds on a laptop CPU, real code paths.
 BASE = {
-    "dataset": "synthetic", "train_subset": 512, "test_subset": 16, "augment": "none",
-    "model": "simple_cnn", "width": 8, "depth": 2, "norm": "none",
-    "epochs": 1, "optimizer": "momentum", "lr": 0.05, "weight_decay": 5e-4, "scheduler": "cosine",
-    "seed": 0, "use_gpu": "false", "backend": "gloo",
+    "dataset": "synthetic",
+    "train_subset": 512,
+    "test_subset": 16,
+    "augment": "none",
+    "model": "simple_cnn",
+    "width": 8,
+    "depth": 2,
+    "norm": "none",
+    "epochs": 1,
+    "optimizer": "momentum",
+    "lr": 0.05,
+    "weight_decay": 5e-4,
+    "scheduler": "cosine",
+    "seed": 0,
+    "use_gpu": "false",
+    "backend": "gloo",
 }
 
 
@@ -158,13 +171,16 @@ def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> T
     parts = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler, rank)
     steps = iterate_train(train, cfg, 1, rank, world, memory_format(device))
     step_list = cast_steps(itertools.islice(steps, n_steps), dtype)
-    local = train_epoch(parts.model, step_list, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion, cfg, device)
+    local = train_epoch(
+        parts.model, step_list, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion, cfg, device
+    )
     totals = reduce_train_totals(local)  # as train_loop_per_worker: over all ranks
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return Trained(initial, param_vector(model.parameters()), state, local.cpu(), totals.cpu())
 
 
 # ---------------------------------------------------------------- device
+
 
 def resolve_device(use_gpu: str) -> torch.device:
     """auto: the first CUDA GPU if torch sees one, else the CPU; true without CUDA is a ConfigError."""
@@ -183,7 +199,10 @@ def device_keys(device: torch.device) -> dict[str, str]:
 
 # ---------------------------------------------------------------- in-process checks
 
-def check_accumulation(device: torch.device, accum: int = 4, micro: int = 16, n_steps: int = 3, norm: str = "none") -> CheckResult:
+
+def check_accumulation(
+    device: torch.device, accum: int = 4, micro: int = 16, n_steps: int = 3, norm: str = "none"
+) -> CheckResult:
     """k micro-batches of b == one batch of k*b after `n_steps` optimizer steps (float64)."""
     common = device_keys(device) | {"norm": norm}
     big = train_steps(make_config(**common, batch_size=accum * micro, accum_steps=1), n_steps, device, torch.float64)
@@ -193,12 +212,20 @@ def check_accumulation(device: torch.device, accum: int = 4, micro: int = 16, n_
     name = f"accumulation {accum}x{micro} == {accum * micro} ({'no BN' if norm != 'batch' else 'batch-norm'})"
     same_data = acc.totals[1:3].tolist() == big.totals[1:3].tolist()
     ok = diff <= TOL_FLOAT64 and loss <= TOL_METRIC64 and same_data
-    return result(name, ok, f"update rel diff {diff:.1e} (tol {TOL_FLOAT64:.0e}), loss rel diff {loss:.1e}, float64, {n_steps} steps",
-                  update_rel_diff=diff, loss_rel_diff=loss, big=big, acc=acc)
+    return result(
+        name,
+        ok,
+        f"update rel diff {diff:.1e} (tol {TOL_FLOAT64:.0e}), loss rel diff {loss:.1e}, float64, {n_steps} steps",
+        update_rel_diff=diff,
+        loss_rel_diff=loss,
+        big=big,
+        acc=acc,
+    )
 
 
-def check_accumulation_batchnorm(device: torch.device, accum: int = 4, micro: int = 16, n_steps: int = 3,
-                                 no_bn: CheckResult | None = None) -> CheckResult:
+def check_accumulation_batchnorm(
+    device: torch.device, accum: int = 4, micro: int = 16, n_steps: int = 3, no_bn: CheckResult | None = None
+) -> CheckResult:
     """With batch-norm, accumulation is NOT the big batch: each micro-batch is normalised with its
     own statistics (over b samples, not k*b) and the running statistics are updated k times per
     step. The check measures that difference and passes when it is clearly visible (so the no-BN
@@ -209,9 +236,14 @@ def check_accumulation_batchnorm(device: torch.device, accum: int = 4, micro: in
     diff = update_rel_diff(big.initial, acc.final, big.final)
     floor = max(BN_MIN_DIFF, 100 * no_bn.values["update_rel_diff"]) if no_bn else BN_MIN_DIFF
     loss = rel_diff(acc.totals[0].item(), big.totals[0].item())
-    return result(f"accumulation {accum}x{micro} vs {accum * micro} (batch-norm)", diff > floor,
-                  f"update rel diff {diff:.1e} (expected > {floor:.0e}: BN statistics over {micro}, not {accum * micro}), "
-                  f"loss rel diff {loss:.1e}", update_rel_diff=diff, loss_rel_diff=loss)
+    return result(
+        f"accumulation {accum}x{micro} vs {accum * micro} (batch-norm)",
+        diff > floor,
+        f"update rel diff {diff:.1e} (expected > {floor:.0e}: BN statistics over {micro}, not {accum * micro}), "
+        f"loss rel diff {loss:.1e}",
+        update_rel_diff=diff,
+        loss_rel_diff=loss,
+    )
 
 
 def check_strategies(device: torch.device, workers: int = 1, n_steps: int = 3) -> CheckResult:
@@ -223,7 +255,9 @@ def check_strategies(device: torch.device, workers: int = 1, n_steps: int = 3) -
     runs = {
         "ddp": train_steps(make_config(**common, strategy="ddp", workers=1), n_steps, device, torch.float64),
         "single": train_steps(make_config(**common, strategy="single", workers=1), n_steps, device, torch.float64),
-        f"dp({dp_workers})": train_steps(make_config(**common, strategy="dp", workers=dp_workers), n_steps, device, torch.float64),
+        f"dp({dp_workers})": train_steps(
+            make_config(**common, strategy="dp", workers=dp_workers), n_steps, device, torch.float64
+        ),
     }
     ref = runs["ddp"]
     diffs = {name: update_rel_diff(ref.initial, run.final, ref.final) for name, run in runs.items() if name != "ddp"}
@@ -231,8 +265,13 @@ def check_strategies(device: torch.device, workers: int = 1, n_steps: int = 3) -
     worst = max(diffs.values())
     ok = worst <= TOL_FLOAT64 and max(losses.values()) <= TOL_METRIC64
     shown = ", ".join(f"{name} {value:.1e}" for name, value in diffs.items())
-    return result(f"single == {' == '.join(n for n in runs if n.startswith('dp'))} == ddp(1 worker)", ok,
-                  f"update rel diff {shown} (tol {TOL_FLOAT64:.0e}), float64", diffs=diffs, loss_rel_diffs=losses)
+    return result(
+        f"single == {' == '.join(n for n in runs if n.startswith('dp'))} == ddp(1 worker)",
+        ok,
+        f"update rel diff {shown} (tol {TOL_FLOAT64:.0e}), float64",
+        diffs=diffs,
+        loss_rel_diffs=losses,
+    )
 
 
 def check_seeds(device: torch.device, n_steps: int = 3) -> CheckResult:
@@ -248,10 +287,18 @@ def check_seeds(device: torch.device, n_steps: int = 3) -> CheckResult:
     tol = 0.0 if device.type == "cpu" else TOL_SEED_CUDA
     metrics_differ = other.totals[:2].tolist() != first.totals[:2].tolist()
     ok = repeat_params <= tol and repeat_metrics <= tol and other_diff > 0.1 and metrics_differ
-    return result("same seed repeats, other seed differs", ok,
-                  f"seed 0 twice: max param diff {repeat_params:.1e}, metric diff {repeat_metrics:.1e} (tol {tol:.0e}); "
-                  f"seed 1: param rel diff {other_diff:.1e}", repeat_param_diff=repeat_params,
-                  repeat_metric_diff=repeat_metrics, other_seed_diff=other_diff, first=first, again=again, other=other)
+    return result(
+        "same seed repeats, other seed differs",
+        ok,
+        f"seed 0 twice: max param diff {repeat_params:.1e}, metric diff {repeat_metrics:.1e} (tol {tol:.0e}); "
+        f"seed 1: param rel diff {other_diff:.1e}",
+        repeat_param_diff=repeat_params,
+        repeat_metric_diff=repeat_metrics,
+        other_seed_diff=other_diff,
+        first=first,
+        again=again,
+        other=other,
+    )
 
 
 def check_amp(device: torch.device, amp: str, n_steps: int = AMP_STEPS) -> CheckResult:
@@ -271,9 +318,15 @@ def check_amp(device: torch.device, amp: str, n_steps: int = AMP_STEPS) -> Check
     loss = rel_diff(low_loss, ref_loss)
     skipped = int(low.totals[3].item())
     ok = diff <= TOL_AMP_UPDATE and loss <= TOL_AMP_LOSS and skipped == 0
-    return result(name, ok, f"update rel diff {diff:.1e} (tol {TOL_AMP_UPDATE:g}), mean loss {low_loss:.4f} vs {ref_loss:.4f} "
-                  f"(rel {loss:.1e}, tol {TOL_AMP_LOSS:g}), {n_steps} steps, {skipped} skipped",
-                  update_rel_diff=diff, loss_rel_diff=loss, skipped=skipped)
+    return result(
+        name,
+        ok,
+        f"update rel diff {diff:.1e} (tol {TOL_AMP_UPDATE:g}), mean loss {low_loss:.4f} vs {ref_loss:.4f} "
+        f"(rel {loss:.1e}, tol {TOL_AMP_LOSS:g}), {n_steps} steps, {skipped} skipped",
+        update_rel_diff=diff,
+        loss_rel_diff=loss,
+        skipped=skipped,
+    )
 
 
 class GradientPoison:
@@ -317,14 +370,22 @@ def check_grad_scaler(device: torch.device, n_steps: int = 3, bad_step: int = 1)
     moved = (run.final - after).abs().max().item()  # the step after the skipped one trains again
     finite_loss = bool(torch.isfinite(run.totals[0]))
     ok = skipped == 1 and unchanged == 0.0 and moved > 0 and finite_loss
-    return result(f"GradScaler skipped steps counted ({device.type})", ok,
-                  f"inf gradient forced in step {bad_step + 1} of {n_steps}: {skipped} skipped step counted (expected 1), "
-                  f"params changed by it {unchanged:.1e} (expected 0), loss {'finite' if finite_loss else 'NOT finite'}",
-                  skipped=skipped, unchanged=unchanged, moved_after=moved, finite_loss=finite_loss, run=run,
-                  init_scale=CHECK_INIT_SCALE)
+    return result(
+        f"GradScaler skipped steps counted ({device.type})",
+        ok,
+        f"inf gradient forced in step {bad_step + 1} of {n_steps}: {skipped} skipped step counted (expected 1), "
+        f"params changed by it {unchanged:.1e} (expected 0), loss {'finite' if finite_loss else 'NOT finite'}",
+        skipped=skipped,
+        unchanged=unchanged,
+        moved_after=moved,
+        finite_loss=finite_loss,
+        run=run,
+        init_scale=CHECK_INIT_SCALE,
+    )
 
 
 # ---------------------------------------------------------------- DDP through Ray Train
+
 
 def ddp_worker(loop_config: dict) -> None:
     """Ray Train worker of the DDP check: `train_steps` with this worker's rank and world (so
@@ -339,15 +400,29 @@ def ddp_worker(loop_config: dict) -> None:
     dtype = getattr(torch, loop_config["dtype"])
     trained = train_steps(cfg, loop_config["steps"], device, dtype, rank, world)
     if rank == 0:
-        torch.save({"state": trained.state, "local": trained.local, "totals": trained.totals,
-                    "initial": trained.initial, "final": trained.final, "world": world}, loop_config["out"])
+        torch.save(
+            {
+                "state": trained.state,
+                "local": trained.local,
+                "totals": trained.totals,
+                "initial": trained.initial,
+                "final": trained.final,
+                "world": world,
+            },
+            loop_config["out"],
+        )
 
 
 def ddp_configs(workers: int, device: torch.device, n_steps: int) -> tuple[TrainConfig, TrainConfig]:
     """(ddp config, single-process config): the same global batch 16*workers, accumulation 2 (so
     DDP's no_sync path is exercised), n_steps steps = the whole (tiny) epoch."""
     batch = 16 * workers
-    common = device_keys(device) | {"norm": "group", "batch_size": batch, "accum_steps": 2, "train_subset": n_steps * batch * 2}
+    common = device_keys(device) | {
+        "norm": "group",
+        "batch_size": batch,
+        "accum_steps": 2,
+        "train_subset": n_steps * batch * 2,
+    }
     return make_config(**common, strategy="ddp", workers=workers), make_config(**common, strategy="single", workers=1)
 
 
@@ -362,8 +437,9 @@ def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -
         ddp_worker,
         train_loop_config={"config": cfg.model_dump(), "steps": n_steps, "dtype": dtype, "out": str(out)},
         torch_config=TorchConfig(backend=cfg.backend),
-        scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu == "true",
-                                               resources_per_worker=worker_resources(cfg)),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.workers, use_gpu=cfg.use_gpu == "true", resources_per_worker=worker_resources(cfg)
+        ),
         run_config=ray.train.RunConfig(name="cifar-ray-check", storage_path=str(out.parent)),
     )
     trainer.fit()
@@ -383,29 +459,43 @@ def check_ddp(device: torch.device, workers: int = 2, n_steps: int = 4) -> tuple
     ddp_final = torch.cat([saved["state"][name].double().flatten() for name in names])
     diff = update_rel_diff(single.initial, ddp_final, single.final)
     init_diff = (saved["initial"] - single.initial).abs().max().item()
-    params = result(f"ddp {workers} worker{'s' if workers > 1 else ''} ({backend}) == 1 process, batch {batch}", diff <= TOL_FLOAT64 and init_diff == 0.0,
-                    f"update rel diff {diff:.1e} (tol {TOL_FLOAT64:.0e}), float64, {n_steps} steps x accum 2",
-                    update_rel_diff=diff, saved=saved, single=single)
+    params = result(
+        f"ddp {workers} worker{'s' if workers > 1 else ''} ({backend}) == 1 process, batch {batch}",
+        diff <= TOL_FLOAT64 and init_diff == 0.0,
+        f"update rel diff {diff:.1e} (tol {TOL_FLOAT64:.0e}), float64, {n_steps} steps x accum 2",
+        update_rel_diff=diff,
+        saved=saved,
+        single=single,
+    )
     totals, ref = saved["totals"], single.totals
     loss = rel_diff(totals[0].item(), ref[0].item())
     counts = [int(totals[1]), int(totals[2])] == [int(ref[1]), int(ref[2])]
     local_share = int(saved["local"][2]) * workers == int(totals[2])
-    metrics = result(f"metrics all-reduced over {workers} ranks == 1 process", loss <= TOL_METRIC64 and counts and local_share,
-                     f"loss sum rel diff {loss:.1e} (tol {TOL_METRIC64:.0e}), correct {int(totals[1])} vs {int(ref[1])}, "
-                     f"samples {int(totals[2])} vs {int(ref[2])} (rank 0 alone: {int(saved['local'][2])})",
-                     loss_rel_diff=loss)
+    metrics = result(
+        f"metrics all-reduced over {workers} ranks == 1 process",
+        loss <= TOL_METRIC64 and counts and local_share,
+        f"loss sum rel diff {loss:.1e} (tol {TOL_METRIC64:.0e}), correct {int(totals[1])} vs {int(ref[1])}, "
+        f"samples {int(totals[2])} vs {int(ref[2])} (rank 0 alone: {int(saved['local'][2])})",
+        loss_rel_diff=loss,
+    )
     return params, metrics
 
 
 # ---------------------------------------------------------------- the command
+
 
 def failed(name: str, error: BaseException) -> CheckResult:
     text = str(error).strip().splitlines()
     return CheckResult(name, "FAIL", f"{type(error).__name__}: {text[-1] if text else ''}"[:300])
 
 
-def run_checks(workers: int = 2, use_gpu: str = "auto", print_line: Callable[[str], None] = print,
-               address: str | None = None, verbose: bool = False) -> list[CheckResult]:
+def run_checks(
+    workers: int = 2,
+    use_gpu: str = "auto",
+    print_line: Callable[[str], None] = print,
+    address: str | None = None,
+    verbose: bool = False,
+) -> list[CheckResult]:
     """All checks, one printed line each: the in-process ones, then the one DDP run on Ray Train.
     Ray is started locally (and shut down afterwards) if it is not running. Usage errors
     (ConfigError) are raised before any check runs."""
@@ -430,8 +520,10 @@ def run_checks(workers: int = 2, use_gpu: str = "auto", print_line: Callable[[st
     try:
         check_capacity(cluster_capacity(), "the Ray cluster")
         gpu = f", GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
-        print_line(f"cifar-ray check on {device.type} ({os.cpu_count()} CPU cores{gpu}), torch {torch.__version__}; "
-                   f"exactness checks in float64; update rel diff = |theta_a - theta_b| / |theta_b - theta_0|")
+        print_line(
+            f"cifar-ray check on {device.type} ({os.cpu_count()} CPU cores{gpu}), torch {torch.__version__}; "
+            f"exactness checks in float64; update rel diff = |theta_a - theta_b| / |theta_b - theta_0|"
+        )
         results: list[CheckResult] = []
 
         def run(name: str, fn: Callable[[], CheckResult | tuple[CheckResult, ...]]) -> list[CheckResult]:
@@ -449,7 +541,10 @@ def run_checks(workers: int = 2, use_gpu: str = "auto", print_line: Callable[[st
             return out
 
         no_bn = run("accumulation (no BN)", lambda: check_accumulation(device))[0]
-        run("accumulation (batch-norm)", lambda: check_accumulation_batchnorm(device, no_bn=no_bn if no_bn.values else None))
+        run(
+            "accumulation (batch-norm)",
+            lambda: check_accumulation_batchnorm(device, no_bn=no_bn if no_bn.values else None),
+        )
         run("strategies", lambda: check_strategies(device, workers))
         run("seeds", lambda: check_seeds(device))
         run("bf16 autocast", lambda: check_amp(device, "bf16"))
@@ -462,5 +557,7 @@ def run_checks(workers: int = 2, use_gpu: str = "auto", print_line: Callable[[st
 
             ray.shutdown()
     counts = {status: sum(r.status == status for r in results) for status in ("PASS", "FAIL", "SKIP")}
-    print_line(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in {time.perf_counter() - started:.1f} s")
+    print_line(
+        f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in {time.perf_counter() - started:.1f} s"
+    )
     return results

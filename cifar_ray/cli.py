@@ -13,7 +13,8 @@ import shlex
 import signal
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import runlog
 from .config import ConfigError, parse_overrides
@@ -24,8 +25,19 @@ PROG = "cifar-ray"
 USAGE_ERROR = 2
 # train_acc: running mean over the epoch; train_eval_acc: training images evaluated like the test set.
 # peak_mem_mb: the largest worker's peak; peak_mem_total_mb: the sum over workers (README, "Semantics").
-SUMMARY_COLUMNS = ("trial", "status", "epochs", "test_acc", "best_test_acc", "train_acc", "train_eval_acc",
-                   "epoch_time_s", "samples_per_s", "peak_mem_mb", "peak_mem_total_mb")
+SUMMARY_COLUMNS = (
+    "trial",
+    "status",
+    "epochs",
+    "test_acc",
+    "best_test_acc",
+    "train_acc",
+    "train_eval_acc",
+    "epoch_time_s",
+    "samples_per_s",
+    "peak_mem_mb",
+    "peak_mem_total_mb",
+)
 
 
 class UsageError(Exception):
@@ -46,8 +58,13 @@ def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
     last = trial.epochs[-1] if trial.epochs else {}
     accs = [row["test_acc"] for row in trial.epochs if row.get("test_acc") is not None]
     return {
-        "trial": trial.name, "status": trial.status, "error": trial.meta.get("error"), "swept": trial.swept,
-        **trial.config, "epochs_done": len(trial.epochs), "best_test_acc": max(accs) if accs else None,
+        "trial": trial.name,
+        "status": trial.status,
+        "error": trial.meta.get("error"),
+        "swept": trial.swept,
+        **trial.config,
+        "epochs_done": len(trial.epochs),
+        "best_test_acc": max(accs) if accs else None,
         # the epoch's "lr" is the scheduled value; the config key lr (peak LR) keeps its name
         **{("final_lr" if k == "lr" else k): v for k, v in last.items() if k != "epoch"},
     }
@@ -78,23 +95,51 @@ def best_trial_line(rows: list[dict[str, Any]], metric: str, mode: str) -> str |
     if not scored:
         return None
     best = (max if mode == "max" else min)(scored, key=lambda r: r[metric])
-    return f"best by the sweep's metric ({metric}, {mode}, final epoch): {best['trial']} at {_cell(best[metric], metric)}"
+    return (
+        f"best by the sweep's metric ({metric}, {mode}, final epoch): {best['trial']} at {_cell(best[metric], metric)}"
+    )
 
 
 def summary_rows(run_dir: runlog.Where) -> list[dict[str, Any]]:
-    return [trial_result(t) | {"epochs": f"{len(t.epochs)}/{t.config.get('epochs', '?')}"} for t in runlog.load_run(run_dir).trials]
+    return [
+        trial_result(t) | {"epochs": f"{len(t.epochs)}/{t.config.get('epochs', '?')}"}
+        for t in runlog.load_run(run_dir).trials
+    ]
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides, e.g. --set dataset=synthetic epochs=1")
-    parser.add_argument("--storage", default="runs", help="where run logs and checkpoints go: a folder (default: runs/) or a URI such as s3://bucket/runs; on a Ray cluster, a folder every node mounts at the same path or a URI")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides, e.g. --set dataset=synthetic epochs=1",
+    )
+    parser.add_argument(
+        "--storage",
+        default="runs",
+        help="where run logs and checkpoints go: a folder (default: runs/) or a URI such as s3://bucket/runs; on a Ray cluster, a folder every node mounts at the same path or a URI",
+    )
     parser.add_argument("--name", help="run name (folder under --storage)")
-    parser.add_argument("--max-concurrent", type=int, default=None, metavar="N", help="run at most N trials at once (default: as many as fit)")
-    parser.add_argument("--address", default=None, help="existing Ray cluster: auto, HOST:PORT, or ray://HOST:10001 for Ray Client (default: $RAY_ADDRESS, else start a local Ray)")
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run at most N trials at once (default: as many as fit)",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="existing Ray cluster: auto, HOST:PORT, or ray://HOST:10001 for Ray Client (default: $RAY_ADDRESS, else start a local Ray)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
-    parser.add_argument("--isolate", action="store_true",
-                        help="run each trial in a Ray Train run of its own (fresh worker processes per trial, ~20 s "
-                             "more per trial on 2 CPU cores) instead of warm worker slots")
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run each trial in a Ray Train run of its own (fresh worker processes per trial, ~20 s "
+        "more per trial on 2 CPU cores) instead of warm worker slots",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
 
 
@@ -107,18 +152,44 @@ def build_parser() -> Parser:
     sweep.add_argument("file", help="sweep YAML file, e.g. sweeps/quickstart.yaml")
     add_common(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
-    sweep.add_argument("--resume", action="store_true", help="finish an interrupted run of this sweep: finished trials are kept, the rest continue from their checkpoints")
-    bench = commands.add_parser("bench", help="measure loop, orchestration, data-path and scaling speed; writes reports/bench/")
+    sweep.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted run of this sweep: finished trials are kept, the rest continue from their checkpoints",
+    )
+    bench = commands.add_parser(
+        "bench", help="measure loop, orchestration, data-path and scaling speed; writes reports/bench/"
+    )
     bench.add_argument("--quick", action="store_true", help="a smaller, faster run (for CI and a first look)")
-    bench.add_argument("--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)")
+    bench.add_argument(
+        "--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)"
+    )
     report = commands.add_parser("report", help="write a Markdown report (with plots) from a run folder")
     report.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
     report.add_argument("--out", default=None, help="output folder (default: reports/<name>)")
-    report.add_argument("--baseline", default=None, metavar="KEY=VALUE", help="grid value the deltas are measured against (default: each factor's first value)")
-    report.add_argument("--format", default="md", choices=("md", "csv", "json"), help="md: README.md + PNG plots; csv/json: the aggregated tables")
-    check = commands.add_parser("check", help="prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each")
+    report.add_argument(
+        "--baseline",
+        default=None,
+        metavar="KEY=VALUE",
+        help="grid value the deltas are measured against (default: each factor's first value)",
+    )
+    report.add_argument(
+        "--format",
+        default="md",
+        choices=("md", "csv", "json"),
+        help="md: README.md + PNG plots; csv/json: the aggregated tables",
+    )
+    check = commands.add_parser(
+        "check",
+        help="prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each",
+    )
     check.add_argument("--workers", type=int, default=2, metavar="N", help="DDP workers of the DDP check (default: 2)")
-    check.add_argument("--use-gpu", default="auto", choices=("auto", "true", "false"), help="run the checks on the GPU (DDP with nccl): auto (if CUDA is there), true, false")
+    check.add_argument(
+        "--use-gpu",
+        default="auto",
+        choices=("auto", "true", "false"),
+        help="run the checks on the GPU (DDP with nccl): auto (if CUDA is there), true, false",
+    )
     check.add_argument("--address", default=None, help="Ray cluster to use (default: start a local Ray)")
     check.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
     return parser
@@ -153,8 +224,14 @@ def run_plan_command(plan, args: argparse.Namespace) -> int:
     # Tune stops gracefully on SIGINT (saving its state); give SIGTERM the same treatment.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
-        run_dir = run_plan(plan, storage=args.storage, max_concurrent=args.max_concurrent, resume=resume, warm=not args.isolate,
-                           print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True))
+        run_dir = run_plan(
+            plan,
+            storage=args.storage,
+            max_concurrent=args.max_concurrent,
+            resume=resume,
+            warm=not args.isolate,
+            print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+        )
     finally:
         if owns_ray:
             import ray
@@ -213,8 +290,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             from .check import run_checks
 
-            results = run_checks(workers=args.workers, use_gpu=args.use_gpu, address=args.address, verbose=args.verbose,
-                                 print_line=lambda line: print(line, flush=True))
+            results = run_checks(
+                workers=args.workers,
+                use_gpu=args.use_gpu,
+                address=args.address,
+                verbose=args.verbose,
+                print_line=lambda line: print(line, flush=True),
+            )
             return 1 if any(r.status == "FAIL" for r in results) else 0
         if args.command == "bench":
             from .bench import run_bench

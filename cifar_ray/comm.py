@@ -43,14 +43,26 @@ logger = logging.getLogger(__name__)
 # torch's default: a tensor is compressed only if that saves at least a factor 2.
 MIN_COMPRESSION_RATE = 2.0
 # PowerSGDState fields that change while training (the rest are hyperparameters from the config).
-POWERSGD_STATE = ("rng", "error_dict", "p_memory_dict", "q_memory_dict", "iter", "total_numel_before_compression",
-                  "total_numel_after_compression", "next_stats_report")
+POWERSGD_STATE = (
+    "rng",
+    "error_dict",
+    "p_memory_dict",
+    "q_memory_dict",
+    "iter",
+    "total_numel_before_compression",
+    "total_numel_after_compression",
+    "next_stats_report",
+)
 _STATE_ATTRIBUTE = "_cifar_ray_comm_state"
 
 
 def ddp_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     """The DistributedDataParallel knobs of the config."""
-    return {"bucket_cap_mb": cfg.bucket_cap_mb, "gradient_as_bucket_view": cfg.gradient_as_bucket_view, "static_graph": cfg.static_graph}
+    return {
+        "bucket_cap_mb": cfg.bucket_cap_mb,
+        "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
+        "static_graph": cfg.static_graph,
+    }
 
 
 class PowerSGDState(powersgd.PowerSGDState):
@@ -70,7 +82,9 @@ class PowerSGDState(powersgd.PowerSGDState):
         self.param_index = {id(p): i for i, p in enumerate(params)}  # id(parameter) -> position in model.parameters()
         self.param_shapes = [tuple(p.shape) for p in params]
         self.layouts: dict[int, tuple[int, ...]] = {}  # bucket index -> parameter positions of its memories
-        self.pending: dict[int, dict[str, torch.Tensor]] = {}  # parameter position -> {"error", "q"} awaiting its bucket
+        self.pending: dict[
+            int, dict[str, torch.Tensor]
+        ] = {}  # parameter position -> {"error", "q"} awaiting its bucket
         self.serialize = False  # finish each bucket's all-reduces before the next bucket's (gloo)
 
 
@@ -159,9 +173,11 @@ def _guarded_powersgd_hook(state, bucket):  # no annotations: DDP compares them 
         _pack(state, index, layout, bucket.buffer())
     state.layouts[index] = layout
     compressing = state.iter >= state.start_powerSGD_iter  # before it, torch's hook is a plain all-reduce
-    before = {name: memories[index].clone() for name, memories in (("error", state.error_dict),
-                                                                     ("q", state.q_memory_dict))
-              if compressing and index in memories}
+    before = {
+        name: memories[index].clone()
+        for name, memories in (("error", state.error_dict), ("q", state.q_memory_dict))
+        if compressing and index in memories
+    }
     future = powersgd.powerSGD_hook(state, bucket)
     if compressing:
         future = future.then(_keep_memories_if_not_finite(state, index, before))
@@ -186,8 +202,10 @@ def bf16_hook_supported() -> bool:
     return bool((cuda and nccl) or xpu)
 
 
-BF16_UNSUPPORTED = ("grad_compression=bf16 needs a torch build with CUDA and NCCL 2.10+ (torch refuses its bf16 hook "
-                    "otherwise, even with gloo on CPU); use grad_compression=fp16")
+BF16_UNSUPPORTED = (
+    "grad_compression=bf16 needs a torch build with CUDA and NCCL 2.10+ (torch refuses its bf16 hook "
+    "otherwise, even with gloo on CPU); use grad_compression=fp16"
+)
 
 
 def register_comm_hook(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig) -> PowerSGDState | None:
@@ -201,8 +219,13 @@ def register_comm_hook(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfi
         ddp.register_comm_hook(None, hook)  # None: the default (world) process group
         return None
     state = PowerSGDState(
-        None, matrix_approximation_rank=cfg.powersgd_rank, start_powerSGD_iter=cfg.powersgd_start_iter,
-        min_compression_rate=MIN_COMPRESSION_RATE, use_error_feedback=True, warm_start=True, random_seed=cfg.seed,
+        None,
+        matrix_approximation_rank=cfg.powersgd_rank,
+        start_powerSGD_iter=cfg.powersgd_start_iter,
+        min_compression_rate=MIN_COMPRESSION_RATE,
+        use_error_feedback=True,
+        warm_start=True,
+        random_seed=cfg.seed,
         params=list(ddp.module.parameters()),
     )
     state.serialize = dist.get_backend() == "gloo"
@@ -229,7 +252,10 @@ def rescale_error_feedback(model: nn.Module, factor: float) -> None:
 
 # --- bytes per step
 
-def powersgd_tensor_elements(shape: torch.Size | tuple[int, ...], rank: int, min_compression_rate: float = MIN_COMPRESSION_RATE) -> tuple[int, bool]:
+
+def powersgd_tensor_elements(
+    shape: torch.Size | tuple[int, ...], rank: int, min_compression_rate: float = MIN_COMPRESSION_RATE
+) -> tuple[int, bool]:
     """(elements all-reduced, compressed?) for one gradient, as powerSGD_hook decides it."""
     numel = 1
     for size in shape:
@@ -260,7 +286,9 @@ def gradient_bytes(model: nn.Module, compression: str, rank: int = 2) -> int:
     return total
 
 
-def allreduce_bytes_per_step(model: nn.Module, cfg: TrainConfig, world: int, first_step: int = 0, steps: int = 1) -> float:
+def allreduce_bytes_per_step(
+    model: nn.Module, cfg: TrainConfig, world: int, first_step: int = 0, steps: int = 1
+) -> float:
     """Mean bytes each worker all-reduces per optimizer step over steps first_step .. first_step +
     steps - 1 (0-based, counted over the whole run). 0 without DDP (one process). PowerSGD's
     first `powersgd_start_iter` steps are plain fp32 all-reduces."""
@@ -274,6 +302,7 @@ def allreduce_bytes_per_step(model: nn.Module, cfg: TrainConfig, world: int, fir
 
 
 # --- PowerSGD state in checkpoints
+
 
 def _to(value: Any, device: torch.device | str) -> Any:
     if isinstance(value, torch.Tensor):
@@ -290,7 +319,11 @@ def hook_state_dict(state: PowerSGDState) -> dict[str, Any]:
     kind, keys, position, has_gauss, cached = state.rng.get_state()
     # numpy's state as a tensor and plain numbers: checkpoints load with weights_only (no numpy objects)
     saved["rng"] = (kind, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached))
-    return saved | {"layouts": dict(state.layouts), "pending": _to(state.pending, "cpu"), "matrix_approximation_rank": state.matrix_approximation_rank}
+    return saved | {
+        "layouts": dict(state.layouts),
+        "pending": _to(state.pending, "cpu"),
+        "matrix_approximation_rank": state.matrix_approximation_rank,
+    }
 
 
 def load_hook_state_dict(state: PowerSGDState, saved: dict[str, Any], device: torch.device | str = "cpu") -> None:
@@ -327,7 +360,13 @@ def gather_on_rank0(local: Any, device: torch.device | None = None) -> list[Any]
     return gathered
 
 
-def restore_hook_state(state: PowerSGDState | None, saved: list[dict[str, Any]] | None, rank: int, world: int, device: torch.device | str = "cpu") -> None:
+def restore_hook_state(
+    state: PowerSGDState | None,
+    saved: list[dict[str, Any]] | None,
+    rank: int,
+    world: int,
+    device: torch.device | str = "cpu",
+) -> None:
     """Give this rank its own saved state back. A checkpoint from another number of workers
     keeps the shared part (step counter, RNG, P/Q) and restarts the per-rank error feedback."""
     if state is None or not saved:
@@ -335,5 +374,7 @@ def restore_hook_state(state: PowerSGDState | None, saved: list[dict[str, Any]] 
     if len(saved) == world:
         load_hook_state_dict(state, saved[rank], device)
     else:
-        logger.warning("PowerSGD state saved by %d workers, resumed on %d: error feedback restarts at zero", len(saved), world)
+        logger.warning(
+            "PowerSGD state saved by %d workers, resumed on %d: error feedback restarts at zero", len(saved), world
+        )
         load_hook_state_dict(state, saved[0] | {"error_dict": {}}, device)

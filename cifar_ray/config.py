@@ -44,56 +44,120 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
     # --- data
-    dataset: Dataset = Field("cifar10", description="`cifar10` (downloaded into data_dir) or `synthetic` (offline, learnable)")
-    data_dir: str = Field(default_factory=default_data_dir, description="folder holding (or receiving) `cifar-10-batches-py`")
+    dataset: Dataset = Field(
+        "cifar10", description="`cifar10` (downloaded into data_dir) or `synthetic` (offline, learnable)"
+    )
+    data_dir: str = Field(
+        default_factory=default_data_dir, description="folder holding (or receiving) `cifar-10-batches-py`"
+    )
     train_subset: int = Field(0, ge=0, description="train on the first N images (0 = all: 50000)")
     test_subset: int = Field(0, ge=0, description="evaluate on the first N test images (0 = all: 10000)")
-    train_eval_size: int = Field(5000, ge=0, description="training images evaluated each epoch like the test set "
-                                 "(eval mode, no augmentation): the first N, capped at the training set, for a "
-                                 "like-for-like train/test gap; 0 = off")
-    augment: Augment = Field("flip_crop", description="batched on-device augmentation: none, flip, flip_crop (pad 4 + random crop), flip_crop_cutout")
+    train_eval_size: int = Field(
+        5000,
+        ge=0,
+        description="training images evaluated each epoch like the test set "
+        "(eval mode, no augmentation): the first N, capped at the training set, for a "
+        "like-for-like train/test gap; 0 = off",
+    )
+    augment: Augment = Field(
+        "flip_crop",
+        description="batched on-device augmentation: none, flip, flip_crop (pad 4 + random crop), flip_crop_cutout",
+    )
     # --- model
-    model: ModelName = Field("simple_cnn", description="`simple_cnn` (assignment-style conv/norm/pool blocks + MLP head) or `resnet9` (airbench-style residual net)")
+    model: ModelName = Field(
+        "simple_cnn",
+        description="`simple_cnn` (assignment-style conv/norm/pool blocks + MLP head) or `resnet9` (airbench-style residual net)",
+    )
     width: int = Field(32, ge=1, le=1024, description="channels of the first block; each block doubles them")
     depth: int = Field(3, ge=1, le=5, description="simple_cnn: number of conv blocks (each halves the resolution)")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the classifier layers")
-    norm: Norm = Field("batch", description="normalisation layer after each conv: batch, group, layer, instance or none")
+    norm: Norm = Field(
+        "batch", description="normalisation layer after each conv: batch, group, layer, instance or none"
+    )
     # --- optimisation
     epochs: int = Field(10, ge=1, description="passes over the training set")
     batch_size: int = Field(128, ge=1, description="GLOBAL micro-batch per step, split evenly across workers")
-    accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step; effective batch = batch_size x accum_steps")
-    optimizer: Optimizer = Field("momentum", description="sgd, momentum (SGD+momentum), nesterov, adam, adamw, rmsprop, lars (layer-wise adaptive rate scaling, You et al. 2017)")
+    accum_steps: int = Field(
+        1, ge=1, description="micro-batches per optimizer step; effective batch = batch_size x accum_steps"
+    )
+    optimizer: Optimizer = Field(
+        "momentum",
+        description="sgd, momentum (SGD+momentum), nesterov, adam, adamw, rmsprop, lars (layer-wise adaptive rate scaling, You et al. 2017)",
+    )
     lr: float = Field(0.05, gt=0.0, description="peak learning rate (at base_batch when lr_scaling is linear or sqrt)")
-    lr_scaling: LrScaling = Field("none", description="scale the peak LR with the effective batch: none, linear (lr x effective_batch/base_batch, Goyal et al. 2017), sqrt (lr x sqrt of that)")
+    lr_scaling: LrScaling = Field(
+        "none",
+        description="scale the peak LR with the effective batch: none, linear (lr x effective_batch/base_batch, Goyal et al. 2017), sqrt (lr x sqrt of that)",
+    )
     base_batch: int = Field(256, ge=1, description="effective batch at which lr is the peak LR, for lr_scaling")
-    lars_eta: float = Field(0.001, gt=0.0, description="LARS trust coefficient eta: a layer's step is about lr x eta x its weight norm, so LARS wants lr of order 1-10")
-    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="momentum of momentum/nesterov; beta1 of adam/adamw (rmsprop has none)")
+    lars_eta: float = Field(
+        0.001,
+        gt=0.0,
+        description="LARS trust coefficient eta: a layer's step is about lr x eta x its weight norm, so LARS wants lr of order 1-10",
+    )
+    momentum: float = Field(
+        0.9, ge=0.0, lt=1.0, description="momentum of momentum/nesterov; beta1 of adam/adamw (rmsprop has none)"
+    )
     weight_decay: float = Field(5e-4, ge=0.0, description="L2 penalty (decoupled for adamw)")
-    scheduler: Scheduler = Field("cosine", description="LR schedule after warm-up: constant, cosine, onecycle (linear up/down), step (x0.1 at 50% and 75%)")
+    scheduler: Scheduler = Field(
+        "cosine",
+        description="LR schedule after warm-up: constant, cosine, onecycle (linear up/down), step (x0.1 at 50% and 75%)",
+    )
     warmup_epochs: float = Field(0.0, ge=0.0, description="linear LR warm-up from 0, in epochs (may be fractional)")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="cross-entropy label smoothing")
     seed: int = Field(0, ge=0, description="seeds weights, data order and augmentation")
     # --- distribution
     workers: int = Field(1, ge=1, description="Ray Train workers (ddp: processes; dp: GPUs of the one worker)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU cores reserved per worker; also its torch thread count")
-    compile: bool = Field(False, description="torch.compile the model (faster steps after a one-off compile of tens of seconds)")
+    compile: bool = Field(
+        False, description="torch.compile the model (faster steps after a one-off compile of tens of seconds)"
+    )
     use_gpu: TriState = Field("auto", description="auto (GPUs if the cluster has any), true, false")
-    backend: Backend = Field("auto", description="torch.distributed backend: auto (nccl with GPUs, else gloo), nccl, gloo")
-    gpus_per_worker: float = Field(1.0, gt=0, le=1, description="GPUs per Ray Train worker with use_gpu: 1, or a "
-                                   "fraction to share a GPU (0.25: four 1-worker trials per GPU; several workers of "
-                                   "one trial then need backend=gloo)")
-    strategy: Strategy = Field("ddp", description="ddp (DistributedDataParallel), dp (one process, nn.DataParallel), single (one process)")
+    backend: Backend = Field(
+        "auto", description="torch.distributed backend: auto (nccl with GPUs, else gloo), nccl, gloo"
+    )
+    gpus_per_worker: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="GPUs per Ray Train worker with use_gpu: 1, or a "
+        "fraction to share a GPU (0.25: four 1-worker trials per GPU; several workers of "
+        "one trial then need backend=gloo)",
+    )
+    strategy: Strategy = Field(
+        "ddp", description="ddp (DistributedDataParallel), dp (one process, nn.DataParallel), single (one process)"
+    )
     amp: Amp = Field("off", description="mixed precision: off, fp16 (CUDA, with GradScaler), bf16 (CUDA or CPU)")
     # --- DDP communication (used only where DDP runs: strategy=ddp with workers > 1)
-    grad_compression: GradCompression = Field("none", description="DDP gradient all-reduce compression hook: none (fp32), fp16, bf16 (cast to 16 bits), powersgd (rank-r low-rank + error feedback); needs strategy=ddp and workers > 1")
-    powersgd_rank: int = Field(2, ge=1, le=64, description="PowerSGD matrix approximation rank r: an n x m gradient is sent as (n + m) x r numbers")
-    powersgd_start_iter: int = Field(2, ge=2, description="PowerSGD warm-up: plain fp32 all-reduce for the first N optimizer steps (torch needs >= 2)")
-    bucket_cap_mb: float = Field(25.0, gt=0.0, description="DDP gradient bucket size in MiB (all-reduces overlap backward bucket by bucket)")
-    gradient_as_bucket_view: bool = Field(False, description="DDP: gradients are views into the all-reduce buckets (saves one gradient copy of memory)")
-    static_graph: bool = Field(False, description="DDP static_graph optimisation (same used parameters every step); not with accum_steps > 1")
+    grad_compression: GradCompression = Field(
+        "none",
+        description="DDP gradient all-reduce compression hook: none (fp32), fp16, bf16 (cast to 16 bits), powersgd (rank-r low-rank + error feedback); needs strategy=ddp and workers > 1",
+    )
+    powersgd_rank: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="PowerSGD matrix approximation rank r: an n x m gradient is sent as (n + m) x r numbers",
+    )
+    powersgd_start_iter: int = Field(
+        2,
+        ge=2,
+        description="PowerSGD warm-up: plain fp32 all-reduce for the first N optimizer steps (torch needs >= 2)",
+    )
+    bucket_cap_mb: float = Field(
+        25.0, gt=0.0, description="DDP gradient bucket size in MiB (all-reduces overlap backward bucket by bucket)"
+    )
+    gradient_as_bucket_view: bool = Field(
+        False, description="DDP: gradients are views into the all-reduce buckets (saves one gradient copy of memory)"
+    )
+    static_graph: bool = Field(
+        False, description="DDP static_graph optimisation (same used parameters every step); not with accum_steps > 1"
+    )
     # --- reliability
     keep_checkpoints: int = Field(2, ge=1, description="per-epoch checkpoints kept per trial (the newest)")
-    max_failures: int = Field(2, ge=0, description="worker-group restarts from the last checkpoint before a trial fails")
+    max_failures: int = Field(
+        2, ge=0, description="worker-group restarts from the last checkpoint before a trial fails"
+    )
 
     @field_validator("use_gpu", mode="before")
     @classmethod
@@ -102,11 +166,15 @@ class TrainConfig(BaseModel):
         return str(value).lower() if isinstance(value, bool) else value
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "TrainConfig":
+    def _check_combinations(self) -> TrainConfig:
         if self.strategy == "single" and self.workers != 1:
-            raise ValueError(f"strategy=single runs one process: workers must be 1 (got {self.workers}); use strategy=ddp or dp")
+            raise ValueError(
+                f"strategy=single runs one process: workers must be 1 (got {self.workers}); use strategy=ddp or dp"
+            )
         if self.strategy == "ddp" and self.batch_size % self.workers:
-            raise ValueError(f"batch_size={self.batch_size} must be divisible by workers={self.workers} (each worker gets batch_size/workers)")
+            raise ValueError(
+                f"batch_size={self.batch_size} must be divisible by workers={self.workers} (each worker gets batch_size/workers)"
+            )
         if self.use_gpu == "false":
             if self.backend == "nccl":
                 raise ValueError("backend=nccl needs GPUs but use_gpu=false; use backend=gloo or auto")
@@ -115,15 +183,19 @@ class TrainConfig(BaseModel):
             if self.strategy == "dp" and self.workers > 1:
                 raise ValueError("strategy=dp splits batches over GPUs but use_gpu=false; use strategy=ddp on CPU")
         if self.strategy == "dp" and self.gpus_per_worker != 1:
-            raise ValueError(f"strategy=dp drives `workers` whole GPUs from one process: gpus_per_worker must be 1 "
-                             f"(got {self.gpus_per_worker:g}); use strategy=ddp or single to share GPUs")
+            raise ValueError(
+                f"strategy=dp drives `workers` whole GPUs from one process: gpus_per_worker must be 1 "
+                f"(got {self.gpus_per_worker:g}); use strategy=ddp or single to share GPUs"
+            )
         if self.grad_compression != "none" and (self.strategy != "ddp" or self.workers < 2):
             raise ValueError(
                 f"grad_compression={self.grad_compression} compresses DDP's gradient all-reduce: it needs strategy=ddp and "
                 f"workers > 1 (got strategy={self.strategy}, workers={self.workers}); use grad_compression=none"
             )
         if self.static_graph and self.accum_steps > 1:
-            raise ValueError(f"static_graph=true does not work with accum_steps={self.accum_steps} (DDP no_sync fails with a static graph); use static_graph=false")
+            raise ValueError(
+                f"static_graph=true does not work with accum_steps={self.accum_steps} (DDP no_sync fails with a static graph); use static_graph=false"
+            )
         if self.train_subset and self.train_subset < self.effective_batch:
             raise ValueError(
                 f"train_subset={self.train_subset} is smaller than the effective batch "
@@ -145,7 +217,7 @@ class TrainConfig(BaseModel):
     def per_worker_batch(self) -> int:
         return self.batch_size if self.strategy == "dp" else self.batch_size // self.workers
 
-    def resolved(self, cluster_has_gpus: bool) -> "TrainConfig":
+    def resolved(self, cluster_has_gpus: bool) -> TrainConfig:
         """`auto` values made concrete for the cluster at hand; raises ConfigError when impossible."""
         use_gpu = {"auto": cluster_has_gpus, "true": True, "false": False}[self.use_gpu]
         if use_gpu and not cluster_has_gpus:
@@ -153,9 +225,11 @@ class TrainConfig(BaseModel):
         backend = self.backend if self.backend != "auto" else ("nccl" if use_gpu else "gloo")
         if use_gpu and backend == "nccl" and self.ray_workers > 1 and self.gpus_per_worker < 1:
             # Ray fills one GPU before the next, and NCCL refuses two ranks on one GPU (ray-project/ray#48012).
-            raise ConfigError(f"gpus_per_worker={self.gpus_per_worker:g} with workers={self.workers} and backend=nccl: "
-                              "two ranks of the trial could share a GPU, which NCCL refuses; use backend=gloo, or "
-                              "gpus_per_worker=1")
+            raise ConfigError(
+                f"gpus_per_worker={self.gpus_per_worker:g} with workers={self.workers} and backend=nccl: "
+                "two ranks of the trial could share a GPU, which NCCL refuses; use backend=gloo, or "
+                "gpus_per_worker=1"
+            )
         if self.grad_compression == "bf16":
             from .comm import BF16_UNSUPPORTED, bf16_hook_supported  # imports torch: only when it matters
 
@@ -174,7 +248,9 @@ def allowed_values(key: str) -> str:
     choices = get_args(annotation)
     if choices and all(isinstance(choice, str) for choice in choices):
         return "one of " + ", ".join(choices)
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        annotation, str(annotation)
+    )
 
 
 def unknown_key_message(key: str, where: str = "") -> str:

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
-from .config import TrainConfig
 from . import safe_pickle
+from .config import TrainConfig
 from .datasets import DATASET_SIZES, DataError
 from .safe_pickle import SHOW, Refused
 
@@ -41,10 +41,10 @@ class Split:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def head(self, n: int) -> "Split":
+    def head(self, n: int) -> Split:
         return self if n <= 0 or n >= len(self) else Split(self.images[:n], self.labels[:n])
 
-    def to(self, device: torch.device) -> "Split":
+    def to(self, device: torch.device) -> Split:
         return Split(self.images.to(device, non_blocking=True), self.labels.to(device, non_blocking=True))
 
 
@@ -57,9 +57,12 @@ def _load_batch(path: Path) -> object:
         with open(path, "rb") as handle:
             return safe_pickle.load(handle)
     except FileNotFoundError:
-        raise _batch_error(path, f"no such file; a '{CIFAR_FOLDER}' folder holds data_batch_1 .. data_batch_5 "
-                                 f"and test_batch: extract them there from {CIFAR_URL}, or set data_dir=... to the "
-                                 "folder that has them") from None
+        raise _batch_error(
+            path,
+            f"no such file; a '{CIFAR_FOLDER}' folder holds data_batch_1 .. data_batch_5 "
+            f"and test_batch: extract them there from {CIFAR_URL}, or set data_dir=... to the "
+            "folder that has them",
+        ) from None
     except OSError as error:
         raise _batch_error(path, f"{error.strerror or error} ({type(error).__name__})") from None
     except Refused as error:
@@ -76,17 +79,24 @@ def _batch_field(batch: dict, key: str, path: Path) -> object:
             return batch[candidate]
     found = [SHOW.repr(k.decode("latin-1") if isinstance(k, bytes) else k) for k in list(batch)[:8]]
     found += ["..."] * (len(batch) > 8)
-    raise _batch_error(path, f"has no {key!r} key (found keys: {', '.join(found) or 'none'}); "
-                             "expected 'data' and 'labels' (bytes or str keys)")
+    raise _batch_error(
+        path,
+        f"has no {key!r} key (found keys: {', '.join(found) or 'none'}); "
+        "expected 'data' and 'labels' (bytes or str keys)",
+    )
 
 
 def _batch_images(data: object, path: Path) -> torch.Tensor:
     """uint8 N x 3 x 32 x 32 from N x 3072 (the format) or N x 3 x 32 x 32: the same bytes in the same order."""
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.shape[1:] not in ((3072,), (3, 32, 32)):
-        found = f"has shape {data.shape} and dtype {data.dtype}" if isinstance(data, np.ndarray) \
+        found = (
+            f"has shape {data.shape} and dtype {data.dtype}"
+            if isinstance(data, np.ndarray)
             else f"is a {type(data).__name__}"
-        raise _batch_error(path, f"'data' {found}; expected N x 3072 uint8 (N images of 3 x 32 x 32; "
-                                 "N x 3 x 32 x 32 also accepted)")
+        )
+        raise _batch_error(
+            path, f"'data' {found}; expected N x 3072 uint8 (N images of 3 x 32 x 32; N x 3 x 32 x 32 also accepted)"
+        )
     return torch.tensor(data).reshape(len(data), 3, 32, 32)  # a copy: arrays read from bytes are read-only
 
 
@@ -115,8 +125,9 @@ def read_cifar_batches(folder: Path, files: tuple[str, ...]) -> Split:
         path = folder / name
         batch = _load_batch(path)
         if not isinstance(batch, dict):
-            raise _batch_error(path, f"it holds a {type(batch).__name__}; expected a dict with 'data' and 'labels' "
-                                     "(bytes or str keys)")
+            raise _batch_error(
+                path, f"it holds a {type(batch).__name__}; expected a dict with 'data' and 'labels' (bytes or str keys)"
+            )
         images.append(_batch_images(_batch_field(batch, "data", path), path))
         labels.append(_batch_labels(_batch_field(batch, "labels", path), len(images[-1]), path))
     return Split(torch.cat(images), torch.cat(labels))
@@ -147,9 +158,11 @@ def ensure_cifar10(data_dir: str | Path) -> Path:
         lock = FileLock(str(data_dir / ".cifar10.lock"))
         lock.acquire()
     except OSError as error:
-        raise DataError(f"CIFAR-10 is not in {data_dir / CIFAR_FOLDER} and {data_dir} is not writable here "
-                        f"({type(error).__name__}: {error}); pre-stage the extracted '{CIFAR_FOLDER}' folder there, "
-                        "or set data_dir=... to a writable folder") from None
+        raise DataError(
+            f"CIFAR-10 is not in {data_dir / CIFAR_FOLDER} and {data_dir} is not writable here "
+            f"({type(error).__name__}: {error}); pre-stage the extracted '{CIFAR_FOLDER}' folder there, "
+            "or set data_dir=... to a writable folder"
+        ) from None
     try:
         if not cifar_present(data_dir):
             from torchvision.datasets.utils import download_and_extract_archive
@@ -246,7 +259,7 @@ def train_step_indices(n: int, cfg: TrainConfig, epoch: int, rank: int, world: i
     return micro.reshape(steps, cfg.accum_steps, per_worker)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _channel_stats(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """CIFAR mean and std as 1 x 3 x 1 x 1 tensors on `device`, built once: a tensor built from Python
     numbers per batch is a host-to-device copy, and the host waits for it on CUDA."""
@@ -296,8 +309,14 @@ def augment(images: torch.Tensor, kind: str, generator: torch.Generator) -> torc
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, labels)
 
 
-def iterate_train(train: Split, cfg: TrainConfig, epoch: int, rank: int, world: int,
-                  memory_format: torch.memory_format = torch.contiguous_format) -> Iterator[list[MicroBatch]]:
+def iterate_train(
+    train: Split,
+    cfg: TrainConfig,
+    epoch: int,
+    rank: int,
+    world: int,
+    memory_format: torch.memory_format = torch.contiguous_format,
+) -> Iterator[list[MicroBatch]]:
     """Yields, per optimizer step, this rank's accum_steps micro-batches as (images, labels), laid
     out in `memory_format` (the model's: channels_last on CUDA). Indices and augmentation draws live
     on the data's device, so the loop makes no host-to-device copy (and no host sync) per batch."""

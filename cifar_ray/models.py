@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -82,14 +82,23 @@ class ResNet9(nn.Module):
         w = width
 
         def stage(c_in: int, c_out: int) -> nn.Sequential:
-            return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"), nn.MaxPool2d(2), make_norm(norm, c_out), nn.ReLU(inplace=True))
+            return nn.Sequential(
+                nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"),
+                nn.MaxPool2d(2),
+                make_norm(norm, c_out),
+                nn.ReLU(inplace=True),
+            )
 
         self.net = nn.Sequential(
             conv_block(3, w, norm),
-            stage(w, 2 * w), Residual(2 * w, norm),
+            stage(w, 2 * w),
+            Residual(2 * w, norm),
             stage(2 * w, 4 * w),
-            stage(4 * w, 8 * w), Residual(8 * w, norm),
-            nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Dropout(dropout),
+            stage(4 * w, 8 * w),
+            Residual(8 * w, norm),
+            nn.AdaptiveMaxPool2d(1),
+            nn.Flatten(),
+            nn.Dropout(dropout),
             nn.Linear(8 * w, NUM_CLASSES, bias=False),
         )
         self.logit_scale = 0.125  # keeps initial logits small, as in Page's DAWNBench entry

@@ -8,7 +8,7 @@ warm-up from 0 followed by the schedule.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -30,7 +30,9 @@ class LARS(torch.optim.Optimizer):
 
     def __init__(self, params: Params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.001):
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0 or eta <= 0:
-            raise ValueError(f"invalid LARS hyperparameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, eta={eta}")
+            raise ValueError(
+                f"invalid LARS hyperparameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, eta={eta}"
+            )
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta})
 
     @staticmethod
@@ -67,10 +69,18 @@ class LARS(torch.optim.Optimizer):
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda p, c, **fast: torch.optim.SGD(p, lr=c.lr, weight_decay=c.weight_decay, **fast),
-    "momentum": lambda p, c, **fast: torch.optim.SGD(p, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, **fast),
-    "nesterov": lambda p, c, **fast: torch.optim.SGD(p, lr=c.lr, momentum=c.momentum, nesterov=c.momentum > 0, weight_decay=c.weight_decay, **fast),
-    "adam": lambda p, c, **fast: torch.optim.Adam(p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay, **fast),
-    "adamw": lambda p, c, **fast: torch.optim.AdamW(p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay, **fast),
+    "momentum": lambda p, c, **fast: torch.optim.SGD(
+        p, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, **fast
+    ),
+    "nesterov": lambda p, c, **fast: torch.optim.SGD(
+        p, lr=c.lr, momentum=c.momentum, nesterov=c.momentum > 0, weight_decay=c.weight_decay, **fast
+    ),
+    "adam": lambda p, c, **fast: torch.optim.Adam(
+        p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay, **fast
+    ),
+    "adamw": lambda p, c, **fast: torch.optim.AdamW(
+        p, lr=c.lr, betas=(c.momentum, 0.999), weight_decay=c.weight_decay, **fast
+    ),
     # Plain RMSprop (Hinton's, no momentum), as compared in the course; lr ~1e-3 suits it.
     "rmsprop": lambda p, c, **fast: torch.optim.RMSprop(p, lr=c.lr, weight_decay=c.weight_decay, **fast),
     "lars": lambda p, c, **_: LARS(p, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, eta=c.lars_eta),
@@ -134,7 +144,9 @@ def lr_at_step(step: int, cfg: TrainConfig, steps_per_epoch: int) -> float:
     return peak_lr(cfg) * lr_multiplier(step, total, warmup, cfg.scheduler)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Multiplies the optimizer's LR (build_optimizer's peak) so that step s runs at lr_at_step(s)."""
     total, warmup = schedule_steps(cfg, steps_per_epoch)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, total, warmup, cfg.scheduler))

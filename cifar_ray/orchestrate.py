@@ -16,13 +16,21 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import runlog, slots, sysinfo
 from .config import ConfigError, TrainConfig
-from .placement import (RESOURCE_CPU, RESOURCE_GPU, check_fits, cluster_capacity, concurrency_cap, resolve_plan,
-                        trial_bundles, worker_resources)
+from .placement import (
+    RESOURCE_CPU,
+    RESOURCE_GPU,
+    check_fits,
+    cluster_capacity,
+    concurrency_cap,
+    resolve_plan,
+    trial_bundles,
+    worker_resources,
+)
 from .progress import progress_callback, progress_printer, progress_relay, sweep_header
 from .ray_session import check_shared_storage, error_line, failure_status, is_ray_client
 from .storage import StoragePath, redact
@@ -44,17 +52,22 @@ def run_trial(tune_config: dict) -> None:
     if runlog.read_json(trial_file).get("status") in runlog.TRAINED_STATUSES:
         return  # done before the driver died; Tune's saved state may lag behind our log
     started = time.time()
-    runlog.update_json(trial_file, **spec, status="running", error=None, started_at=runlog.now_iso(), started_unix=started)
+    runlog.update_json(
+        trial_file, **spec, status="running", error=None, started_at=runlog.now_iso(), started_unix=started
+    )
     runlog.update_json(trial_file, driver=sysinfo.worker_placement())  # the node running this trial's Tune driver
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": cfg.model_dump(), "trial_dir": trial_dir},
         torch_config=TorchConfig(backend=cfg.backend),
-        scaling_config=ray.train.ScalingConfig(num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true",
-                                               resources_per_worker=worker_resources(cfg)),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true", resources_per_worker=worker_resources(cfg)
+        ),
         # A stable name per trial: a restored sweep's trial finds its run and checkpoints again.
         run_config=ray.train.RunConfig(
-            name="train", **trial_dir.ray_storage(), callbacks=[TuneReportCallback()],
+            name="train",
+            **trial_dir.ray_storage(),
+            callbacks=[TuneReportCallback()],
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
         ),
@@ -65,7 +78,9 @@ def run_trial(tune_config: dict) -> None:
         if runlog.read_json(run_dir / runlog.SWEEP_FILE).get("interrupted_unix", 0) > started:
             raise  # stopped with the interrupted sweep (Ray Client): unfinished, resumable
         (trial_dir / runlog.ERROR_FILE).write_text("".join(traceback.format_exception(error)))
-        runlog.update_json(trial_file, status=failure_status(error), error=error_line(error), finished_at=runlog.now_iso())
+        runlog.update_json(
+            trial_file, status=failure_status(error), error=error_line(error), finished_at=runlog.now_iso()
+        )
         raise
     runlog.record_outcome(trial_dir)
 
@@ -118,9 +133,11 @@ def run_plan(
         check_shared_storage(run_dir.parent, print_line)
     limit = concurrency_cap(plan, capacity, max_concurrent)
     if capacity["packing"] == "cap":
-        print_line(f"packing: the cluster has no {RESOURCE_CPU} resources, so at most {limit} trial(s) run at once (copies of "
-                   f"the largest trial that fit its {capacity['nodes']} node(s)); start each node with `ray start "
-                   f"--resources='{{\"{RESOURCE_CPU}\": <CPUs>, \"{RESOURCE_GPU}\": <GPUs>}}'` to pack exactly")
+        print_line(
+            f"packing: the cluster has no {RESOURCE_CPU} resources, so at most {limit} trial(s) run at once (copies of "
+            f"the largest trial that fit its {capacity['nodes']} node(s)); start each node with `ray start "
+            f'--resources=\'{{"{RESOURCE_CPU}": <CPUs>, "{RESOURCE_GPU}": <GPUs>}}\'` to pack exactly'
+        )
     sweep_file = run_dir / runlog.SWEEP_FILE
     previous = runlog.read_json(sweep_file)
     names = [t.name for t in plan.trials]
@@ -130,20 +147,34 @@ def run_plan(
     started = time.time()
     if resume:
         if not previous or not tune.Tuner.can_restore(run_dir.path, storage_filesystem=run_dir.ray_filesystem):
-            raise ConfigError(f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume")
+            raise ConfigError(
+                f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume"
+            )
         if previous.get("trials") != names:
-            raise ConfigError(f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file and --set values, or use --name")
-        tuner = tune.Tuner.restore(run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem)
+            raise ConfigError(
+                f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file and --set values, or use --name"
+            )
+        tuner = tune.Tuner.restore(
+            run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem
+        )
     else:
         refusal = runlog.existing_run_refusal(run_dir, plan.name)
         if refusal:
             raise ConfigError(refusal)
         run_dir.mkdir()
-        runlog.write_json(sweep_file, plan.summary() | {
-            "started_at": runlog.now_iso(), "git_revision": sysinfo.git_revision(Path(__file__).parent),
-            "host": sysinfo.host_info(), "versions": sysinfo.versions(), "cluster": capacity, "command": redact(" ".join(sys.argv)),
-            "warm": warm,
-        })
+        runlog.write_json(
+            sweep_file,
+            plan.summary()
+            | {
+                "started_at": runlog.now_iso(),
+                "git_revision": sysinfo.git_revision(Path(__file__).parent),
+                "host": sysinfo.host_info(),
+                "versions": sysinfo.versions(),
+                "cluster": capacity,
+                "command": redact(" ".join(sys.argv)),
+                "warm": warm,
+            },
+        )
         for trial in plan.trials:
             runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
         if warm:
@@ -152,10 +183,14 @@ def run_plan(
         tuner = tune.Tuner(
             trainable,
             param_space={"run_dir": run_dir, "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
-            tune_config=tune.TuneConfig(max_concurrent_trials=limit, trial_dirname_creator=_trial_folder_name,
-                                        trial_name_creator=_trial_folder_name),
-            run_config=tune.RunConfig(name=plan.name, **run_dir.parent.ray_storage(), verbose=0,
-                                      callbacks=[progress_callback(warm)]),
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=limit,
+                trial_dirname_creator=_trial_folder_name,
+                trial_name_creator=_trial_folder_name,
+            ),
+            run_config=tune.RunConfig(
+                name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[progress_callback(warm)]
+            ),
         )
     unfinished = sum(t.status not in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials) if resume else None
     if warm and resume:
@@ -173,11 +208,15 @@ def run_plan(
             # its saved state and checkpoints kept for --resume. The mark tells trials torn down with it
             # that they are unfinished, not failed.
             runlog.update_json(sweep_file, interrupted_unix=time.time())
-            logging.getLogger("ray.util.client.dataclient").setLevel(logging.CRITICAL)  # "Unrecoverable error in data channel"
+            logging.getLogger("ray.util.client.dataclient").setLevel(
+                logging.CRITICAL
+            )  # "Unrecoverable error in data channel"
         finally:
             if warm:
                 started_slots.stop()
     wall = runlog.read_json(sweep_file).get("wall_time_s") or 0.0  # a resumed run adds its own time
     done = all(t.status in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials)
-    runlog.update_json(sweep_file, wall_time_s=wall + time.time() - started, **({"finished_at": runlog.now_iso()} if done else {}))
+    runlog.update_json(
+        sweep_file, wall_time_s=wall + time.time() - started, **({"finished_at": runlog.now_iso()} if done else {})
+    )
     return run_dir

@@ -33,9 +33,15 @@ def cluster_capacity() -> dict[str, float]:
     total = ray.cluster_resources()
     keys = ("CPU", "GPU", RESOURCE_CPU, RESOURCE_GPU)
     per_node = [{k: float(n["Resources"].get(k, 0.0)) for k in keys} for n in ray.nodes() if n.get("Alive")]
-    return {"cpus": total.get("CPU", 0.0), "gpus": total.get("GPU", 0.0), "nodes": len(per_node),
-            "slot_cpus": total.get(RESOURCE_CPU, 0.0), "slot_gpus": total.get(RESOURCE_GPU, 0.0),
-            "packing": "slots" if total.get(RESOURCE_CPU, 0.0) > 0 else "cap", "per_node": per_node}
+    return {
+        "cpus": total.get("CPU", 0.0),
+        "gpus": total.get("GPU", 0.0),
+        "nodes": len(per_node),
+        "slot_cpus": total.get(RESOURCE_CPU, 0.0),
+        "slot_gpus": total.get(RESOURCE_GPU, 0.0),
+        "packing": "slots" if total.get(RESOURCE_CPU, 0.0) > 0 else "cap",
+        "per_node": per_node,
+    }
 
 
 def worker_resources(cfg: TrainConfig) -> dict[str, float]:
@@ -88,16 +94,20 @@ def check_fits(plan: SweepPlan, capacity: dict[str, Any]) -> None:
         cfg = trial.config
         per_worker = worker_resources(cfg)
         gpus = f" and {per_worker['GPU']:g} GPU(s)" if "GPU" in per_worker else ""
-        need = (f"trial {trial.name} needs {cfg.ray_workers} worker(s) x {per_worker['CPU']:g} CPU(s){gpus} "
-                f"(workers={cfg.workers}, cpus_per_worker={cfg.cpus_per_worker})")
+        need = (
+            f"trial {trial.name} needs {cfg.ray_workers} worker(s) x {per_worker['CPU']:g} CPU(s){gpus} "
+            f"(workers={cfg.workers}, cpus_per_worker={cfg.cpus_per_worker})"
+        )
         if workers_that_fit(per_worker, nodes) < cfg.ray_workers:
-            raise ConfigError(f"{need} but the cluster's {len(nodes)} node(s) have CPUs {_per_node(nodes, 'CPU')}, "
-                              f"GPUs {_per_node(nodes, 'GPU')}: it can never run")
+            raise ConfigError(
+                f"{need} but the cluster's {len(nodes)} node(s) have CPUs {_per_node(nodes, 'CPU')}, "
+                f"GPUs {_per_node(nodes, 'GPU')}: it can never run"
+            )
         if capacity["packing"] == "slots" and workers_that_fit(mirror_resources(per_worker), nodes) < cfg.ray_workers:
             raise ConfigError(
                 f"{need} but the nodes' slot resources are {RESOURCE_CPU} {_per_node(nodes, RESOURCE_CPU)}, "
                 f"{RESOURCE_GPU} {_per_node(nodes, RESOURCE_GPU)}: start every node with "
-                f"--resources='{{\"{RESOURCE_CPU}\": <its CPUs>, \"{RESOURCE_GPU}\": <its GPUs>}}', or none of them"
+                f'--resources=\'{{"{RESOURCE_CPU}": <its CPUs>, "{RESOURCE_GPU}": <its GPUs>}}\', or none of them'
             )
 
 

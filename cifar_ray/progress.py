@@ -7,7 +7,8 @@ their lines to the client's terminal.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from . import runlog
 from .placement import trials_at_once
@@ -21,8 +22,7 @@ def format_epoch(trial: str, result: dict, epochs: int) -> str:
         f"train loss {result['train_loss']:.3f} acc {100 * result['train_acc']:5.1f}%  "
         f"test loss {result['test_loss']:.3f} acc {100 * result['test_acc']:5.1f}%  "
         f"{result['epoch_time_s']:.1f}s  {result['samples_per_s']:.0f} img/s  "
-        f"{result['peak_mem_mb']:.0f} MB/worker peak"
-        + ("  DIVERGED" if result.get("diverged") else "")
+        f"{result['peak_mem_mb']:.0f} MB/worker peak" + ("  DIVERGED" if result.get("diverged") else "")
     )
 
 
@@ -106,8 +106,9 @@ def swept_text(spec: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in spec["swept"].items())
 
 
-def sweep_header(plan: SweepPlan, capacity: dict[str, Any], limit: int | None, run_dir: StoragePath,
-                 unfinished: int | None = None) -> str:
+def sweep_header(
+    plan: SweepPlan, capacity: dict[str, Any], limit: int | None, run_dir: StoragePath, unfinished: int | None = None
+) -> str:
     """The first thing a sweep prints: what runs, how many at once, where the logs go.
     `unfinished`: the trials a --resume still has to run."""
     shapes = trials_at_once(plan, capacity, limit)
@@ -157,7 +158,9 @@ def progress_callback(warm: bool = False):
         def on_trial_error(self, iteration, trials, trial, **info):
             spec = trial.config["trial"]
             meta = runlog.read_json(trial.config["run_dir"] / spec["name"] / runlog.TRIAL_FILE)
-            print_progress(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see ' + runlog.ERROR_FILE}")
+            print_progress(
+                f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see ' + runlog.ERROR_FILE}"
+            )
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             pass

@@ -9,7 +9,8 @@ import os
 import re
 import traceback
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .config import ConfigError
 from .placement import RESOURCE_CPU, RESOURCE_GPU
@@ -125,7 +126,9 @@ def cluster_runtime_env(verbose: bool) -> dict[str, Any]:
     return env
 
 
-def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
+def init_ray(
+    address: str | None = None, verbose: bool = False, num_cpus: int | None = None, num_gpus: int | None = None
+) -> bool:
     """Connect to the cluster at `address` (or RAY_ADDRESS, see cluster_address), or start an
     embedded local Ray (num_cpus/num_gpus apply to that one only). Returns True when this call
     initialised Ray (and so the caller must shut it down). An already initialised Ray (tests)
@@ -159,13 +162,21 @@ def init_ray(address: str | None = None, verbose: bool = False, num_cpus: int | 
                 if isinstance(error, ConnectionAbortedError) and attempt < tries:
                     continue  # the head's per-client server died at start: a new connection gets a new one
                 first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-                raise ConfigError(f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}") from None
+                raise ConfigError(
+                    f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}"
+                ) from None
     else:
         cpus = num_cpus or os.cpu_count() or 1
         gpus = num_gpus if num_gpus is not None else _local_gpu_count()
         # address="local": always a new Ray, never one that `ray start` left running on this machine
-        ray.init(address="local", num_cpus=cpus, num_gpus=gpus, include_dashboard=False,
-                 resources={RESOURCE_CPU: cpus, RESOURCE_GPU: gpus}, **options)
+        ray.init(
+            address="local",
+            num_cpus=cpus,
+            num_gpus=gpus,
+            include_dashboard=False,
+            resources={RESOURCE_CPU: cpus, RESOURCE_GPU: gpus},
+            **options,
+        )
     return True
 
 
@@ -180,8 +191,10 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except OSError as error:
-        raise ConfigError(f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {error.strerror or error}; "
-                          "start it with `ray start --head --port=PORT` or pass the head's address") from None
+        raise ConfigError(
+            f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {error.strerror or error}; "
+            "start it with `ray start --head --port=PORT` or pass the head's address"
+        ) from None
 
 
 def _local_gpu_count() -> int:
@@ -211,7 +224,9 @@ def _storage_probe(marker: StoragePath) -> dict[str, Any]:
     return answer | {"ok": True}
 
 
-def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] = print, timeout_s: float = 180.0) -> None:
+def check_shared_storage(
+    folder: StoragePath, print_line: Callable[[str], None] = print, timeout_s: float = 180.0
+) -> None:
     """On a multi-node cluster or through Ray Client, prove that every node reaches `folder` (the
     --storage root) as the driver sees it: the driver writes a marker file, a zero-CPU task on
     each node reads it and writes beside it. A node that cannot (a folder not mounted there, an
@@ -227,8 +242,13 @@ def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] 
     marker.write_text("written by the cifar-ray driver; every node must see this file\n")
     probe = ray.remote(num_cpus=0, max_retries=0)(_storage_probe)
     try:
-        refs = {node["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(marker)
-                for node in ray.nodes() if node.get("Alive")}
+        refs = {
+            node["NodeID"]: probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(marker)
+            for node in ray.nodes()
+            if node.get("Alive")
+        }
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         blind, errors, silent = [], [], []
         for node_id, ref in refs.items():
@@ -245,14 +265,20 @@ def check_shared_storage(folder: StoragePath, print_line: Callable[[str], None] 
     finally:
         marker.unlink()
     if blind:
-        raise ConfigError(f"--storage {folder} is not reachable (or not writable) from node(s) {', '.join(blind)}: on a Ray cluster "
-                          "it must be a folder that every node and this machine mount at the same path (NFS, ...) or a URI they all "
-                          "have credentials for")
+        raise ConfigError(
+            f"--storage {folder} is not reachable (or not writable) from node(s) {', '.join(blind)}: on a Ray cluster "
+            "it must be a folder that every node and this machine mount at the same path (NFS, ...) or a URI they all "
+            "have credentials for"
+        )
     if errors:
-        raise ConfigError(f"cannot run cifar_ray code on every node ({'; '.join(errors)}): install the package on every "
-                          "node, or ship it with `ray job submit --runtime-env-json '{\"working_dir\": \".\"}'`")
+        raise ConfigError(
+            f"cannot run cifar_ray code on every node ({'; '.join(errors)}): install the package on every "
+            'node, or ship it with `ray job submit --runtime-env-json \'{"working_dir": "."}\'`'
+        )
     if silent:
-        print_line(f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they reach {folder}")
+        print_line(
+            f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they reach {folder}"
+        )
 
 
 def failure_status(error: BaseException) -> str:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,9 +38,22 @@ from .config import ConfigError
 from .runlog import BREAKDOWN_KEYS, SWEEP_FILE, TRIAL_FILE, RunLog, Where, load_run
 
 FORMATS = ("md", "csv", "json")
-EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "train_eval_loss", "train_eval_acc", "epoch_time_s",
-              "samples_per_s", "peak_mem_mb", "peak_mem_total_mb", "lr", "peak_lr", "amp_skipped_steps",
-              "allreduce_bytes_per_step")
+EPOCH_KEYS = (
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "train_eval_loss",
+    "train_eval_acc",
+    "epoch_time_s",
+    "samples_per_s",
+    "peak_mem_mb",
+    "peak_mem_total_mb",
+    "lr",
+    "peak_lr",
+    "amp_skipped_steps",
+    "allreduce_bytes_per_step",
+)
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
 
 OVERFIT_RISE = 0.02
@@ -54,14 +68,20 @@ OVERFIT_RULE = (
 # exactly like the test set; "running" are the means over the epoch's steps. Gap, overfitting and the train loss
 # curve read "eval" where logged (train_basis).
 TRAIN_COLUMNS = {"eval": ("train_eval_loss", "train_eval_acc"), "running": ("train_loss", "train_acc")}
-RUNNING_NOTE = ("Running train accuracy and loss are means over the epoch's training steps, taken with augmentation "
-                "and dropout on while the weights still change, so they trail the model at the end of the epoch and "
-                "can read below test accuracy: not a like-for-like comparison with the test metrics.")
-EVAL_NOTE = ("Eval train accuracy and loss evaluate the first `train_eval_size` training images{size} after each epoch "
-             "exactly as the test set is (eval mode, no augmentation, the same code): the like-for-like comparison.")
+RUNNING_NOTE = (
+    "Running train accuracy and loss are means over the epoch's training steps, taken with augmentation "
+    "and dropout on while the weights still change, so they trail the model at the end of the epoch and "
+    "can read below test accuracy: not a like-for-like comparison with the test metrics."
+)
+EVAL_NOTE = (
+    "Eval train accuracy and loss evaluate the first `train_eval_size` training images{size} after each epoch "
+    "exactly as the test set is (eval mode, no augmentation, the same code): the like-for-like comparison."
+)
 # What peak_mem_mb measures, by the trials' device type (trial.json: system.device_type).
-MEMORY_MEASURES = {"cpu": "peak RSS of one worker process (the whole process: Python, torch, data)",
-                   "cuda": "peak memory allocated by torch on one GPU"}
+MEMORY_MEASURES = {
+    "cpu": "peak RSS of one worker process (the whole process: Python, torch, data)",
+    "cuda": "peak memory allocated by torch on one GPU",
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ class Metric:
     column: str
     label: str
     better: str  # "max" or "min"
-    kind: str    # "acc": fraction shown as %, deltas in percentage points; "cost", "loss": deltas in %
+    kind: str  # "acc": fraction shown as %, deltas in percentage points; "cost", "loss": deltas in %
 
 
 FACTOR_METRICS = (
@@ -108,21 +128,21 @@ class Overfit:
 class Report:
     run: RunLog
     name: str
-    factors: list[str]           # grid keys other than seed, in grid order
-    grid: dict[str, list]        # factor -> its values, in grid order
-    baseline: dict[str, Any]     # factor -> baseline value (a grid value)
-    seed_column: bool            # trials differ by seed (repeats > 1 or seed in the grid)
-    breakdown: list[str]         # step-time keys present in the epochs
-    epochs: pd.DataFrame         # one row per (trial, epoch)
-    trials: pd.DataFrame         # one row per trial
+    factors: list[str]  # grid keys other than seed, in grid order
+    grid: dict[str, list]  # factor -> its values, in grid order
+    baseline: dict[str, Any]  # factor -> baseline value (a grid value)
+    seed_column: bool  # trials differ by seed (repeats > 1 or seed in the grid)
+    breakdown: list[str]  # step-time keys present in the epochs
+    epochs: pd.DataFrame  # one row per (trial, epoch)
+    trials: pd.DataFrame  # one row per trial
     groups: dict[str, pd.DataFrame]  # factor -> one row per grid value
-    configs: pd.DataFrame        # one row per combination of factor values
-    objective: Metric            # what "best" means: the sweep's metric and mode on its trial column
-    objective_note: str          # why the sweep's metric was not usable ("" when it is)
+    configs: pd.DataFrame  # one row per combination of factor values
+    objective: Metric  # what "best" means: the sweep's metric and mode on its trial column
+    objective_note: str  # why the sweep's metric was not usable ("" when it is)
     metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
     effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
-    noise: tuple[float, int]     # seed_noise() of final test accuracy: (pooled std, configurations behind it)
-    memory_measure: str          # what peak memory per worker measures on these trials' devices
+    noise: tuple[float, int]  # seed_noise() of final test accuracy: (pooled std, configurations behind it)
+    memory_measure: str  # what peak memory per worker measures on these trials' devices
 
 
 # ----------------------------------------------------------------------------------------- load
@@ -133,12 +153,12 @@ def load(run_dir: Where) -> RunLog:
     try:
         run = load_run(run_dir)
     except FileNotFoundError:
-        raise ConfigError(f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} "
-                          "(<storage>/<sweep name>)") from None
+        raise ConfigError(
+            f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} (<storage>/<sweep name>)"
+        ) from None
     if not run.trials:
         listed = len(run.sweep.get("trials", []))
-        what = f"{SWEEP_FILE} lists {listed} trial(s) but none has started" if run.sweep \
-            else f"no {SWEEP_FILE} either"
+        what = f"{SWEEP_FILE} lists {listed} trial(s) but none has started" if run.sweep else f"no {SWEEP_FILE} either"
         raise ConfigError(f"no trials in {run.path}: no <trial>/{TRIAL_FILE} found ({what}); nothing to report")
     return run
 
@@ -160,15 +180,16 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or _fmt_value(a) == _fmt_value(b)
 
 
-def resolve_baseline(sweep: dict, factors: list[str], grid: dict[str, list],
-                     baseline: dict | None) -> dict[str, Any]:
+def resolve_baseline(sweep: dict, factors: list[str], grid: dict[str, list], baseline: dict | None) -> dict[str, Any]:
     """Baseline value per factor: the first grid value unless `baseline` names another one."""
     chosen = {key: grid[key][0] for key in factors if grid[key]}
     for key, value in (baseline or {}).items():
         if key not in factors:
             swept = ", ".join(factors) if factors else "none"
-            raise ConfigError(f"--baseline {key}={_fmt_value(value)}: '{key}' is not a swept factor of "
-                              f"sweep '{sweep.get('name', '?')}'; swept keys: {swept}")
+            raise ConfigError(
+                f"--baseline {key}={_fmt_value(value)}: '{key}' is not a swept factor of "
+                f"sweep '{sweep.get('name', '?')}'; swept keys: {swept}"
+            )
         match = [v for v in grid[key] if _same(v, value)]
         if not match:
             allowed = ", ".join(_fmt_value(v) for v in grid[key])
@@ -181,8 +202,7 @@ def resolve_baseline(sweep: dict, factors: list[str], grid: dict[str, list],
 
 
 def _breakdown_keys(run: RunLog) -> list[str]:
-    present = {k for t in run.trials for row in t.epochs for k in row
-               if k.startswith("time_") and k.endswith("_s")}
+    present = {k for t in run.trials for row in t.epochs for k in row if k.startswith("time_") and k.endswith("_s")}
     return [k for k in BREAKDOWN_KEYS if k in present] + sorted(present - set(BREAKDOWN_KEYS))
 
 
@@ -197,23 +217,25 @@ def epochs_frame(run: RunLog, breakdown: Sequence[str] = ()) -> pd.DataFrame:
     return frame
 
 
-def find_overfitting(epochs: Sequence[int], train_loss: Sequence[float],
-                     test_loss: Sequence[float]) -> Overfit | None:
+def find_overfitting(epochs: Sequence[int], train_loss: Sequence[float], test_loss: Sequence[float]) -> Overfit | None:
     """Apply OVERFIT_RULE to one trial's curves (epochs with a missing loss are skipped)."""
-    points = [(int(e), float(tr), float(te)) for e, tr, te in zip(epochs, train_loss, test_loss)
-              if tr is not None and te is not None and math.isfinite(tr) and math.isfinite(te)]
+    points = [
+        (int(e), float(tr), float(te))
+        for e, tr, te in zip(epochs, train_loss, test_loss)
+        if tr is not None and te is not None and math.isfinite(tr) and math.isfinite(te)
+    ]
     if len(points) < 2:
         return None
     m = min(range(len(points)), key=lambda i: points[i][2])  # the first minimum
     min_epoch, train_at_min, test_min = points[m]
-    for epoch, train, test in points[m + 1:]:
+    for epoch, train, test in points[m + 1 :]:
         if test > test_min + OVERFIT_RISE * abs(test_min) and train < train_at_min:
             return Overfit(min_epoch, test_min, train_at_min, epoch, test, train)
     return None
 
 
 def train_basis(e: pd.DataFrame) -> str:
-    """"eval" when the trial's epochs `e` logged the training subset evaluated like the test set, else "running"."""
+    """ "eval" when the trial's epochs `e` logged the training subset evaluated like the test set, else "running"."""
     return "eval" if e["train_eval_loss"].notna().any() else "running"
 
 
@@ -295,8 +317,15 @@ def trial_frame(run: RunLog, epochs: pd.DataFrame, keys: list[str], breakdown: S
         e = epochs[epochs["trial"] == trial.name].sort_values("epoch").reset_index(drop=True)
         rows.append(_trial_row(trial, e, keys, breakdown))
     frame = pd.DataFrame(rows)
-    for column in ("best_epoch", "overfit_epoch", "diverged_epoch", "epochs_planned", "effective_batch", "workers",
-                   "gpus"):
+    for column in (
+        "best_epoch",
+        "overfit_epoch",
+        "diverged_epoch",
+        "epochs_planned",
+        "effective_batch",
+        "workers",
+        "gpus",
+    ):
         numbers = pd.to_numeric(frame[column], errors="coerce")
         try:
             frame[column] = numbers.astype("Int64")
@@ -342,8 +371,14 @@ def table_metrics(objective: Metric) -> tuple[Metric, ...]:
     return metrics if objective in metrics else metrics + (objective,)
 
 
-def factor_frame(trials: pd.DataFrame, key: str, values: list, baseline: Any,
-                 breakdown: Sequence[str] = (), metrics: Sequence[Metric] = FACTOR_METRICS) -> pd.DataFrame:
+def factor_frame(
+    trials: pd.DataFrame,
+    key: str,
+    values: list,
+    baseline: Any,
+    breakdown: Sequence[str] = (),
+    metrics: Sequence[Metric] = FACTOR_METRICS,
+) -> pd.DataFrame:
     """One row per grid value of `key`: n finished trials, mean/std of each metric (all other keys and seeds
     pooled: a mean, not an effect; see paired_effects), delta of the means vs baseline."""
     done = trials[trials["status"] == "finished"]
@@ -364,8 +399,13 @@ def factor_frame(trials: pd.DataFrame, key: str, values: list, baseline: Any,
     return frame
 
 
-def config_frame(trials: pd.DataFrame, factors: list[str], grid: dict[str, list],
-                 breakdown: Sequence[str] = (), metrics: Sequence[Metric] = FACTOR_METRICS) -> pd.DataFrame:
+def config_frame(
+    trials: pd.DataFrame,
+    factors: list[str],
+    grid: dict[str, list],
+    breakdown: Sequence[str] = (),
+    metrics: Sequence[Metric] = FACTOR_METRICS,
+) -> pd.DataFrame:
     """One row per combination of factor values (seeds averaged): n, mean/std of each metric."""
     done = trials[trials["status"] == "finished"]
     rows = []
@@ -415,8 +455,9 @@ def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
     return values.dropna().groupby(level=0)
 
 
-def paired_effects(trials: pd.DataFrame, key: str, factors: Sequence[str], grid: dict[str, list],
-                   baseline: Any, column: str) -> pd.DataFrame:
+def paired_effects(
+    trials: pd.DataFrame, key: str, factors: Sequence[str], grid: dict[str, list], baseline: Any, column: str
+) -> pd.DataFrame:
     """Effect of each non-baseline value of `key` on `column`, from matched pairs: a finished trial with that
     value and one with the baseline value that differ in nothing else (other factors and seed equal; several
     trials in one cell are averaged). One row per value: n_pairs, mean_diff and std_diff of the differences
@@ -433,8 +474,17 @@ def paired_effects(trials: pd.DataFrame, key: str, factors: Sequence[str], grid:
         n = len(diffs)
         half = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else math.nan
         low, high = mean - half, mean + half
-        rows.append({key: value, "n_pairs": n, "mean_diff": mean, "std_diff": std, "ci_low": low, "ci_high": high,
-                     "conclusive": bool(low > 0 or high < 0)})  # False with NaN bounds
+        rows.append(
+            {
+                key: value,
+                "n_pairs": n,
+                "mean_diff": mean,
+                "std_diff": std,
+                "ci_low": low,
+                "ci_high": high,
+                "conclusive": bool(low > 0 or high < 0),
+            }
+        )  # False with NaN bounds
     return pd.DataFrame(rows, columns=[key, "n_pairs", "mean_diff", "std_diff", "ci_low", "ci_high", "conclusive"])
 
 
@@ -466,12 +516,31 @@ def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
     metrics = table_metrics(objective)
     groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown, metrics) for key in factors}
     configs = config_frame(trials, factors, grid, breakdown, metrics)
-    effects = {key: {m.column: paired_effects(trials, key, factors, grid, chosen[key], m.column)
-                     for m in PAIRED_METRICS} for key in factors}
+    effects = {
+        key: {m.column: paired_effects(trials, key, factors, grid, chosen[key], m.column) for m in PAIRED_METRICS}
+        for key in factors
+    }
     noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
     name = str(sweep.get("name") or run.path.name)
-    return Report(run, name, factors, grid, chosen, seed_column, breakdown, epochs, trials, groups, configs,
-                  objective, note, metrics, effects, noise, memory_measure(run))
+    return Report(
+        run,
+        name,
+        factors,
+        grid,
+        chosen,
+        seed_column,
+        breakdown,
+        epochs,
+        trials,
+        groups,
+        configs,
+        objective,
+        note,
+        metrics,
+        effects,
+        noise,
+        memory_measure(run),
+    )
 
 
 # ------------------------------------------------------------------------------------ formatting
@@ -575,12 +644,13 @@ def _delta(metric: Metric, row: pd.Series) -> str:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
     """A GitHub-flavoured Markdown table; `align` is one letter per column: l, r or c."""
+
     def cell(x: Any) -> str:
         return str(x).replace("|", "\\|").replace("\n", " ")
+
     align = align or "l" * len(headers)
     rule = {"l": "---", "r": "---:", "c": ":---:"}
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
-             "|" + "|".join(rule[a] for a in align) + "|"]
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join(rule[a] for a in align) + "|"]
     lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -638,8 +708,10 @@ def hardware(report: Report) -> str:
     if gpus:
         count = cluster.get("gpus") or max((s.get("num_gpus") or 0) for s in systems)
         most = max((s.get("num_gpus") or 0) for s in systems)
-        return (f"{_fmt_value(float(count))} × {' / '.join(gpus)}{where} (up to {most} per trial); "
-                f"host CPU {host.get('cpu_model', 'unknown')}")
+        return (
+            f"{_fmt_value(float(count))} × {' / '.join(gpus)}{where} (up to {most} per trial); "
+            f"host CPU {host.get('cpu_model', 'unknown')}"
+        )
     cores = host.get("cpu_count")
     cpus = cluster.get("cpus")
     ray = f", {_fmt_value(float(cpus))} CPUs in the Ray cluster{where}" if isinstance(cpus, (int, float)) else ""
@@ -656,8 +728,11 @@ def _trials_line(report: Report) -> str:
     n = len(report.trials)
     n_configs = len(report.configs)
     repeats = report.run.sweep.get("repeats", 1)
-    shape = f" ({n_configs} configuration{'s' if n_configs != 1 else ''} × {repeats} repeats)" \
-        if isinstance(repeats, int) and repeats > 1 else ""
+    shape = (
+        f" ({n_configs} configuration{'s' if n_configs != 1 else ''} × {repeats} repeats)"
+        if isinstance(repeats, int) and repeats > 1
+        else ""
+    )
     parts = [f"{counts[s]} {s}" for s in ("finished", "failed", "diverged", "oom")]
     parts += [f"{counts[s]} {s}" for s in ("running", "pending") if counts[s]]
     return f"{n} run{'s' if n != 1 else ''}{shape}: " + ", ".join(parts)
@@ -691,8 +766,7 @@ def header_info(report: Report) -> dict:
         "status_counts": _status_counts(report.trials),
         "metric": metric,
         "mode": mode,
-        "best": f"{_best_phrase(report.objective)} ("
-                f"{report.objective_note or f'sweep metric={metric}, mode={mode}'})",
+        "best": f"{_best_phrase(report.objective)} ({report.objective_note or f'sweep metric={metric}, mode={mode}'})",
         "best_column": report.objective.column,
         "best_mode": report.objective.better,
         "grid": report.grid,
@@ -746,7 +820,7 @@ def findings(report: Report) -> list[str]:
     lines = []
     repeated = report.run.sweep.get("repeats", 1) not in (None, 1) or "seed" in report.grid
     unit = "configuration (mean over its finished seeds)" if repeated else "configuration"
-    name = (lambda i: _label(configs.loc[i], report.factors) or "the only configuration")
+    name = lambda i: _label(configs.loc[i], report.factors) or "the only configuration"
 
     def n_note(i: int) -> str:
         n = int(configs.loc[i, "n"])
@@ -754,9 +828,11 @@ def findings(report: Report) -> list[str]:
 
     if len(configs) == 1:
         i = configs.index[0]
-        return [f"One {unit}: final test accuracy {_mean_std(FACTOR_METRICS[0], configs.loc[i, 'final_test_acc_mean'], configs.loc[i, 'final_test_acc_std'])} %, "
-                f"{_num(configs.loc[i, 'time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(configs.loc[i])} "
-                f"({done} finished trial{'s' if done != 1 else ''})."]
+        return [
+            f"One {unit}: final test accuracy {_mean_std(FACTOR_METRICS[0], configs.loc[i, 'final_test_acc_mean'], configs.loc[i, 'final_test_acc_std'])} %, "
+            f"{_num(configs.loc[i, 'time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(configs.loc[i])} "
+            f"({done} finished trial{'s' if done != 1 else ''})."
+        ]
 
     best = report.objective
     if report.objective_note:
@@ -764,22 +840,28 @@ def findings(report: Report) -> list[str]:
     pick = _best(configs, f"{best.column}_mean", best.better) if best != FACTOR_METRICS[0] else None
     if pick:  # the default objective's best is the Most accurate line
         top, low = pick
-        lines.append(f"**Best** {unit} by the sweep's metric ({_best_phrase(best)}): {name(top)} at "
-                     f"{_metric_text(best, configs.loc[top, f'{best.column}_mean'])}{n_note(top)}; the worst is "
-                     f"{name(low)} ({_metric_text(best, configs.loc[low, f'{best.column}_mean'])}).")
+        lines.append(
+            f"**Best** {unit} by the sweep's metric ({_best_phrase(best)}): {name(top)} at "
+            f"{_metric_text(best, configs.loc[top, f'{best.column}_mean'])}{n_note(top)}; the worst is "
+            f"{name(low)} ({_metric_text(best, configs.loc[low, f'{best.column}_mean'])})."
+        )
     pick = _best(configs, "time_per_epoch_s_mean", "min")
     if pick:
         fast, slow = pick
         t_fast, t_slow = configs.loc[fast, "time_per_epoch_s_mean"], configs.loc[slow, "time_per_epoch_s_mean"]
-        lines.append(f"**Fastest** {unit}: {name(fast)} at {_num(t_fast)} s/epoch{n_note(fast)}; "
-                     f"{t_slow / t_fast:.2f}× faster than the slowest, {name(slow)} ({_num(t_slow)} s/epoch).")
+        lines.append(
+            f"**Fastest** {unit}: {name(fast)} at {_num(t_fast)} s/epoch{n_note(fast)}; "
+            f"{t_slow / t_fast:.2f}× faster than the slowest, {name(slow)} ({_num(t_slow)} s/epoch)."
+        )
     pick = _best(configs, "final_test_acc_mean", "max")
     if pick:
         top, low = pick
         a_top, a_low = configs.loc[top, "final_test_acc_mean"], configs.loc[low, "final_test_acc_mean"]
         ratio = f"; {(1 - a_low) / (1 - a_top):.2f}× fewer test errors" if a_top < 1 else ""
-        lines.append(f"**Most accurate**: {name(top)} at {_pct(a_top)} % final test accuracy{n_note(top)}; "
-                     f"{100 * (a_top - a_low):+.2f} pp over the least accurate, {name(low)} ({_pct(a_low)} %){ratio}.")
+        lines.append(
+            f"**Most accurate**: {name(top)} at {_pct(a_top)} % final test accuracy{n_note(top)}; "
+            f"{100 * (a_top - a_low):+.2f} pp over the least accurate, {name(low)} ({_pct(a_low)} %){ratio}."
+        )
     # Ranked by the total (what running the configuration costs) when every configuration logged one.
     by_total = bool(configs["peak_mem_total_mb_mean"].notna().all())
     column = "peak_mem_total_mb_mean" if by_total else "peak_mem_mb_mean"
@@ -788,10 +870,15 @@ def findings(report: Report) -> list[str]:
         small, big = pick
         m_small, m_big = configs.loc[small, column], configs.loc[big, column]
         ratio = f"{m_big / m_small:.2f}× less than" if m_small > 0 else "versus"
-        basis = ("by the peak total over workers, what the configuration occupies; per worker is what must fit on "
-                 "one device" if by_total else "by the peak per worker: not every configuration logged a total")
-        lines.append(f"**Least memory** ({basis}): {name(small)} at {_memory_text(configs.loc[small])}{n_note(small)}; "
-                     f"{ratio} the most, {name(big)} ({_memory_text(configs.loc[big])}).")
+        basis = (
+            "by the peak total over workers, what the configuration occupies; per worker is what must fit on one device"
+            if by_total
+            else "by the peak per worker: not every configuration logged a total"
+        )
+        lines.append(
+            f"**Least memory** ({basis}): {name(small)} at {_memory_text(configs.loc[small])}{n_note(small)}; "
+            f"{ratio} the most, {name(big)} ({_memory_text(configs.loc[big])})."
+        )
     for key in report.factors:
         lines.extend(_factor_finding(report, key))
     return lines
@@ -820,19 +907,25 @@ def _factor_finding(report: Report, key: str) -> list[str]:
     for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows()):
         part = f"{key}={_fmt_value(a[key])}: "
         if a["n_pairs"] == 0:
-            parts.append(part + f"no matched pairs (no finished trial with {key}={base} and the same other keys "
-                                "and seed), so no effect is estimated")
+            parts.append(
+                part + f"no matched pairs (no finished trial with {key}={base} and the same other keys "
+                "and seed), so no effect is estimated"
+            )
             continue
         part += f"final test accuracy {_paired_text(PAIRED_METRICS[0], a, 'pp')}, {_verdict(a)}"
         if t["n_pairs"]:
             part += f"; time/epoch {_paired_text(PAIRED_METRICS[1], t, 's')}"
         parts.append(part)
-    line = (f"**{key}** (baseline {base}; paired differences vs the trial with {key}={base} and the same other keys "
-            "and seed): " + ". ".join(parts) + ".")
+    line = (
+        f"**{key}** (baseline {base}; paired differences vs the trial with {key}={base} and the same other keys "
+        "and seed): " + ". ".join(parts) + "."
+    )
     std, configs = report.noise
     if configs:
-        line += (f" Seed noise: {100 * std:.2f} pp (pooled within-configuration std of final test accuracy over "
-                 f"{configs} configuration{'s' if configs != 1 else ''} with ≥ 2 finished seeds).")
+        line += (
+            f" Seed noise: {100 * std:.2f} pp (pooled within-configuration std of final test accuracy over "
+            f"{configs} configuration{'s' if configs != 1 else ''} with ≥ 2 finished seeds)."
+        )
     return [line]
 
 
@@ -846,30 +939,67 @@ def _trial_table(report: Report) -> str:
     show_device = t["device"].nunique() > 1
     show_gpus = bool((t["gpus"].fillna(0) > 0).any())
     show_eval = _has_train_eval(report)
-    headers = ["trial", *keys] + (["workers"] if show_workers else []) + (["GPUs"] if show_gpus else []) \
-        + (["device"] if show_device else []) + [
-        "eff. batch", "epochs", "final test acc (%)", "best test acc (%) (epoch)", "train acc, running (%)"] \
-        + (["train acc, eval (%)"] if show_eval else []) + ["gap (pp)", "train loss, running"] \
-        + (["train loss, eval"] if show_eval else []) + [
-        "test loss", "time", "time/epoch (s)", "samples/s", "peak mem per worker (MB)",
-        "peak mem, total over workers (MB)", "status", "overfitting"]
+    headers = (
+        ["trial", *keys]
+        + (["workers"] if show_workers else [])
+        + (["GPUs"] if show_gpus else [])
+        + (["device"] if show_device else [])
+        + ["eff. batch", "epochs", "final test acc (%)", "best test acc (%) (epoch)", "train acc, running (%)"]
+        + (["train acc, eval (%)"] if show_eval else [])
+        + ["gap (pp)", "train loss, running"]
+        + (["train loss, eval"] if show_eval else [])
+        + [
+            "test loss",
+            "time",
+            "time/epoch (s)",
+            "samples/s",
+            "peak mem per worker (MB)",
+            "peak mem, total over workers (MB)",
+            "status",
+            "overfitting",
+        ]
+    )
     rows = []
     for _, r in t.iterrows():
         best = f"{_pct(r['best_test_acc'])} ({_int(r['best_epoch'])})" if not math.isnan(r["best_test_acc"]) else "—"
         planned = _int(r["epochs_planned"])
         gap = _pct(r["gap"]) + (" †" if show_eval and r["train_basis"] == "running" and r["epochs_done"] else "")
-        rows.append([f"`{r['trial']}`", *(_fmt_value(r[k]) for k in keys)]
-                    + ([_int(r["workers"])] if show_workers else []) + ([_int(r["gpus"])] if show_gpus else []) \
-                    + ([r["device"]] if show_device else []) + [
-            _int(r["effective_batch"]), f"{r['epochs_done']}/{planned}", _pct(r["final_test_acc"]), best,
-            _pct(r["final_train_acc"])] + ([_pct(r["final_train_eval_acc"])] if show_eval else []) + [
-            gap, _loss(r["final_train_loss"])] + ([_loss(r["final_train_eval_loss"])] if show_eval else []) + [
-            _loss(r["final_test_loss"]), _duration(r["train_time_s"]), _num(r["time_per_epoch_s"]),
-            _num(r["samples_per_s"]), _num(r["peak_mem_mb"]), _num(r["peak_mem_total_mb"]), r["status"],
-            f"**yes** (from epoch {_int(r['overfit_epoch'])})" if r["overfitting"]
-            else ("no" if r["epochs_done"] >= 2 else "—")])
-    align = "l" * (1 + len(keys)) + ("r" if show_workers else "") + ("r" if show_gpus else "") \
-        + ("l" if show_device else "") + "r" * (13 + 2 * show_eval) + "ll"
+        rows.append(
+            [f"`{r['trial']}`", *(_fmt_value(r[k]) for k in keys)]
+            + ([_int(r["workers"])] if show_workers else [])
+            + ([_int(r["gpus"])] if show_gpus else [])
+            + ([r["device"]] if show_device else [])
+            + [
+                _int(r["effective_batch"]),
+                f"{r['epochs_done']}/{planned}",
+                _pct(r["final_test_acc"]),
+                best,
+                _pct(r["final_train_acc"]),
+            ]
+            + ([_pct(r["final_train_eval_acc"])] if show_eval else [])
+            + [gap, _loss(r["final_train_loss"])]
+            + ([_loss(r["final_train_eval_loss"])] if show_eval else [])
+            + [
+                _loss(r["final_test_loss"]),
+                _duration(r["train_time_s"]),
+                _num(r["time_per_epoch_s"]),
+                _num(r["samples_per_s"]),
+                _num(r["peak_mem_mb"]),
+                _num(r["peak_mem_total_mb"]),
+                r["status"],
+                f"**yes** (from epoch {_int(r['overfit_epoch'])})"
+                if r["overfitting"]
+                else ("no" if r["epochs_done"] >= 2 else "—"),
+            ]
+        )
+    align = (
+        "l" * (1 + len(keys))
+        + ("r" if show_workers else "")
+        + ("r" if show_gpus else "")
+        + ("l" if show_device else "")
+        + "r" * (13 + 2 * show_eval)
+        + "ll"
+    )
     return markdown_table(headers, rows, align)
 
 
@@ -907,16 +1037,27 @@ def _paired_table(report: Report, key: str) -> str:
         mean, low, high = _paired_parts(metric, row)
         return "—" if row["n_pairs"] == 0 else f"{mean} [{low}, {high}]" if row["n_pairs"] > 1 else mean
 
-    rows = [[f"{key}={_fmt_value(a[key])}", str(a["n_pairs"]), cell(PAIRED_METRICS[0], a), cell(PAIRED_METRICS[1], t),
-             _verdict(a)] for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows())]
+    rows = [
+        [
+            f"{key}={_fmt_value(a[key])}",
+            str(a["n_pairs"]),
+            cell(PAIRED_METRICS[0], a),
+            cell(PAIRED_METRICS[1], t),
+            _verdict(a),
+        ]
+        for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows())
+    ]
     return markdown_table(headers, rows, "lrrrl")
 
 
 def _factor_breakdown_table(report: Report, key: str) -> str:
     frame = report.groups[key]
     headers = [key, "n", "epoch (s)"] + [f"{_short(k)} (s)" for k in report.breakdown]
-    rows = [[_fmt_value(r[key]), str(r["n"]), _mean_std(None, r["time_per_epoch_s_mean"], r["time_per_epoch_s_std"])]
-            + [_mean_std(None, r[f"{k}_mean"], r[f"{k}_std"]) for k in report.breakdown] for _, r in frame.iterrows()]
+    rows = [
+        [_fmt_value(r[key]), str(r["n"]), _mean_std(None, r["time_per_epoch_s_mean"], r["time_per_epoch_s_std"])]
+        + [_mean_std(None, r[f"{k}_mean"], r[f"{k}_std"]) for k in report.breakdown]
+        for _, r in frame.iterrows()
+    ]
     return markdown_table(headers, rows, "lr" + "r" * (1 + len(report.breakdown)))
 
 
@@ -942,11 +1083,13 @@ def _overfit_sentences(report: Report) -> list[str]:
         o = trial_overfitting(report.epochs[report.epochs["trial"] == r["trial"]].sort_values("epoch"))
         label = _label(r, keys) or r["trial"]
         basis = r["train_basis"]
-        lines.append(f"- `{r['trial']}` ({label}): test loss bottomed at {o.test_min:.4f} in epoch {o.min_epoch}, "
-                     f"then rose to {o.test_at_onset:.4f} in epoch {o.onset} "
-                     f"({100 * (o.test_at_onset / o.test_min - 1):+.1f} %) while {basis} train loss fell from "
-                     f"{o.train_at_min:.4f} to {o.train_at_onset:.4f}; final {basis} train − test accuracy gap "
-                     f"{_pct(r['gap'])} pp" + ("." if basis == "eval" else " (running: not like-for-like)."))
+        lines.append(
+            f"- `{r['trial']}` ({label}): test loss bottomed at {o.test_min:.4f} in epoch {o.min_epoch}, "
+            f"then rose to {o.test_at_onset:.4f} in epoch {o.onset} "
+            f"({100 * (o.test_at_onset / o.test_min - 1):+.1f} %) while {basis} train loss fell from "
+            f"{o.train_at_min:.4f} to {o.train_at_onset:.4f}; final {basis} train − test accuracy gap "
+            f"{_pct(r['gap'])} pp" + ("." if basis == "eval" else " (running: not like-for-like).")
+        )
     return lines
 
 
@@ -954,8 +1097,11 @@ def train_metrics_note(report: Report) -> str:
     """What the train accuracy and loss columns measure: the running means, and the eval ones where logged."""
     if not _has_train_eval(report):
         return f"{RUNNING_NOTE} These logs have no eval train metrics (train_eval_acc): the gap is not like-for-like."
-    sizes = {t.config.get("train_eval_size") for t, basis in zip(report.run.trials, report.trials["train_basis"])
-             if basis == "eval"}
+    sizes = {
+        t.config.get("train_eval_size")
+        for t, basis in zip(report.run.trials, report.trials["train_basis"])
+        if basis == "eval"
+    }
     size = f" ({_fmt_value(sizes.pop())} here; all of them when the training set is smaller)" if len(sizes) == 1 else ""
     return f"{RUNNING_NOTE} {EVAL_NOTE.format(size=size)}"
 
@@ -965,18 +1111,21 @@ def _gap_note(report: Report) -> str:
         return "gap = final running train acc − final test acc (percentage points)"
     t = report.trials
     running = ((t["train_basis"] == "running") & (t["epochs_done"] > 0)).any()
-    return ("gap = final eval train acc − final test acc (percentage points"
-            + ("; † the running train acc: the trial logged no eval one)" if running else ")"))
+    return "gap = final eval train acc − final test acc (percentage points" + (
+        "; † the running train acc: the trial logged no eval one)" if running else ")"
+    )
 
 
 def memory_note(report: Report) -> str:
     """What the two peak memory columns measure, worded from the trials' devices."""
     t = report.trials
     missing = ((t["epochs_done"] > 0) & t["peak_mem_total_mb"].isna()).any()
-    return (f"Peak mem per worker: {report.memory_measure}, the largest over the workers and epochs: what must fit "
-            "on one device. Peak mem, total over workers: the sum of every worker's peak (of every GPU's with "
-            "strategy=dp), the largest over epochs: what running it occupies (at most: the workers may peak at "
-            "different moments)" + ("; — where the logs have no total (peak_mem_total_mb)." if missing else "."))
+    return (
+        f"Peak mem per worker: {report.memory_measure}, the largest over the workers and epochs: what must fit "
+        "on one device. Peak mem, total over workers: the sum of every worker's peak (of every GPU's with "
+        "strategy=dp), the largest over epochs: what running it occupies (at most: the workers may peak at "
+        "different moments)" + ("; — where the logs have no total (peak_mem_total_mb)." if missing else ".")
+    )
 
 
 def _excluded_lines(report: Report) -> list[str]:
@@ -1027,8 +1176,13 @@ def _save(fig, path: Path) -> None:
 
 def _legend(ax, n: int) -> None:
     if n:
-        ax.legend(fontsize=7 if n > 6 else 8, ncol=1 if n <= 12 else 2, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.legend(
+            fontsize=7 if n > 6 else 8,
+            ncol=1 if n <= 12 else 2,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            frameon=False,
+        )
 
 
 def _trial_labels(report: Report) -> list[str]:
@@ -1082,8 +1236,10 @@ def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
     ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy per epoch")
     _legend(ax, len(ax.get_lines()))
     _save(fig, out_dir / "curves_test_acc.png")
-    return [("curves_loss.png", f"Loss per epoch: {train} (dashed), test loss (solid)"),
-            ("curves_test_acc.png", "Test accuracy per epoch")]
+    return [
+        ("curves_loss.png", f"Loss per epoch: {train} (dashed), test loss (solid)"),
+        ("curves_test_acc.png", "Test accuracy per epoch"),
+    ]
 
 
 AXIS_NAMES = {"category": "categories, unordered", "linear": "linear axis", "log2": "log2 axis", "log10": "log axis"}
@@ -1094,8 +1250,9 @@ def factor_axis(values: Sequence[Any]) -> str:
     distinct values and all are numbers (true/false are categories); numbers go on "log2" when all are positive,
     span a factor of 4 or more and each is the smallest times a power of two (batch sizes, workers: 1, 2, 4, 8), on
     "log10" when all are positive and span a factor of 100 or more (learning rates), else on "linear"."""
-    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-                  for v in values)
+    numeric = all(
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) for v in values
+    )
     if not numeric or len(set(values)) < 2:
         return "category"
     low, high = min(values), max(values)
@@ -1130,8 +1287,11 @@ def accuracy_series(frame: pd.DataFrame) -> list[tuple[Metric, str]]:
     equal means say that every trial's last epoch was its best: a second series would cover the first."""
     final, best = FACTOR_METRICS[0], FACTOR_METRICS[1]
     pooled = "mean ± std (other keys pooled)"
-    if np.array_equal(frame[f"{final.column}_mean"].to_numpy(dtype=float),
-                      frame[f"{best.column}_mean"].to_numpy(dtype=float), equal_nan=True):
+    if np.array_equal(
+        frame[f"{final.column}_mean"].to_numpy(dtype=float),
+        frame[f"{best.column}_mean"].to_numpy(dtype=float),
+        equal_nan=True,
+    ):
         return [(final, f"final test acc (%) = best (every trial's last epoch was its best), {pooled}")]
     return [(final, f"{final.label}, {pooled}"), (best, f"{best.label}, {pooled}")]
 
@@ -1162,8 +1322,11 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
         ax.set_xlim(-0.6, len(x) - 0.4)
         ax.set_xticks(x, ticks)
         ax.set(xlabel=key, title=metric.label)
-    fig.suptitle(f"Cost per {key} value (mean ± std over finished trials, other keys pooled; grey = baseline)\n"
-                 f"peak mem per worker: {report.memory_measure}; total: the sum over the workers", fontsize=10)
+    fig.suptitle(
+        f"Cost per {key} value (mean ± std over finished trials, other keys pooled; grey = baseline)\n"
+        f"peak mem per worker: {report.memory_measure}; total: the sum over the workers",
+        fontsize=10,
+    )
     _save(fig, out_dir / f"{key}_cost.png")
 
     fig = _figure(7, 4.5)
@@ -1177,8 +1340,15 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
         at = dodge(positions, axis, 0.08 * (2 * slot - len(series) + 1))  # ±0.08 of a gap for two series, 0 for one
         mean = 100 * frame[f"{metric.column}_mean"].to_numpy(dtype=float)
         std = 100 * np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
-        ax.errorbar(at[order], mean[order], yerr=std[order], fmt="o" if axis == "category" else "o-", color=color,
-                    capsize=4, label=label)
+        ax.errorbar(
+            at[order],
+            mean[order],
+            yerr=std[order],
+            fmt="o" if axis == "category" else "o-",
+            color=color,
+            capsize=4,
+            label=label,
+        )
         for i, value in enumerate(values):
             points = 100 * _with(done, key, value)[metric.column].dropna()
             ax.scatter(np.full(len(points), at[i]), points, color=color, alpha=0.35, s=14)
@@ -1190,14 +1360,21 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
     ax.xaxis.set_minor_locator(NullLocator())
     if axis == "category":
         ax.set_xlim(-0.5, len(values) - 0.5)
-    ax.set(xlabel=f"{key} ({AXIS_NAMES[axis]})", ylabel="test accuracy (%)",
-           title=f"Test accuracy vs {key} (dots = trials)")
+    ax.set(
+        xlabel=f"{key} ({AXIS_NAMES[axis]})",
+        ylabel="test accuracy (%)",
+        title=f"Test accuracy vs {key} (dots = trials)",
+    )
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below: never on the data
     _save(fig, out_dir / f"{key}_accuracy.png")
     what = "Final and best test accuracy" if len(series) == 2 else "Final test accuracy (= best in every trial)"
-    return [(f"{key}_accuracy.png", f"{what} vs {key}"),
-            (f"{key}_cost.png", f"Time per epoch, throughput and peak memory (per worker, total over workers) per "
-                                f"{key} value")]
+    return [
+        (f"{key}_accuracy.png", f"{what} vs {key}"),
+        (
+            f"{key}_cost.png",
+            f"Time per epoch, throughput and peak memory (per worker, total over workers) per {key} value",
+        ),
+    ]
 
 
 # -------------------------------------------------------------------------------------- markdown
@@ -1208,9 +1385,12 @@ def render_markdown(report: Report, plots: dict[str, list[tuple[str, str]]]) -> 
     excluded = len(report.trials) - counts["finished"]
     lines = _header_md(report)
     lines += ["## Findings", ""] + [f"- {line}" for line in findings(report)]
-    scope = (f"Aggregates use the {counts['finished']} finished trial(s) only; the {excluded} other trial(s) "
-             "are excluded (listed under *Excluded trials*)." if excluded
-             else "Every trial finished and enters the aggregates.")
+    scope = (
+        f"Aggregates use the {counts['finished']} finished trial(s) only; the {excluded} other trial(s) "
+        "are excluded (listed under *Excluded trials*)."
+        if excluded
+        else "Every trial finished and enters the aggregates."
+    )
     lines += ["", scope, ""]
 
     for key in report.factors:
@@ -1218,28 +1398,55 @@ def render_markdown(report: Report, plots: dict[str, list[tuple[str, str]]]) -> 
         best = "highest" if report.objective.better == "max" else "lowest"
         lines += [f"## Effect of `{key}`", ""]
         if len(report.effects[key][PAIRED_METRICS[0].column]):
-            lines += [f"Paired effect vs the baseline {base}: each finished trial with another {key} value is paired "
-                      f"with the finished trial that has {base} and the same other keys and seed; the table gives the "
-                      "mean of the differences (value − baseline) and a Student-t 95 % confidence interval over the "
-                      "pairs. An interval that excludes 0 is a real effect; its width covers seed noise and any "
-                      "change of the effect across the other keys' values.", "", _paired_table(report, key), ""]
-        lines += ["Per-value means, not effects: mean ± sample std (ddof=1; — for a single trial) over finished "
-                  "trials with each value, all other keys and seeds pooled, so they also carry the other keys' "
-                  f"effects. Δ = difference of these means vs {base}: accuracy in percentage points, others in "
-                  f"percent. Bold: the best value per column (for {report.objective.label}, the sweep's metric, the "
-                  f"{best}). {memory_note(report)}", "", _factor_table(report, key), ""]
+            lines += [
+                f"Paired effect vs the baseline {base}: each finished trial with another {key} value is paired "
+                f"with the finished trial that has {base} and the same other keys and seed; the table gives the "
+                "mean of the differences (value − baseline) and a Student-t 95 % confidence interval over the "
+                "pairs. An interval that excludes 0 is a real effect; its width covers seed noise and any "
+                "change of the effect across the other keys' values.",
+                "",
+                _paired_table(report, key),
+                "",
+            ]
+        lines += [
+            "Per-value means, not effects: mean ± sample std (ddof=1; — for a single trial) over finished "
+            "trials with each value, all other keys and seeds pooled, so they also carry the other keys' "
+            f"effects. Δ = difference of these means vs {base}: accuracy in percentage points, others in "
+            f"percent. Bold: the best value per column (for {report.objective.label}, the sweep's metric, the "
+            f"{best}). {memory_note(report)}",
+            "",
+            _factor_table(report, key),
+            "",
+        ]
         if report.breakdown:
-            lines += ["Step-time breakdown (seconds per epoch, mean ± std):", "", _factor_breakdown_table(report, key), ""]
+            lines += [
+                "Step-time breakdown (seconds per epoch, mean ± std):",
+                "",
+                _factor_breakdown_table(report, key),
+                "",
+            ]
         lines += [f"![{caption}]({file})" for file, caption in plots.get(key, [])]
         lines += [""]
 
-    lines += ["## Trials", "", _trial_table(report), "",
-              f"Accuracies are at the last logged epoch unless marked best; {_gap_note(report)}; time = sum of epoch "
-              "times; time/epoch and samples/s are means over logged epochs; eff. batch = batch_size × accum_steps. "
-              f"{train_metrics_note(report)} {memory_note(report)}", ""]
+    lines += [
+        "## Trials",
+        "",
+        _trial_table(report),
+        "",
+        f"Accuracies are at the last logged epoch unless marked best; {_gap_note(report)}; time = sum of epoch "
+        "times; time/epoch and samples/s are means over logged epochs; eff. batch = batch_size × accum_steps. "
+        f"{train_metrics_note(report)} {memory_note(report)}",
+        "",
+    ]
     if report.breakdown:
-        lines += ["### Step-time breakdown", "", "Mean seconds per epoch (share of the epoch time):", "",
-                  _trial_breakdown_table(report), ""]
+        lines += [
+            "### Step-time breakdown",
+            "",
+            "Mean seconds per epoch (share of the epoch time):",
+            "",
+            _trial_breakdown_table(report),
+            "",
+        ]
 
     lines += ["## Overfitting", "", OVERFIT_RULE, "", train_metrics_note(report), ""]
     flagged = _overfit_sentences(report)
@@ -1278,9 +1485,14 @@ def export_json(report: Report, out_dir: Path) -> Path:
         "sweep": {k: _plain(v) if not isinstance(v, dict) else v for k, v in info.items()},
         "trials": _records(report.trials),
         "configurations": _records(report.configs),
-        "factors": {key: {"baseline": report.baseline[key], "rows": _records(frame),
-                          "paired": {column: _records(effect) for column, effect in report.effects[key].items()}}
-                    for key, frame in report.groups.items()},
+        "factors": {
+            key: {
+                "baseline": report.baseline[key],
+                "rows": _records(frame),
+                "paired": {column: _records(effect) for column, effect in report.effects[key].items()},
+            }
+            for key, frame in report.groups.items()
+        },
         "seed_noise": {"final_test_acc_std": _plain(noise_std), "configurations": noise_configs},
         "findings": findings(report),
     }
@@ -1295,8 +1507,9 @@ def export_csv(report: Report, out_dir: Path) -> Path:
     report.configs.to_csv(out_dir / "configurations.csv", index=False)
     for key, frame in report.groups.items():
         frame.to_csv(out_dir / f"factor_{key}.csv", index=False)
-        effects = pd.concat([effect.assign(metric=column) for column, effect in report.effects[key].items()],
-                            ignore_index=True)
+        effects = pd.concat(
+            [effect.assign(metric=column) for column, effect in report.effects[key].items()], ignore_index=True
+        )
         effects[["metric", *effects.columns[:-1]]].to_csv(out_dir / f"effect_{key}.csv", index=False)
     report.epochs.to_csv(out_dir / "epochs.csv", index=False)
     return path
@@ -1314,8 +1527,9 @@ def export_markdown(report: Report, out_dir: Path) -> Path:
     return path
 
 
-def write_report(run_dir: Where, out_dir: str | Path | None = None,
-                 baseline: dict | None = None, fmt: str = "md") -> Path:
+def write_report(
+    run_dir: Where, out_dir: str | Path | None = None, baseline: dict | None = None, fmt: str = "md"
+) -> Path:
     """Write the report of the run at `run_dir`; returns the main file (README.md, trials.csv or report.json).
 
     `out_dir` defaults to reports/<sweep name>; `baseline` ({key: grid value}) picks the reference value

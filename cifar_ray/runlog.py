@@ -157,14 +157,20 @@ def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True)
     if not sweep:
         return None
     names = list(sweep.get("trials", []))
-    if "finished_at" in sweep or names and all(
-            read_json(run_dir / name / TRIAL_FILE).get("status") in FINAL_STATUSES for name in names):
+    if (
+        "finished_at" in sweep
+        or names
+        and all(read_json(run_dir / name / TRIAL_FILE).get("status") in FINAL_STATUSES for name in names)
+    ):
         trials = f"{len(names)} trial{'s' * (len(names) != 1)}"
-        return (f"{run_dir} already holds a finished run of '{plan_name}' ({trials}): see it with `cifar-ray report "
-                f"{shlex.quote(str(run_dir))}`; pass --name NEW to start another, or delete the folder")
+        return (
+            f"{run_dir} already holds a finished run of '{plan_name}' ({trials}): see it with `cifar-ray report "
+            f"{shlex.quote(str(run_dir))}`; pass --name NEW to start another, or delete the folder"
+        )
     options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
-    return (f"{run_dir} already holds an unfinished run of '{plan_name}': {options} to start another, "
-            "or delete the folder")
+    return (
+        f"{run_dir} already holds an unfinished run of '{plan_name}': {options} to start another, or delete the folder"
+    )
 
 
 def record_outcome(trial_dir: Where) -> None:
@@ -179,5 +185,10 @@ def record_outcome(trial_dir: Where) -> None:
     epochs = read_epochs(trial_dir)
     diverged = [row["epoch"] for row in epochs if row.get("diverged")]
     status = "diverged" if diverged else "finished"
-    update_json(trial_file, status=status, diverged_epoch=diverged[0] if diverged else None,
-                finished_at=now_iso(), finished_unix=time.time())
+    update_json(
+        trial_file,
+        status=status,
+        diverged_epoch=diverged[0] if diverged else None,
+        finished_at=now_iso(),
+        finished_unix=time.time(),
+    )

@@ -23,8 +23,9 @@ class Refused(pickle.UnpicklingError):
     """A batch pickle asked for something a CIFAR batch never holds."""
 
     def __init__(self, what: str):
-        super().__init__(f"refused to load {what} (a CIFAR batch holds only numeric numpy arrays, lists, strings "
-                         "and numbers)")
+        super().__init__(
+            f"refused to load {what} (a CIFAR batch holds only numeric numpy arrays, lists, strings and numbers)"
+        )
 
 
 class _NumpyDtype:

@@ -32,8 +32,9 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import runlog, sysinfo
 from .config import TrainConfig
@@ -132,8 +133,9 @@ class Dispatcher:
     async def _fail(self, slot: str, spec: dict) -> None:
         del self.in_flight[slot]
         status, error = self.errors.get(spec["name"], ("failed", "a worker of the trial's slot died"))
-        runlog.update_json(self.run_dir / spec["name"] / runlog.TRIAL_FILE, status=status, error=error,
-                           finished_at=runlog.now_iso())
+        runlog.update_json(
+            self.run_dir / spec["name"] / runlog.TRIAL_FILE, status=status, error=error, finished_at=runlog.now_iso()
+        )
         await self._tell(spec["name"], {"failed": error, "status": status})
 
 
@@ -191,8 +193,16 @@ def slot_loop(loop_config: dict) -> None:
         if cfg.compile:  # dynamo's caches hold the previous trial's model: past 8 recompiles it runs eager
             torch._dynamo.reset()
         if rank == 0:
-            runlog.update_json(trial_dir / runlog.TRIAL_FILE, status="running", error=None, started_at=runlog.now_iso(),
-                               started_unix=taken, system=system, slot=slot, driver=sysinfo.worker_placement())
+            runlog.update_json(
+                trial_dir / runlog.TRIAL_FILE,
+                status="running",
+                error=None,
+                started_at=runlog.now_iso(),
+                started_unix=taken,
+                system=system,
+                slot=slot,
+                driver=sysinfo.worker_placement(),
+            )
 
         def report(metrics: dict, folder: Path | None) -> None:
             if rank == 0:
@@ -223,10 +233,12 @@ def run_slot(shape_cfg: dict, shape: str, slot: str, dispatcher, storage: Storag
         slot_loop,
         train_loop_config={"dispatcher": dispatcher, "shape": shape, "slot": slot},
         torch_config=TorchConfig(backend=cfg.backend),
-        scaling_config=ray.train.ScalingConfig(num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true",
-                                               resources_per_worker=worker_resources(cfg)),
-        run_config=ray.train.RunConfig(name=slot, **storage.ray_storage(),
-                                       failure_config=ray.train.FailureConfig(max_failures=restarts)),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true", resources_per_worker=worker_resources(cfg)
+        ),
+        run_config=ray.train.RunConfig(
+            name=slot, **storage.ray_storage(), failure_config=ray.train.FailureConfig(max_failures=restarts)
+        ),
     )
     try:
         trainer.fit()
@@ -243,7 +255,7 @@ class StartedSlots:
         import threading
 
         self.dispatcher, self.launches = dispatcher, list(launches)
-        self.tasks = [launch() for launch in self.launches[:limit or len(self.launches)]]
+        self.tasks = [launch() for launch in self.launches[: limit or len(self.launches)]]
         self.stopped = threading.Event()
         self.launcher = threading.Thread(target=self._launch_as_slots_end, name="cifar-ray-slots", daemon=True)
         self.launcher.start()
@@ -256,10 +268,10 @@ class StartedSlots:
     def _launch_as_slots_end(self) -> None:
         import ray
 
-        running, waiting = list(self.tasks), self.launches[len(self.tasks):]
+        running, waiting = list(self.tasks), self.launches[len(self.tasks) :]
         while waiting and not self.stopped.is_set():
             ended, running = ray.wait(running, num_returns=1, timeout=1.0)
-            for _ in ended[:len(waiting)]:
+            for _ in ended[: len(waiting)]:
                 task = waiting.pop(0)()
                 self.tasks.append(task)
                 running.append(task)
@@ -285,16 +297,20 @@ class StartedSlots:
         ray.kill(self.dispatcher)
 
 
-def start_slots(plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any],
-                max_concurrent: int | None) -> StartedSlots:
+def start_slots(
+    plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any], max_concurrent: int | None
+) -> StartedSlots:
     """The Dispatcher (named per run) and the slots of every shape of the plan's unfinished trials: as many
     per shape as copies of it fit the cluster (and, with max_concurrent, at most that many in all at once)."""
     import functools
 
     import ray
 
-    unfinished = [t for t in plan.trials
-                  if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.FINAL_STATUSES]
+    unfinished = [
+        t
+        for t in plan.trials
+        if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.FINAL_STATUSES
+    ]
     by_shape: dict[str, list] = collections.defaultdict(list)
     for trial in unfinished:
         by_shape[shape_key(trial.config)].append(trial)
@@ -303,13 +319,19 @@ def start_slots(plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any],
         fit = max(1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))
         slots[shape] = [f"slot-{uuid.uuid4().hex[:8]}" for _ in range(min(len(trials), fit))]
     specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in unfinished]
-    dispatcher = ray.remote(num_cpus=0)(Dispatcher).options(name=dispatcher_name(plan.name)).remote(specs, run_dir, slots)
+    dispatcher = (
+        ray.remote(num_cpus=0)(Dispatcher).options(name=dispatcher_name(plan.name)).remote(specs, run_dir, slots)
+    )
     task = ray.remote(num_cpus=0, max_retries=0)(run_slot)
     launches = []
     for shape, trials in by_shape.items():
         restarts = sum(t.config.max_failures + 1 for t in trials)  # every attempt of every trial may restart it
-        launches += [functools.partial(task.remote, trials[0].config.model_dump(), shape, slot, dispatcher,
-                                       run_dir / ".slots", restarts) for slot in slots[shape]]
+        launches += [
+            functools.partial(
+                task.remote, trials[0].config.model_dump(), shape, slot, dispatcher, run_dir / ".slots", restarts
+            )
+            for slot in slots[shape]
+        ]
     return StartedSlots(dispatcher, launches, max_concurrent)
 
 

@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
 URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@?\s]*@")
-ALLOWED = "a folder, or a URI pyarrow opens: s3://bucket/path, gs://bucket/path, abfs://..., hdfs://host/path, file:///path"
+ALLOWED = (
+    "a folder, or a URI pyarrow opens: s3://bucket/path, gs://bucket/path, abfs://..., hdfs://host/path, file:///path"
+)
 
 
 def redact(text: str) -> str:
@@ -57,7 +59,7 @@ class StoragePath:
         text = os.fspath(where)
         match = URI.match(text)
         if not match or match.group(1).lower() == "file":
-            local = text[len(match.group(0)):] if match else text
+            local = text[len(match.group(0)) :] if match else text
             return cls(pafs.LocalFileSystem(), str(Path(local).expanduser().resolve()))
         try:
             fs, path = pafs.FileSystem.from_uri(text)

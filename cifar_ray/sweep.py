@@ -86,9 +86,17 @@ class SweepPlan:
     source: str = ""
 
     def summary(self) -> dict:
-        return {"name": self.name, "description": self.description, "metric": self.metric, "mode": self.mode,
-                "grid": self.grid, "base": self.base, "repeats": self.repeats, "source": self.source,
-                "trials": [t.name for t in self.trials]}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "metric": self.metric,
+            "mode": self.mode,
+            "grid": self.grid,
+            "base": self.base,
+            "repeats": self.repeats,
+            "source": self.source,
+            "trials": [t.name for t in self.trials],
+        }
 
 
 def _slug(value: Any) -> str:
@@ -119,7 +127,9 @@ def _pydantic_line(error: ValidationError, where: str) -> str:
     return f"{where}{loc}: {message}" if loc else f"{where}{message}"
 
 
-def build_plan(data: Any, overrides: dict[str, Any] | None = None, source: str = "<sweep>", name: str | None = None) -> SweepPlan:
+def build_plan(
+    data: Any, overrides: dict[str, Any] | None = None, source: str = "<sweep>", name: str | None = None
+) -> SweepPlan:
     """Validate a parsed sweep document and expand it; `overrides` replace base keys for every
     trial (and win over the grid, which then collapses to the overridden value)."""
     where = f"{source}: "
@@ -169,7 +179,9 @@ def build_plan(data: Any, overrides: dict[str, Any] | None = None, source: str =
             config = parse_config(values, f"{where}trial ({label}): " if label else where)
             index = len(trials)
             trials.append(TrialSpec(index, trial_name(index, swept), swept, config))
-    return SweepPlan(name or sweep.name, sweep.description, base, labels, sweep.repeats, sweep.metric, sweep.mode, trials, source)
+    return SweepPlan(
+        name or sweep.name, sweep.description, base, labels, sweep.repeats, sweep.metric, sweep.mode, trials, source
+    )
 
 
 def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: str | None = None) -> SweepPlan:
@@ -181,7 +193,9 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
     try:
         data = yaml.safe_load(text)  # safe: Python object tags are refused, never constructed
     except yaml.constructor.ConstructorError as error:
-        raise ConfigError(f"{path}: refused YAML tag {error.problem.split()[-1] if error.problem else ''} (only plain YAML is allowed)".rstrip()) from None
+        raise ConfigError(
+            f"{path}: refused YAML tag {error.problem.split()[-1] if error.problem else ''} (only plain YAML is allowed)".rstrip()
+        ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -192,7 +206,9 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
 
 def single_run_plan(overrides: dict[str, Any], name: str) -> SweepPlan:
     """`cifar-ray train`: one trial of base config + overrides, recorded like a sweep."""
-    return build_plan({"name": name, "description": "A single training run (cifar-ray train).", "base": {}}, overrides, "--set", name)
+    return build_plan(
+        {"name": name, "description": "A single training run (cifar-ray train).", "base": {}}, overrides, "--set", name
+    )
 
 
 @dataclass(frozen=True)
@@ -219,9 +235,16 @@ def trial_table(plan: SweepPlan) -> list[dict[str, Any]]:
     """Rows for --dry-run and the summary: swept values, workers, per-worker and effective batch, and
     the images each trial trains."""
     return [
-        {"trial": t.name, **t.swept, "workers": t.config.workers, "strategy": t.config.strategy,
-         "per_worker_batch": t.config.per_worker_batch, "effective_batch": t.config.effective_batch,
-         "epochs": t.config.epochs, "images_trained": trial_work(t.config).images_trained}
+        {
+            "trial": t.name,
+            **t.swept,
+            "workers": t.config.workers,
+            "strategy": t.config.strategy,
+            "per_worker_batch": t.config.per_worker_batch,
+            "effective_batch": t.config.effective_batch,
+            "epochs": t.config.epochs,
+            "images_trained": trial_work(t.config).images_trained,
+        }
         for t in plan.trials
     ]
 
@@ -243,7 +266,9 @@ def work_summary(plan: SweepPlan) -> str:
     5,000 train / 1,000 test images per trial · 3 epochs · 59,904 images trained in all (14,976 per trial)'."""
     works = [trial_work(t.config) for t in plan.trials]
     trained = [w.images_trained for w in works]
-    return (f"{_counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
-            f"{_span([w.train_images for w in works])} train / {_span([w.test_images for w in works])} test images "
-            f"per trial · {_counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
-            f"in all ({_span(trained)} per trial)")
+    return (
+        f"{_counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
+        f"{_span([w.train_images for w in works])} train / {_span([w.test_images for w in works])} test images "
+        f"per trial · {_counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
+        f"in all ({_span(trained)} per trial)"
+    )

@@ -48,7 +48,11 @@ def git_revision(path: str | Path = ".") -> str:
     try:
         out = subprocess.run(
             ["git", "describe", "--always", "--dirty", "--abbrev=10"],
-            cwd=path, capture_output=True, text=True, timeout=5, check=True,
+            cwd=path,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -58,7 +62,12 @@ def git_revision(path: str | Path = ".") -> str:
 def host_info() -> dict:
     import os
 
-    return {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform()}
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+    }
 
 
 def worker_placement() -> dict:

@@ -18,9 +18,9 @@ import pickle
 import resource
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -126,8 +126,9 @@ class ReplicaAutocast(nn.Module):
             return self.module(*args, **kwargs)
 
 
-def wrap_model(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,
-               devices: list[torch.device] | None = None) -> nn.Module:
+def wrap_model(
+    model: nn.Module, cfg: TrainConfig, device: torch.device, world: int, devices: list[torch.device] | None = None
+) -> nn.Module:
     """The model as it runs: DDP for several processes, DataParallel over `devices` (this worker's
     GPUs, as Ray assigned them) for dp, else unwrapped."""
     devices = devices or [device]
@@ -135,7 +136,9 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, device: torch.device, world: 
         replica = ReplicaAutocast(model, device.type, AMP_DTYPES[cfg.amp]) if cfg.amp != "off" else model
         return nn.DataParallel(replica, device_ids=[d.index for d in devices], output_device=device.index)
     if cfg.strategy == "ddp" and world > 1:
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **comm.ddp_kwargs(cfg))
+        ddp = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, **comm.ddp_kwargs(cfg)
+        )
         comm.register_comm_hook(ddp, cfg)  # grad_compression: fp16/bf16/PowerSGD all-reduce hook
         return ddp
     return model  # one process, one device: nothing to synchronise
@@ -169,9 +172,16 @@ class Training:
     criterion: nn.Module
 
 
-def build_training(cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, device: torch.device, world: int,
-                   scaler: torch.amp.GradScaler | None = None, rank: int = 0,
-                   devices: list[torch.device] | None = None) -> Training:
+def build_training(
+    cfg: TrainConfig,
+    model: nn.Module,
+    steps_per_epoch: int,
+    device: torch.device,
+    world: int,
+    scaler: torch.amp.GradScaler | None = None,
+    rank: int = 0,
+    devices: list[torch.device] | None = None,
+) -> Training:
     """The one setup around a built model, shared by the worker loop, `cifar-ray check` and `bench`.
     Afterwards the global RNG (dropout) runs rank `rank`'s own stream (rank_seed)."""
     wrapped = wrap_model(model, cfg, device, world, devices)
@@ -179,7 +189,9 @@ def build_training(cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, dev
         wrapped = torch.compile(wrapped)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
     optimizer = build_optimizer(wrapped.parameters(), cfg)
     training = Training(
-        raw_model=model, model=wrapped, optimizer=optimizer,
+        raw_model=model,
+        model=wrapped,
+        optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg, steps_per_epoch),
         scaler=scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
         criterion=nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
@@ -255,7 +267,7 @@ def train_epoch(
     criterion: nn.Module,
     cfg: TrainConfig,
     device: torch.device,
-    timer: "PhaseTimer | None" = None,
+    timer: PhaseTimer | None = None,
 ) -> torch.Tensor:
     """One pass over this rank's steps. Returns this rank's [loss sum, correct, samples, skipped
     steps] as a device tensor: no .item() per step, one host sync per epoch. `timer` (optional)
@@ -298,8 +310,9 @@ def train_epoch(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: Split, cfg: TrainConfig, device: torch.device, rank: int,
-             world: int) -> torch.Tensor:
+def evaluate(
+    model: nn.Module, split: Split, cfg: TrainConfig, device: torch.device, rank: int, world: int
+) -> torch.Tensor:
     """[loss sum, correct, samples] of this rank's slice of `split` (the test set, or the fixed training
     subset of train_eval_size) in eval mode, without augmentation (unsmoothed loss)."""
     model.eval()
@@ -345,8 +358,11 @@ def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int
     GPU list can be longer than this node has). Saved by another number of workers: this rank's
     stream restarts from rank_seed, as in a fresh run."""
     if not saved or len(saved) != world:
-        logger.warning("random state saved by %d workers, resumed on %d: dropout streams restart from the seed",
-                       len(saved or []), world)
+        logger.warning(
+            "random state saved by %d workers, resumed on %d: dropout streams restart from the seed",
+            len(saved or []),
+            world,
+        )
         torch.manual_seed(rank_seed(seed, rank))
         return
     torch.set_rng_state(saved[rank]["cpu"].cpu())
@@ -354,29 +370,52 @@ def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int
         torch.cuda.set_rng_state(saved[rank]["cuda"].cpu(), device)
 
 
-def save_checkpoint(folder: Path, epoch: int, model: nn.Module, optimizer, scheduler, scaler, comm_states=None,
-                    rng_states: list[dict] | None = None) -> None:
+def save_checkpoint(
+    folder: Path,
+    epoch: int,
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    scaler,
+    comm_states=None,
+    rng_states: list[dict] | None = None,
+) -> None:
     """Everything needed to continue after `epoch` as if never stopped. `comm_states` and `rng_states`
     hold every rank's PowerSGD and random state (gathered to rank 0; one process: None takes its own)."""
     state = {
-        "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
         "rng": rng_states if rng_states is not None else [rng_state(torch.device("cpu"))],
         "comm": comm_states,  # PowerSGD state of every rank (comm.gather_hook_state), else None
     }
     torch.save(state, folder / CHECKPOINT_FILE)
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device,
-                    comm_state=None, rank: int = 0, world: int = 1, seed: int = 0) -> int:
+def load_checkpoint(
+    folder: Path,
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    scaler,
+    device: torch.device,
+    comm_state=None,
+    rank: int = 0,
+    world: int = 1,
+    seed: int = 0,
+) -> int:
     """Restore a save_checkpoint folder; returns the last finished epoch. weights_only: a checkpoint in
     shared storage is data, never code (torch refuses anything but tensors and plain containers)."""
     try:
         state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
     except pickle.UnpicklingError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"refused to load checkpoint {folder / CHECKPOINT_FILE}: it holds more than tensors "
-                              f"and plain data ({first})") from None
+        raise CheckpointError(
+            f"refused to load checkpoint {folder / CHECKPOINT_FILE}: it holds more than tensors "
+            f"and plain data ({first})"
+        ) from None
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -423,8 +462,11 @@ def worker_system(worker: Worker) -> dict:
     """trial.json's `system`: the devices, versions, and the node and host of every rank. Collective."""
     placement = sysinfo.gather_placement()  # node id + hostname of every rank, in rank order
     gpus = len(worker.devices) if worker.device.type == "cuda" else 0
-    return sysinfo.device_info(worker.device.type, len(worker.devices)) | placement | {
-        "world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
+    return (
+        sysinfo.device_info(worker.device.type, len(worker.devices))
+        | placement
+        | {"world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
+    )
 
 
 # An epoch's metrics and, on rank 0 unless the epoch diverged, the folder of its checkpoint (None elsewhere).
@@ -456,8 +498,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
         run_trial(cfg, trial_dir, worker, report, Path(folder) if folder else None, loop_started)
 
 
-def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, resume_from: Path | None = None,
-              loop_started: float | None = None) -> None:
+def run_trial(
+    cfg: TrainConfig,
+    trial_dir,
+    worker: Worker,
+    report: ReportEpoch,
+    resume_from: Path | None = None,
+    loop_started: float | None = None,
+) -> None:
     """Train one trial on this worker from scratch or from the checkpoint folder `resume_from`, calling
     `report` after every epoch (collectively, on every rank). Everything a trial trains with is built here
     from its config (seeded RNG, data order, model, optimizer, wrapper, hooks), so a process that ran other
@@ -471,17 +519,26 @@ def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, 
     steps_per_epoch = len(train) // cfg.effective_batch
     parts = build_training(cfg, model, steps_per_epoch, device, world, rank=rank, devices=devices)
     raw_model, model, optimizer, scheduler, scaler, criterion = (
-        parts.raw_model, parts.model, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion)
+        parts.raw_model,
+        parts.model,
+        parts.optimizer,
+        parts.scheduler,
+        parts.scaler,
+        parts.criterion,
+    )
 
     last_done = 0
     if resume_from is not None:
-        last_done = load_checkpoint(resume_from, raw_model, optimizer, scheduler, scaler, device,
-                                    comm.hook_state(model), rank, world, cfg.seed)
+        last_done = load_checkpoint(
+            resume_from, raw_model, optimizer, scheduler, scaler, device, comm.hook_state(model), rank, world, cfg.seed
+        )
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
         # Where a trial's time goes outside the epochs (read by `cifar-ray bench`).
-        runlog.update_json(trial_dir / runlog.TRIAL_FILE,
-                           timeline={"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()})
+        runlog.update_json(
+            trial_dir / runlog.TRIAL_FILE,
+            timeline={"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()},
+        )
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
         lr = optimizer.param_groups[0]["lr"]
@@ -489,8 +546,9 @@ def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, 
         started = time.perf_counter()
         steps = iterate_train(train, cfg, epoch, rank, world, memory_format(device))
         timer = PhaseTimer(device)
-        train_totals = reduce_train_totals(train_epoch(model, steps, optimizer, scheduler, scaler, criterion, cfg, device,
-                                                       timer))
+        train_totals = reduce_train_totals(
+            train_epoch(model, steps, optimizer, scheduler, scaler, criterion, cfg, device, timer)
+        )
         phases = timer.seconds()  # synchronises CUDA once
         train_time = time.perf_counter() - started
         broadcast_buffers(raw_model)
@@ -500,8 +558,17 @@ def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, 
             evaluated |= evaluation_metrics("train_eval", train_eval_totals)
         eval_time = time.perf_counter() - started - train_time
         allreduce = min(allreduce_wait_per_step(model) * steps_per_epoch, phases.get("forward_backward", 0.0))
-        breakdown = torch.tensor([phases.get("data", 0.0), phases.get("forward_backward", 0.0) - allreduce, allreduce,
-                                  phases.get("optimizer", 0.0), eval_time], dtype=torch.float64, device=device)
+        breakdown = torch.tensor(
+            [
+                phases.get("data", 0.0),
+                phases.get("forward_backward", 0.0) - allreduce,
+                allreduce,
+                phases.get("optimizer", 0.0),
+                eval_time,
+            ],
+            dtype=torch.float64,
+            device=device,
+        )
         breakdown = (all_reduce(breakdown) / world).tolist()  # mean over ranks
         peak_per_worker, peak_total = reduce_peak_memory(devices)
         epoch_time = time.perf_counter() - started
@@ -520,7 +587,9 @@ def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, 
             "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
             "lr": lr,
             "peak_lr": peak_lr(cfg),  # lr after lr_scaling
-            "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(raw_model, cfg, world, (epoch - 1) * steps_per_epoch, steps_per_epoch),
+            "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(
+                raw_model, cfg, world, (epoch - 1) * steps_per_epoch, steps_per_epoch
+            ),
             "amp_skipped_steps": int(skipped),
             "end_unix": time.time(),
         }
@@ -538,4 +607,3 @@ def run_trial(cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, 
             report(metrics, Path(folder) if saved else None)
         if diverged:
             break
-

@@ -11,8 +11,9 @@ import pytest
 PER_TRAIN_BATCH = 120  # 5 files x 120 = 600 training images, 200 test images: seconds per epoch
 
 
-def write_cifar_fixture(root: Path, per_batch: int = PER_TRAIN_BATCH, n_test: int = 200,
-                        keys: str = "bytes") -> dict[str, np.ndarray]:
+def write_cifar_fixture(
+    root: Path, per_batch: int = PER_TRAIN_BATCH, n_test: int = 200, keys: str = "bytes"
+) -> dict[str, np.ndarray]:
     """`root/cifar-10-batches-py` in the original pickle format, with seeded random images. keys="bytes":
     bytes keys, as in the official (Python 2) archive; keys="str": str keys, as Python 3 tools write them."""
     folder = root / "cifar-10-batches-py"

@@ -17,11 +17,15 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
     for row in record["batch_sizes"]:
         assert row["samples_per_s"] > 0 and set(row["breakdown_s"]) == {"data", "forward_backward", "optimizer"}
     assert record["data_path"]["ours_images_per_s"] > 0 and record["data_path"]["dataloader_images_per_s"] > 0
-    assert len(record["loop_rounds"]) == 1 and record["loop_rounds"][0]["ratio"] > 0  # interleaved rounds: 1 with --quick
+    assert (
+        len(record["loop_rounds"]) == 1 and record["loop_rounds"][0]["ratio"] > 0
+    )  # interleaved rounds: 1 with --quick
     layouts = sorted((t["workers"], t["cpus_per_worker"]) for t in record["trials"])
     assert layouts == [(1, 2), (2, 1)]  # the isolated trials of section 4 (section 3's runs in a warm slot)
     for trial in record["trials"]:
-        assert 0 < trial["training_s"] < trial["wall_s"] and trial["worker_start_s"] > 0 and 0 <= trial["data_share"] < 1
+        assert (
+            0 < trial["training_s"] < trial["wall_s"] and trial["worker_start_s"] > 0 and 0 <= trial["data_share"] < 1
+        )
     assert "sweep" not in record  # the 8-trial sweep is skipped with --quick
     warm = record["warm"]
     few, more = warm["runs"]
@@ -31,7 +35,13 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
     added_training = (more["training_s"] - few["training_s"]) / more["slots"]
     assert warm["marginal_ratio"] == pytest.approx((more["wall_s"] - few["wall_s"]) / added_training)
     text = readme.read_text()
-    for heading in ("## 1. Training loop", "## 2. Orchestration overhead", "## 2b. Warm slots", "## 3. Data path",
-                    "## 4. Scaling", "## 5. Batch size"):
+    for heading in (
+        "## 1. Training loop",
+        "## 2. Orchestration overhead",
+        "## 2b. Warm slots",
+        "## 3. Data path",
+        "## 4. Scaling",
+        "## 5. Batch size",
+    ):
         assert heading in text
     assert "Ray was already running" in text  # the session's Ray was reused, so ray.init is not timed

@@ -6,10 +6,10 @@ import re
 
 import pytest
 import torch
+from test_equivalence import shared_ddp_run
 
 from cifar_ray import check
 from cifar_ray.cli import main
-from test_equivalence import shared_ddp_run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -37,9 +37,16 @@ def test_check_command_passes_on_this_machine(monkeypatch, capsys):
     lines = check_lines(out)
     assert all(LINE.match(line) for line in lines), lines
     names = " | ".join(lines)
-    for expected in ("accumulation 4x16 == 64 (no BN)", "accumulation 4x16 vs 64 (batch-norm)", "single == dp(1) == ddp(1 worker)",
-                     "same seed repeats", "bf16 autocast", "GradScaler skipped steps counted (cpu)",
-                     "ddp 2 workers (gloo) == 1 process", "metrics all-reduced over 2 ranks"):
+    for expected in (
+        "accumulation 4x16 == 64 (no BN)",
+        "accumulation 4x16 vs 64 (batch-norm)",
+        "single == dp(1) == ddp(1 worker)",
+        "same seed repeats",
+        "bf16 autocast",
+        "GradScaler skipped steps counted (cpu)",
+        "ddp 2 workers (gloo) == 1 process",
+        "metrics all-reduced over 2 ranks",
+    ):
         assert expected in names, expected
     assert sum(line.startswith("PASS") for line in lines) == 8
     skipped = [line for line in lines if line.startswith("SKIP")]
@@ -53,6 +60,7 @@ def test_check_command_passes_on_this_machine(monkeypatch, capsys):
 @pytest.fixture
 def fast_checks(monkeypatch):
     """The checks replaced by instant fakes: one fails, one crashes; for the exit-code logic."""
+
     def fake(name, status="PASS"):
         return lambda *args, **kwargs: check.CheckResult(name, status, "measured 0 (tol 1)")
 
@@ -62,7 +70,11 @@ def fast_checks(monkeypatch):
     monkeypatch.setattr(check, "check_seeds", fake("seeds"))
     monkeypatch.setattr(check, "check_amp", fake("amp", "SKIP"))
     monkeypatch.setattr(check, "check_grad_scaler", lambda *a, **k: 1 / 0)
-    monkeypatch.setattr(check, "check_ddp", lambda *a, **k: (check.CheckResult("ddp", "PASS", ""), check.CheckResult("metrics", "PASS", "")))
+    monkeypatch.setattr(
+        check,
+        "check_ddp",
+        lambda *a, **k: (check.CheckResult("ddp", "PASS", ""), check.CheckResult("metrics", "PASS", "")),
+    )
 
 
 def test_any_fail_exits_1_and_a_crash_is_a_fail_line(fast_checks, capsys):
@@ -75,12 +87,15 @@ def test_any_fail_exits_1_and_a_crash_is_a_fail_line(fast_checks, capsys):
     assert "5 passed, 2 failed, 2 skipped" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--workers", "0"], "--workers must be >= 1"),
-    (["--workers", "3"], "--workers 3 needs 3 CPUs but the Ray cluster has 2"),
-    (["--use-gpu", "maybe"], "invalid choice: 'maybe'"),
-    (["--workers", "two"], "invalid int value: 'two'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workers", "0"], "--workers must be >= 1"),
+        (["--workers", "3"], "--workers 3 needs 3 CPUs but the Ray cluster has 2"),
+        (["--use-gpu", "maybe"], "invalid choice: 'maybe'"),
+        (["--workers", "two"], "invalid int value: 'two'"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(argv, message, fast_checks, capsys):
     code = main(["check", *argv])
     out, err = capsys.readouterr()

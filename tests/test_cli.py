@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_cifar_fixture
 
 from cifar_ray import data, ray_session, runlog
 from cifar_ray.cli import build_parser, ensure_local_data, main
 from cifar_ray.sweep import build_plan, load_sweep, single_run_plan
-from conftest import write_cifar_fixture
 
 SWEEPS = Path(__file__).parent.parent / "sweeps"
 
@@ -25,6 +25,7 @@ class RayStarted(Exception):
 def ray_start(monkeypatch) -> None:
     """Starting Ray raises RayStarted (a session Ray may be running already, so ray.is_initialized()
     cannot tell whether this command started one)."""
+
     def init_ray(**options):
         raise RayStarted(options)
 
@@ -106,12 +107,15 @@ def write_run(storage: Path, name: str, statuses: list[str], **sweep) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("statuses, sweep, finished", [
-    (["finished", "running"], {}, False),
-    (["finished", "pending"], {}, False),
-    (["finished", "failed"], {}, True),
-    (["finished", "running"], {"finished_at": "2026-01-01T00:00:00+0000"}, True),
-])
+@pytest.mark.parametrize(
+    "statuses, sweep, finished",
+    [
+        (["finished", "running"], {}, False),
+        (["finished", "pending"], {}, False),
+        (["finished", "failed"], {}, True),
+        (["finished", "running"], {"finished_at": "2026-01-01T00:00:00+0000"}, True),
+    ],
+)
 def test_a_folder_holding_a_run_is_refused_before_ray_starts(tmp_path, capsys, ray_start, statuses, sweep, finished):
     sweep_file = tmp_path / "fake.yaml"
     sweep_file.write_text("name: fake\nbase: {dataset: synthetic}\ngrid: {seed: [0, 1]}\n")
@@ -121,11 +125,15 @@ def test_a_folder_holding_a_run_is_refused_before_ray_starts(tmp_path, capsys, r
     assert main(["sweep", str(sweep_file), "--storage", str(storage)]) == 2
     err = capsys.readouterr().err
     if finished:
-        assert err == (f"cifar-ray: error: {run_dir} already holds a finished run of 'fake' (2 trials): see it with "
-                       f"`cifar-ray report {run_dir}`; pass --name NEW to start another, or delete the folder\n")
+        assert err == (
+            f"cifar-ray: error: {run_dir} already holds a finished run of 'fake' (2 trials): see it with "
+            f"`cifar-ray report {run_dir}`; pass --name NEW to start another, or delete the folder\n"
+        )
     else:
-        assert err == (f"cifar-ray: error: {run_dir} already holds an unfinished run of 'fake': pass --resume to "
-                       "finish it, --name NEW to start another, or delete the folder\n")
+        assert err == (
+            f"cifar-ray: error: {run_dir} already holds an unfinished run of 'fake': pass --resume to "
+            "finish it, --name NEW to start another, or delete the folder\n"
+        )
     assert sorted(p.relative_to(storage) for p in storage.rglob("*")) == before  # nothing written
     with pytest.raises(RayStarted):  # --resume goes on to Ray (which resumes or says there is nothing to resume)
         main(["sweep", str(sweep_file), "--storage", str(storage), "--resume"])
@@ -138,8 +146,9 @@ def test_existing_run_refusal_is_none_without_a_run(tmp_path):
     (tmp_path / "empty").mkdir()
     assert runlog.existing_run_refusal(tmp_path / "empty", "x") is None
     run_dir = write_run(tmp_path, "one", ["oom"])
-    assert f"finished run of 'x' (1 trial): see it with `cifar-ray report {run_dir}`" in \
-        runlog.existing_run_refusal(run_dir, "x")
+    assert f"finished run of 'x' (1 trial): see it with `cifar-ray report {run_dir}`" in runlog.existing_run_refusal(
+        run_dir, "x"
+    )
 
 
 def test_bare_command_prints_the_usage_and_errors_name_the_subcommand_once(capsys):
@@ -154,9 +163,14 @@ def test_bare_command_prints_the_usage_and_errors_name_the_subcommand_once(capsy
 
 def test_help_usage_errors_and_dry_run_import_neither_torch_nor_ray():
     quickstart = str(SWEEPS / "quickstart.yaml")
-    results = no_torch_nor_ray(["--help"], [], ["train", "--bogus"], ["sweep", quickstart, "--dry-run"],
-                               ["sweep", quickstart, "--dry-run", "--set", "batch_size=0"],
-                               ["sweep", str(SWEEPS / "batch_size.yaml"), "--dry-run", "--json"])
+    results = no_torch_nor_ray(
+        ["--help"],
+        [],
+        ["train", "--bogus"],
+        ["sweep", quickstart, "--dry-run"],
+        ["sweep", quickstart, "--dry-run", "--set", "batch_size=0"],
+        ["sweep", str(SWEEPS / "batch_size.yaml"), "--dry-run", "--json"],
+    )
     assert [code for code, _ in results] == [0, 2, 2, 0, 2, 0]
     assert results[4][1].startswith("cifar-ray: error: --set: batch_size=0: should be greater than or equal to 1")
 
@@ -165,5 +179,7 @@ def test_an_unfinished_train_folder_is_not_offered_resume(tmp_path, capsys, ray_
     """`cifar-ray train` has no --resume: its refusal offers only --name and deleting the folder."""
     run_dir = write_run(tmp_path, "mine", ["running"])
     assert main(["train", "--storage", str(tmp_path), "--name", "mine", "--set", "dataset=synthetic"]) == 2
-    assert capsys.readouterr().err == (f"cifar-ray: error: {run_dir} already holds an unfinished run of 'mine': "
-                                       "pass --name NEW to start another, or delete the folder\n")
+    assert capsys.readouterr().err == (
+        f"cifar-ray: error: {run_dir} already holds an unfinished run of 'mine': "
+        "pass --name NEW to start another, or delete the folder\n"
+    )

@@ -43,23 +43,46 @@ class LocalCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="cr-", dir="/tmp")
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_AUTH_TOKEN_PATH")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_AUTH_TOKEN_PATH")
+        }
         # Ray 2.60 turns token authentication on for `ray start --head` when ~/.ray/auth_token exists:
         # give this cluster (and only its clients) a token of its own.
-        self.env = env | {MARKER: self.temp_dir, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-                          "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}"}
+        self.env = env | {
+            MARKER: self.temp_dir,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32),
+            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        }
 
     def ray(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True, timeout=90)
 
     def start(self) -> None:
-        common = ["--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--num-gpus=0", f"--temp-dir={self.temp_dir}",
-                  "--disable-usage-stats", *([f"--resources={json.dumps(self.resources)}"] if self.resources else [])]
-        head = self.ray("start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                        f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={self.client_port}", *common)
+        common = [
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={self.cpus}",
+            "--num-gpus=0",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+            *([f"--resources={json.dumps(self.resources)}"] if self.resources else []),
+        ]
+        head = self.ray(
+            "start",
+            "--head",
+            f"--port={self.port}",
+            "--include-dashboard=false",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--ray-client-server-port={self.client_port}",
+            *common,
+        )
         assert head.returncode == 0, head.stderr[-3000:]
         for _ in range(self.nodes - 1):
-            node = self.ray("start", f"--address={self.address}", f"--dashboard-agent-listen-port={free_port()}", *common)
+            node = self.ray(
+                "start", f"--address={self.address}", f"--dashboard-agent-listen-port={free_port()}", *common
+            )
             assert node.returncode == 0, node.stderr[-3000:]
         deadline = time.monotonic() + 45
         while self.alive_nodes() < self.nodes:
@@ -123,9 +146,22 @@ def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: st
         (tmp_path / "sweep.yaml").write_text(sweep_yaml)
         storage = tmp_path / "shared"  # one folder every node sees: here, the same disk
         sweep = subprocess.run(
-            [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--address", cluster.address,
-             "--storage", str(storage), "--json", *extra],
-            env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+            [
+                str(BIN / "cifar-ray"),
+                "sweep",
+                str(tmp_path / "sweep.yaml"),
+                "--address",
+                cluster.address,
+                "--storage",
+                str(storage),
+                "--json",
+                *extra,
+            ],
+            env=cluster.env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         swept = time.monotonic()
         status = cluster.ray("status", f"--address={cluster.address}").stdout
@@ -183,11 +219,20 @@ def test_sweep_through_ray_client_interrupted_and_resumed(tmp_path):
     )
     storage = tmp_path / "shared"
     cluster = LocalCluster(nodes=1, cpus_per_node=2, resources={"cifar_ray_cpu": 2})
-    command = [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--storage", str(storage),
-               "--address", f"ray://127.0.0.1:{cluster.client_port}"]
+    command = [
+        str(BIN / "cifar-ray"),
+        "sweep",
+        str(tmp_path / "sweep.yaml"),
+        "--storage",
+        str(storage),
+        "--address",
+        f"ray://127.0.0.1:{cluster.client_port}",
+    ]
     try:
         cluster.start()
-        first = subprocess.Popen(command, env=cluster.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = subprocess.Popen(
+            command, env=cluster.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         seen = []
         for line in first.stdout:  # the relayed epoch lines arrive while the sweep runs
             seen.append(line)
@@ -197,12 +242,17 @@ def test_sweep_through_ray_client_interrupted_and_resumed(tmp_path):
         seen += first.stdout.readlines()
         assert first.wait(timeout=60) == 130, "".join(seen)[-3000:]
         interrupted = {t.name: t.status for t in runlog.load_run(storage / "via-client").trials}
-        resumed = subprocess.run(command + ["--resume", "--json"], env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        resumed = subprocess.run(
+            command + ["--resume", "--json"], env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=240
+        )
     finally:
         left = cluster.stop()
     assert not left, f"processes of the test cluster still alive: {[(p.pid, p.name()) for p in left]}"
     output = "".join(seen)
-    assert "--resume" in output and "failed" not in interrupted.values() and "running" in interrupted.values(), (interrupted, output[-3000:])
+    assert "--resume" in output and "failed" not in interrupted.values() and "running" in interrupted.values(), (
+        interrupted,
+        output[-3000:],
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     run = runlog.load_run(storage / "via-client")
     assert [t.status for t in run.trials] == ["finished", "finished"]

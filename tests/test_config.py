@@ -33,7 +33,10 @@ def test_bad_override_syntax(items, expected):
 @pytest.mark.parametrize(
     "values, expected",
     [
-        ({"optimizer": "adm"}, "optimizer='adm': not allowed; allowed: one of sgd, momentum, nesterov, adam, adamw, rmsprop"),
+        (
+            {"optimizer": "adm"},
+            "optimizer='adm': not allowed; allowed: one of sgd, momentum, nesterov, adam, adamw, rmsprop",
+        ),
         ({"batch_size": "many"}, "batch_size='many': should be a valid integer; allowed: an integer"),
         ({"batch_size": 32.5}, "batch_size=32.5"),
         ({"lr": 0}, "lr=0: should be greater than 0"),
@@ -42,7 +45,10 @@ def test_bad_override_syntax(items, expected):
         ({"strategy": "single", "workers": 2}, "strategy=single runs one process: workers must be 1"),
         ({"use_gpu": False, "backend": "nccl"}, "backend=nccl needs GPUs but use_gpu=false"),
         ({"use_gpu": "false", "amp": "fp16"}, "amp=fp16 needs a GPU"),
-        ({"train_subset": 100, "batch_size": 64, "accum_steps": 2}, "train_subset=100 is smaller than the effective batch 128"),
+        (
+            {"train_subset": 100, "batch_size": 64, "accum_steps": 2},
+            "train_subset=100 is smaller than the effective batch 128",
+        ),
         ({"colour": 1}, "unknown config key 'colour'"),
     ],
 )

@@ -7,12 +7,12 @@ import struct
 import numpy as np
 import pytest
 import torch
+from conftest import write_cifar_fixture
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cifar_ray import data
 from cifar_ray.config import TrainConfig
-from conftest import write_cifar_fixture
 
 
 def test_loader_reads_cifar_format_fixture(tmp_path):
@@ -24,7 +24,9 @@ def test_loader_reads_cifar_format_fixture(tmp_path):
     assert np.array_equal(train.images[:30].reshape(30, -1).numpy(), first)  # row-major CHW, like the original
     assert train.labels[:30].tolist() == labels
     assert np.array_equal(train.images[120:150].reshape(30, -1).numpy(), arrays["data_batch_5"][0])
-    sub_train, sub_test = data.load_splits(TrainConfig(data_dir=str(tmp_path), train_subset=128, test_subset=10, batch_size=64))
+    sub_train, sub_test = data.load_splits(
+        TrainConfig(data_dir=str(tmp_path), train_subset=128, test_subset=10, batch_size=64)
+    )
     assert (len(sub_train), len(sub_test)) == (128, 10)
 
 
@@ -102,8 +104,11 @@ def test_loader_reads_bytes_and_str_keys(tmp_path, keys):
 def test_every_pickle_protocol_loads_bitwise(tmp_path, keys, protocol):
     images, labels = random_batch(6, seed=protocol)
     key = (lambda k: k.encode()) if keys == "bytes" else str
-    stored = [(images, labels), (images.reshape(6, 3, 32, 32), np.array(labels)),  # also N x 3 x 32 x 32, array labels
-              (np.asfortranarray(images), list(np.array(labels)))]  # Fortran order, numpy int scalars
+    stored = [
+        (images, labels),
+        (images.reshape(6, 3, 32, 32), np.array(labels)),  # also N x 3 x 32 x 32, array labels
+        (np.asfortranarray(images), list(np.array(labels))),
+    ]  # Fortran order, numpy int scalars
     for stored_images, stored_labels in stored:
         batch = {key("batch_label"): key("b"), key("data"): stored_images, key("labels"): stored_labels}
         split = read_batch(tmp_path, pickle.dumps(batch, protocol))
@@ -112,8 +117,14 @@ def test_every_pickle_protocol_loads_bitwise(tmp_path, keys, protocol):
 
 def test_python2_pickle_as_in_the_official_archive_loads_bitwise(tmp_path):
     images, labels = random_batch(12)
-    raw = python2_pickle({b"data": images, b"labels": labels, b"batch_label": b"training batch 1 of 5",
-                          b"filenames": [b"x_%d.png" % i for i in range(12)]})
+    raw = python2_pickle(
+        {
+            b"data": images,
+            b"labels": labels,
+            b"batch_label": b"training batch 1 of 5",
+            b"filenames": [b"x_%d.png" % i for i in range(12)],
+        }
+    )
     assert raw.startswith(b"\x80\x02}") and b"U\x04data" in raw and b"cnumpy.core.multiarray\n_reconstruct\n" in raw
     split = read_batch(tmp_path, raw)
     assert np.array_equal(split.images.reshape(12, -1).numpy(), images) and split.labels.tolist() == labels
@@ -122,25 +133,56 @@ def test_python2_pickle_as_in_the_official_archive_loads_bitwise(tmp_path):
 GOOD = np.zeros((10, 3072), np.uint8)
 
 
-@pytest.mark.parametrize("batch, says", [
-    ({b"data": np.zeros((10, 100), np.uint8), b"labels": [0] * 10},
-     "'data' has shape (10, 100) and dtype uint8; expected N x 3072 uint8 (N images of 3 x 32 x 32"),
-    ({"data": np.zeros((10, 32, 32, 3), np.uint8), "labels": [0] * 10}, "'data' has shape (10, 32, 32, 3) and dtype"),
-    ({b"data": np.zeros((10, 3072), np.float32), b"labels": [0] * 10}, "'data' has shape (10, 3072) and dtype float32"),
-    ({"data": [[0] * 3072] * 10, "labels": [0] * 10}, "'data' is a list; expected N x 3072 uint8"),
-    ({b"data": GOOD, b"batch_label": b"x"},
-     "has no 'labels' key (found keys: 'data', 'batch_label'); expected 'data' and 'labels' (bytes or str keys)"),
-    ({"labels": [0] * 10}, "has no 'data' key (found keys: 'labels')"),
-    ({b"data": GOOD, b"labels": [0] * 9}, "'labels' has 9 entries for 10 images; expected a list or 1-D integer array"),
-    ({"data": GOOD, "labels": [0] * 9 + [10]}, "label 10 at index 9 is not an int in 0..9"),
-    ({b"data": GOOD, b"labels": [-1] + [0] * 9}, "label -1 at index 0 is not an int in 0..9"),
-    ({b"data": GOOD, b"labels": [0] * 9 + [1.5]}, "label 1.5 at index 9 is not an int in 0..9"),
-    ({b"data": GOOD, b"labels": np.zeros((10, 1), np.int64)}, "'labels' has shape (10, 1) and dtype int64;"),
-    ({b"data": GOOD, b"labels": np.zeros(10)}, "'labels' has shape (10,) and dtype float64;"),
-    ([GOOD, [0] * 10], "it holds a list; expected a dict with 'data' and 'labels'"),
-    ({b"data": GOOD, b"labels": np.zeros(10, object)}, "refused to load a numpy array of dtype 'O8'"),
-], ids=["short-rows", "channels-last", "float32", "data-list", "no-labels", "no-data", "label-count", "label-10",
-        "label-negative", "label-float", "labels-2d", "labels-float", "not-a-dict", "object-array"])
+@pytest.mark.parametrize(
+    "batch, says",
+    [
+        (
+            {b"data": np.zeros((10, 100), np.uint8), b"labels": [0] * 10},
+            "'data' has shape (10, 100) and dtype uint8; expected N x 3072 uint8 (N images of 3 x 32 x 32",
+        ),
+        (
+            {"data": np.zeros((10, 32, 32, 3), np.uint8), "labels": [0] * 10},
+            "'data' has shape (10, 32, 32, 3) and dtype",
+        ),
+        (
+            {b"data": np.zeros((10, 3072), np.float32), b"labels": [0] * 10},
+            "'data' has shape (10, 3072) and dtype float32",
+        ),
+        ({"data": [[0] * 3072] * 10, "labels": [0] * 10}, "'data' is a list; expected N x 3072 uint8"),
+        (
+            {b"data": GOOD, b"batch_label": b"x"},
+            "has no 'labels' key (found keys: 'data', 'batch_label'); expected 'data' and 'labels' (bytes or str keys)",
+        ),
+        ({"labels": [0] * 10}, "has no 'data' key (found keys: 'labels')"),
+        (
+            {b"data": GOOD, b"labels": [0] * 9},
+            "'labels' has 9 entries for 10 images; expected a list or 1-D integer array",
+        ),
+        ({"data": GOOD, "labels": [0] * 9 + [10]}, "label 10 at index 9 is not an int in 0..9"),
+        ({b"data": GOOD, b"labels": [-1] + [0] * 9}, "label -1 at index 0 is not an int in 0..9"),
+        ({b"data": GOOD, b"labels": [0] * 9 + [1.5]}, "label 1.5 at index 9 is not an int in 0..9"),
+        ({b"data": GOOD, b"labels": np.zeros((10, 1), np.int64)}, "'labels' has shape (10, 1) and dtype int64;"),
+        ({b"data": GOOD, b"labels": np.zeros(10)}, "'labels' has shape (10,) and dtype float64;"),
+        ([GOOD, [0] * 10], "it holds a list; expected a dict with 'data' and 'labels'"),
+        ({b"data": GOOD, b"labels": np.zeros(10, object)}, "refused to load a numpy array of dtype 'O8'"),
+    ],
+    ids=[
+        "short-rows",
+        "channels-last",
+        "float32",
+        "data-list",
+        "no-labels",
+        "no-data",
+        "label-count",
+        "label-10",
+        "label-negative",
+        "label-float",
+        "labels-2d",
+        "labels-float",
+        "not-a-dict",
+        "object-array",
+    ],
+)
 def test_bad_batches_are_one_line_data_errors(tmp_path, batch, says):
     assert says in batch_error(tmp_path, pickle.dumps(batch))
 
@@ -174,8 +216,13 @@ class ForgedPointers:
 
 
 @pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
-@pytest.mark.parametrize("call, refused", [("os.system", ["'posix.system'"]),  # protocol 2 names Path.touch by getattr
-                                           ("Path.touch", ["'pathlib.Path.touch'", "'__builtin__.getattr'"])])
+@pytest.mark.parametrize(
+    "call, refused",
+    [
+        ("os.system", ["'posix.system'"]),  # protocol 2 names Path.touch by getattr
+        ("Path.touch", ["'pathlib.Path.touch'", "'__builtin__.getattr'"]),
+    ],
+)
 def test_loading_a_batch_runs_no_code(tmp_path, call, refused, protocol):
     marker = tmp_path / "marker"
     batch = {b"data": TouchOnLoad(call, marker), b"labels": [0]}
@@ -204,12 +251,17 @@ def test_random_batch_files_fail_in_one_line(tmp_path, content):
 SMALL_IMAGES = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
 SMALL_PICKLES = [python2_pickle({b"data": SMALL_IMAGES, b"labels": [3, 7]})] + [
     pickle.dumps({key("data"): SMALL_IMAGES, key("labels"): [3, 7]}, protocol)
-    for protocol in range(pickle.HIGHEST_PROTOCOL + 1) for key in (str, str.encode)]
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1)
+    for key in (str, str.encode)
+]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(SMALL_PICKLES), st.integers(0, 10**5),
-       st.lists(st.tuples(st.integers(0, 10**5), st.integers(0, 255)), max_size=4))
+@given(
+    st.sampled_from(SMALL_PICKLES),
+    st.integers(0, 10**5),
+    st.lists(st.tuples(st.integers(0, 10**5), st.integers(0, 255)), max_size=4),
+)
 def test_damaged_batch_files_load_or_fail_in_one_line(tmp_path, content, cut, changes):
     damaged = bytearray(content[:cut])  # cut short (unless cut is past its end) ...
     for position, value in changes:  # ... and a few bytes overwritten

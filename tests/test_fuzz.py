@@ -11,8 +11,12 @@ from cifar_ray.config import KEYS, ConfigError, parse_config, parse_overrides
 from cifar_ray.sweep import build_plan
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.sampled_from(["auto", "true", "false", "sgd", "adam", "ddp", "dp", "bf16", "fp16", "synthetic", "none"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["auto", "true", "false", "sgd", "adam", "ddp", "dp", "bf16", "fp16", "synthetic", "none"]),
 )
 keys = st.one_of(st.sampled_from(KEYS), st.text(string.ascii_letters + "_", min_size=1, max_size=10))
 values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=5), scalars, max_size=2))
@@ -46,7 +50,18 @@ sweep_docs = st.one_of(
         {"name": st.one_of(st.just("fuzz"), st.text(max_size=8), scalars)},
         optional={
             "base": st.one_of(st.dictionaries(keys, scalars, max_size=4), scalars),
-            "grid": st.one_of(st.dictionaries(keys, st.one_of(st.lists(scalars, max_size=3), st.lists(st.dictionaries(keys, scalars, max_size=2), max_size=2), scalars), max_size=3), scalars),
+            "grid": st.one_of(
+                st.dictionaries(
+                    keys,
+                    st.one_of(
+                        st.lists(scalars, max_size=3),
+                        st.lists(st.dictionaries(keys, scalars, max_size=2), max_size=2),
+                        scalars,
+                    ),
+                    max_size=3,
+                ),
+                scalars,
+            ),
             "repeats": scalars,
             "metric": scalars,
             "mode": scalars,

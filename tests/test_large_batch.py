@@ -32,8 +32,16 @@ def test_lr_scaling_rules():
 def test_lr_schedule_matches_the_formula_at_sampled_steps(rule, peak):
     # effective batch 256 x 8 = 2048 = 8 x base_batch; 10 steps/epoch, 10 epochs = 100 steps,
     # 2 warm-up epochs = 20 steps, then cosine over the remaining 80
-    cfg = TrainConfig(lr=0.1, batch_size=256, accum_steps=8, base_batch=256, lr_scaling=rule, warmup_epochs=2,
-                      epochs=10, scheduler="cosine")
+    cfg = TrainConfig(
+        lr=0.1,
+        batch_size=256,
+        accum_steps=8,
+        base_batch=256,
+        lr_scaling=rule,
+        warmup_epochs=2,
+        epochs=10,
+        scheduler="cosine",
+    )
     by_hand = {
         0: peak * 1 / 20,  # warm-up step s runs at (s+1)/20 of the peak
         9: peak * 10 / 20,
@@ -91,9 +99,15 @@ def test_lars_trust_ratio_and_one_step_by_hand():
 @pytest.mark.parametrize(
     "values, expected",
     [
-        ({"grad_compression": "powersgd", "workers": 1}, "grad_compression=powersgd compresses DDP's gradient all-reduce: it needs strategy=ddp and workers > 1"),
+        (
+            {"grad_compression": "powersgd", "workers": 1},
+            "grad_compression=powersgd compresses DDP's gradient all-reduce: it needs strategy=ddp and workers > 1",
+        ),
         ({"grad_compression": "fp16", "strategy": "single"}, "needs strategy=ddp and workers > 1"),
-        ({"grad_compression": "zip", "workers": 2}, "grad_compression='zip': not allowed; allowed: one of none, fp16, bf16, powersgd"),
+        (
+            {"grad_compression": "zip", "workers": 2},
+            "grad_compression='zip': not allowed; allowed: one of none, fp16, bf16, powersgd",
+        ),
         ({"static_graph": True, "accum_steps": 2}, "static_graph=true does not work with accum_steps=2"),
         ({"powersgd_start_iter": 1}, "powersgd_start_iter=1: should be greater than or equal to 2"),
         ({"gradient_as_bucket_view": "maybe"}, "allowed: true or false"),
@@ -107,9 +121,26 @@ def test_config_refuses_what_cannot_work(values, expected):
 
 
 def test_new_keys_parse_from_the_command_line():
-    cfg = parse_config(parse_overrides(["workers=2", "grad_compression=bf16", "bucket_cap_mb=1", "gradient_as_bucket_view=true",
-                                        "static_graph=true", "optimizer=lars", "lr_scaling=sqrt", "base_batch=128"]))
-    assert (cfg.grad_compression, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph) == ("bf16", 1.0, True, True)
+    cfg = parse_config(
+        parse_overrides(
+            [
+                "workers=2",
+                "grad_compression=bf16",
+                "bucket_cap_mb=1",
+                "gradient_as_bucket_view=true",
+                "static_graph=true",
+                "optimizer=lars",
+                "lr_scaling=sqrt",
+                "base_batch=128",
+            ]
+        )
+    )
+    assert (cfg.grad_compression, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph) == (
+        "bf16",
+        1.0,
+        True,
+        True,
+    )
     assert comm.ddp_kwargs(cfg) == {"bucket_cap_mb": 1.0, "gradient_as_bucket_view": True, "static_graph": True}
     assert (cfg.optimizer, cfg.lr_scaling, cfg.base_batch) == ("lars", "sqrt", 128)
 
@@ -151,7 +182,10 @@ def test_bytes_per_step_by_hand():
 
 def _micro_batches(step: int, rank: int, accum: int, per_rank: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1000 * step + rank)
-    return [(torch.randn(per_rank, 3, 32, 32, generator=generator), torch.randint(0, 10, (per_rank,), generator=generator)) for _ in range(accum)]
+    return [
+        (torch.randn(per_rank, 3, 32, 32, generator=generator), torch.randint(0, 10, (per_rank,), generator=generator))
+        for _ in range(accum)
+    ]
 
 
 def _two_rank_worker(rank: int, world: int, folder: str) -> None:
@@ -163,7 +197,9 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
 
     torch.set_num_threads(1)
     # a timeout: a rank that fails mid-collective makes the other fail too, instead of waiting forever
-    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     sent = []  # bytes handed to every Python-level all-reduce (the hooks call dist.all_reduce)
     real_all_reduce = dist.all_reduce
 
@@ -173,8 +209,17 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
 
     dist.all_reduce = counting_all_reduce
     cpu, findings = torch.device("cpu"), {}
-    base = {"model": "simple_cnn", "width": 4, "depth": 2, "workers": 2, "batch_size": 16, "accum_steps": 2, "epochs": 2,
-            "powersgd_rank": 2, "powersgd_start_iter": 2}
+    base = {
+        "model": "simple_cnn",
+        "width": 4,
+        "depth": 2,
+        "workers": 2,
+        "batch_size": 16,
+        "accum_steps": 2,
+        "epochs": 2,
+        "powersgd_rank": 2,
+        "powersgd_start_iter": 2,
+    }
 
     def build(cfg: TrainConfig, seed: int):
         torch.manual_seed(seed)
@@ -231,22 +276,34 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
         def resumed_equals_continuous(restore: str) -> bool:
             parts = build(cfg, seed=123)  # other initial weights: everything must come from the checkpoint
             state = comm.hook_state(parts[1])
-            train.load_checkpoint(Path(folder), parts[0], *parts[2:], cpu, state if restore != "none" else None, rank, world)
+            train.load_checkpoint(
+                Path(folder), parts[0], *parts[2:], cpu, state if restore != "none" else None, rank, world
+            )
             if restore == "as_saved":
                 state.layouts = {}  # no layout record: bucket memories are used as they are, like torch's own load
             run(parts, cfg, range(3, 6))
             return all(torch.equal(a, b.detach()) for a, b in zip(continuous, parts[0].parameters()))
 
         resumed = build(cfg, seed=123)
-        epoch = train.load_checkpoint(Path(folder), resumed[0], *resumed[2:], cpu, comm.hook_state(resumed[1]), rank, world)
+        epoch = train.load_checkpoint(
+            Path(folder), resumed[0], *resumed[2:], cpu, comm.hook_state(resumed[1]), rank, world
+        )
         state = comm.hook_state(resumed[1])
         findings[f"resume_{bucket_cap_mb}"] = {
             "epoch": epoch,
             "iter": state.iter,
             "buckets": len(saved[rank]["error_dict"]),
-            "own_error": all(torch.equal(state.error_dict[k], saved[rank]["error_dict"][k]) for k in saved[rank]["error_dict"]),
-            "ranks_errors_differ": not all(torch.equal(saved[0]["error_dict"][k], saved[1]["error_dict"][k]) for k in saved[0]["error_dict"]),
-            "q_restored": bool(state.q_memory_dict) and all(torch.equal(state.q_memory_dict[k], saved[rank]["q_memory_dict"][k]) for k in saved[rank]["q_memory_dict"]),
+            "own_error": all(
+                torch.equal(state.error_dict[k], saved[rank]["error_dict"][k]) for k in saved[rank]["error_dict"]
+            ),
+            "ranks_errors_differ": not all(
+                torch.equal(saved[0]["error_dict"][k], saved[1]["error_dict"][k]) for k in saved[0]["error_dict"]
+            ),
+            "q_restored": bool(state.q_memory_dict)
+            and all(
+                torch.equal(state.q_memory_dict[k], saved[rank]["q_memory_dict"][k])
+                for k in saved[rank]["q_memory_dict"]
+            ),
             "equal_to_continuous": resumed_equals_continuous("full"),
             "without_state_equal": resumed_equals_continuous("none"),
             # torch's memories used as saved: with one bucket the error of each parameter lands on
@@ -278,7 +335,9 @@ def test_hooks_bytes_and_powersgd_resume_on_two_gloo_ranks(tmp_path):
             assert resume["epoch"] == 1 and resume["iter"] == 3 and resume["buckets"] >= 1, resume
             assert resume["own_error"] and resume["q_restored"], resume
             assert resume["ranks_errors_differ"], "error feedback is per rank: each rank's own must be saved"
-            assert resume["equal_to_continuous"], f"resumed PowerSGD training differs from the uninterrupted run: {resume}"
+            assert resume["equal_to_continuous"], (
+                f"resumed PowerSGD training differs from the uninterrupted run: {resume}"
+            )
             # controls: without the state, or with torch's per-bucket memories applied to the new
             # DDP's differently ordered buckets, the resumed run is not the uninterrupted one
             assert resume["without_state_equal"] is False and resume["as_saved_equal"] in (False, None), resume
@@ -319,10 +378,36 @@ def test_powersgd_run_through_ray_learns_and_reports_bytes(tmp_path, capsys):
     from cifar_ray.cli import main
     from cifar_ray.models import build_model
 
-    settings = {"dataset": "synthetic", "train_subset": 1024, "test_subset": 256, "width": 8, "epochs": 3, "workers": 2,
-                "batch_size": 32, "accum_steps": 2, "augment": "none", "grad_compression": "powersgd", "powersgd_rank": 2,
-                "powersgd_start_iter": 2, "lr": 0.025, "lr_scaling": "linear", "base_batch": 32, "warmup_epochs": 1}
-    code = main(["train", "--storage", str(tmp_path), "--name", "psgd", "--json", "--set", *(f"{k}={v}" for k, v in settings.items())])
+    settings = {
+        "dataset": "synthetic",
+        "train_subset": 1024,
+        "test_subset": 256,
+        "width": 8,
+        "epochs": 3,
+        "workers": 2,
+        "batch_size": 32,
+        "accum_steps": 2,
+        "augment": "none",
+        "grad_compression": "powersgd",
+        "powersgd_rank": 2,
+        "powersgd_start_iter": 2,
+        "lr": 0.025,
+        "lr_scaling": "linear",
+        "base_batch": 32,
+        "warmup_epochs": 1,
+    }
+    code = main(
+        [
+            "train",
+            "--storage",
+            str(tmp_path),
+            "--name",
+            "psgd",
+            "--json",
+            "--set",
+            *(f"{k}={v}" for k, v in settings.items()),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(out.strip().splitlines()[-1])

@@ -11,13 +11,12 @@ import tarfile
 import threading
 
 import pytest
+from conftest import write_cifar_fixture
 
 from cifar_ray import data, placement, progress, ray_session, sysinfo
 from cifar_ray.config import ConfigError
 from cifar_ray.placement import RESOURCE_CPU, RESOURCE_GPU
 from cifar_ray.sweep import build_plan
-
-from conftest import write_cifar_fixture
 
 
 def plan_of(grid: dict, **base):
@@ -28,8 +27,12 @@ def plan_of(grid: dict, **base):
 
 def capacity(*nodes: dict, slots: bool = False) -> dict:
     per_node = [{"CPU": 0.0, "GPU": 0.0, RESOURCE_CPU: 0.0, RESOURCE_GPU: 0.0} | n for n in nodes]
-    return {"per_node": per_node, "nodes": len(per_node), "packing": "slots" if slots else "cap",
-            "gpus": sum(n["GPU"] for n in per_node)}
+    return {
+        "per_node": per_node,
+        "nodes": len(per_node),
+        "packing": "slots" if slots else "cap",
+        "gpus": sum(n["GPU"] for n in per_node),
+    }
 
 
 TWO_ONE_CPU_NODES = capacity({"CPU": 1}, {"CPU": 1})
@@ -58,7 +61,7 @@ def test_gpu_trials_need_gpu_nodes():
 def test_slot_packing_needs_the_mirror_resources_on_the_nodes():
     nodes = capacity({"CPU": 2, RESOURCE_CPU: 2}, {"CPU": 2}, slots=True)
     placement.check_fits(plan_of({"workers": [2]}), nodes)
-    with pytest.raises(ConfigError, match=f"start every node with --resources='{{\"{RESOURCE_CPU}\""):
+    with pytest.raises(ConfigError, match=f'start every node with --resources=\'{{"{RESOURCE_CPU}"'):
         placement.check_fits(plan_of({"workers": [4]}), nodes)
 
 
@@ -81,8 +84,10 @@ def test_sweep_header_says_how_many_trials_of_each_shape_run_at_once():
     assert placement.trials_at_once(plan, two_cpus, None) == {"1 worker x 1 CPU": (2, 2), "2 workers x 1 CPU": (2, 1)}
     assert placement.trials_at_once(plan, two_cpus, 1) == {"1 worker x 1 CPU": (2, 1), "2 workers x 1 CPU": (2, 1)}
     header = progress.sweep_header(plan, two_cpus, None, "runs/p")
-    assert header == ("p: 4 trials, at once: 2 of 2 with 1 worker x 1 CPU, 1 of 2 with 2 workers x 1 CPU "
-                      "(2 CPUs, 0 GPUs on 1 node); logs and checkpoints in runs/p")
+    assert header == (
+        "p: 4 trials, at once: 2 of 2 with 1 worker x 1 CPU, 1 of 2 with 2 workers x 1 CPU "
+        "(2 CPUs, 0 GPUs on 1 node); logs and checkpoints in runs/p"
+    )
     resuming = progress.sweep_header(plan, two_cpus, None, "runs/p", unfinished=3)
     assert resuming.startswith("resuming p: 3 of 4 trials unfinished, at once: 2 of 2")
     cap = TWO_ONE_CPU_NODES | {"cpus": 2.0}  # cap packing: Tune's one cap for every shape
@@ -192,7 +197,9 @@ def test_concurrent_workers_download_once_and_never_see_half_a_folder(tmp_path, 
 
     downloads = []
     real_download = tv_utils.download_and_extract_archive
-    monkeypatch.setattr(tv_utils, "download_and_extract_archive", lambda *a, **k: downloads.append(a) or real_download(*a, **k))
+    monkeypatch.setattr(
+        tv_utils, "download_and_extract_archive", lambda *a, **k: downloads.append(a) or real_download(*a, **k)
+    )
     monkeypatch.setattr(data, "CIFAR_URL", url)
     monkeypatch.setattr(data, "CIFAR_MD5", hashlib.md5(buffer.getvalue()).hexdigest())
     target = tmp_path / "node-local"
@@ -225,8 +232,23 @@ def test_bad_data_is_the_trials_one_line_error(tmp_path, capfd):
 
     write_cifar_fixture(tmp_path / "data", per_batch=10, n_test=10)
     (tmp_path / "data" / data.CIFAR_FOLDER / "data_batch_2").write_bytes(b"cut short")
-    code = main(["train", "--storage", str(tmp_path / "runs"), "--name", "bad", "--json", "--set", "dataset=cifar10",
-                 f"data_dir={tmp_path / 'data'}", "max_failures=0", "epochs=1", "width=8", "batch_size=8"])
+    code = main(
+        [
+            "train",
+            "--storage",
+            str(tmp_path / "runs"),
+            "--name",
+            "bad",
+            "--json",
+            "--set",
+            "dataset=cifar10",
+            f"data_dir={tmp_path / 'data'}",
+            "max_failures=0",
+            "epochs=1",
+            "width=8",
+            "batch_size=8",
+        ]
+    )
     out, err = capfd.readouterr()  # file descriptors: Ray's log handlers write there, not to sys.stderr
     result = json.loads(out.strip().splitlines()[-1])
     assert code == 1 and result["status"] == "failed", err

@@ -26,8 +26,17 @@ def fake_trial(run_dir: StoragePath, epochs: int = 2, status: str = "running", l
 
 
 def epoch_row(epoch: int) -> dict:
-    return {"epoch": epoch, "train_loss": 1.0, "train_acc": 0.5, "test_loss": 1.0, "test_acc": 0.5, "epoch_time_s": 1.0,
-            "samples_per_s": 100.0, "peak_mem_mb": 10.0, "diverged": False}
+    return {
+        "epoch": epoch,
+        "train_loss": 1.0,
+        "train_acc": 0.5,
+        "test_loss": 1.0,
+        "test_acc": 0.5,
+        "epoch_time_s": 1.0,
+        "samples_per_s": 100.0,
+        "peak_mem_mb": 10.0,
+        "diverged": False,
+    }
 
 
 def test_tune_adds_no_progress_printer_of_its_own():

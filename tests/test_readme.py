@@ -27,4 +27,5 @@ def test_the_committed_quickstart_report_is_what_the_code_renders_from_its_logs(
 
     readme = write_report(ROOT / "reports" / "quickstart" / "logs", out_dir=tmp_path)
     assert readme.read_text() == (ROOT / "reports" / "quickstart" / "README.md").read_text(), (
-        "reports/quickstart/README.md is stale: cifar-ray report reports/quickstart/logs --out reports/quickstart")
+        "reports/quickstart/README.md is stale: cifar-ray report reports/quickstart/logs --out reports/quickstart"
+    )

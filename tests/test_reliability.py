@@ -41,8 +41,24 @@ def test_killed_worker_resumes_from_checkpoint_with_contiguous_epochs(tmp_path, 
 
     killer = threading.Thread(target=kill_a_worker_mid_epoch_two, daemon=True)
     killer.start()
-    code = main(["train", "--storage", str(tmp_path), "--name", "wk", "--json", "--set", "dataset=synthetic",
-                 "train_subset=4096", "test_subset=256", "width=8", "epochs=4", "workers=2", "batch_size=64"])
+    code = main(
+        [
+            "train",
+            "--storage",
+            str(tmp_path),
+            "--name",
+            "wk",
+            "--json",
+            "--set",
+            "dataset=synthetic",
+            "train_subset=4096",
+            "test_subset=256",
+            "width=8",
+            "epochs=4",
+            "workers=2",
+            "batch_size=64",
+        ]
+    )
     killer.join(timeout=5)
     out, err = capsys.readouterr()
     assert killed, "no worker was killed"
@@ -69,9 +85,12 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsy
     run_dir = storage / "kill"
     driver = subprocess.Popen(
         [sys.executable, "-m", "cifar_ray.cli", "sweep", str(sweep), "--storage", str(storage)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
+
         def progress() -> tuple[list[str], list[str]]:
             """(trials done, unfinished trials with a checkpoint on disk)"""
             trials = runlog.load_run(run_dir).trials if run_dir.exists() else []
@@ -101,7 +120,9 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsy
     for name, text in snapshots.items():
         assert (run_dir / name / runlog.EPOCHS_FILE).read_text() == text, f"{name} was re-run"
     for name, first_epoch in partial.items():
-        assert runlog.read_epochs(run_dir / name)[0] == first_epoch, f"{name} restarted from scratch instead of its checkpoint"
+        assert runlog.read_epochs(run_dir / name)[0] == first_epoch, (
+            f"{name} restarted from scratch instead of its checkpoint"
+        )
     statuses = {name: r["status"] for name, r in results.items()}
     diverged = [name for name, r in results.items() if r["lr"] > 1]
     assert statuses[diverged[0]] == "diverged", statuses

@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 
 from cifar_ray.config import ConfigError
 from cifar_ray.report import (
-    OVERFIT_RULE, _stats, build_report, find_overfitting, markdown_table, write_report,
+    OVERFIT_RULE,
+    _stats,
+    build_report,
+    find_overfitting,
+    markdown_table,
+    write_report,
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -34,8 +39,10 @@ def trial_name(index: int) -> str:
 
 
 def combos() -> list[dict]:
-    return [{"batch_size": b, "workers": w, "seed": s}
-            for b, w, s in itertools.product(GRID["batch_size"], GRID["workers"], SEEDS)]
+    return [
+        {"batch_size": b, "workers": w, "seed": s}
+        for b, w, s in itertools.product(GRID["batch_size"], GRID["workers"], SEEDS)
+    ]
 
 
 def healthy_epochs(i: int, swept: dict, n: int = EPOCHS) -> list[dict]:
@@ -47,24 +54,26 @@ def healthy_epochs(i: int, swept: dict, n: int = EPOCHS) -> list[dict]:
     for e in range(1, n + 1):
         test_acc = 0.35 + 0.09 * e + 0.013 * i - (0.12 if e == n and i == 1 else 0.0)
         per_worker = 3.0 * bs / w + 100 + 7 * seed + e
-        rows.append({
-            "epoch": e,
-            "train_loss": 2.0 - 0.3 * e - 0.01 * i,
-            "train_acc": 0.40 + 0.10 * e + 0.011 * i,
-            "test_loss": 2.1 - 0.25 * e - 0.01 * i,
-            "test_acc": test_acc,
-            "train_eval_loss": 2.0 - 0.26 * e - 0.01 * i,
-            "train_eval_acc": test_acc + 0.02 + 0.001 * e,
-            "epoch_time_s": epoch_time + 0.05 * e,
-            "samples_per_s": 50000 / (epoch_time + 0.05 * e),
-            "peak_mem_mb": per_worker,
-            "peak_mem_total_mb": w * per_worker - 5 * (w - 1),  # the other worker peaks 5 MB lower
-            "lr": 0.05,
-            "amp_skipped_steps": 0,
-            "time_data_s": 0.1 * epoch_time,
-            "time_compute_s": 0.7 * epoch_time,
-            "future_key": "ignored",
-        })
+        rows.append(
+            {
+                "epoch": e,
+                "train_loss": 2.0 - 0.3 * e - 0.01 * i,
+                "train_acc": 0.40 + 0.10 * e + 0.011 * i,
+                "test_loss": 2.1 - 0.25 * e - 0.01 * i,
+                "test_acc": test_acc,
+                "train_eval_loss": 2.0 - 0.26 * e - 0.01 * i,
+                "train_eval_acc": test_acc + 0.02 + 0.001 * e,
+                "epoch_time_s": epoch_time + 0.05 * e,
+                "samples_per_s": 50000 / (epoch_time + 0.05 * e),
+                "peak_mem_mb": per_worker,
+                "peak_mem_total_mb": w * per_worker - 5 * (w - 1),  # the other worker peaks 5 MB lower
+                "lr": 0.05,
+                "amp_skipped_steps": 0,
+                "time_data_s": 0.1 * epoch_time,
+                "time_compute_s": 0.7 * epoch_time,
+                "future_key": "ignored",
+            }
+        )
     return rows
 
 
@@ -75,19 +84,58 @@ def overfitting_epochs(i: int, swept: dict) -> list[dict]:
     return rows
 
 
-def write_trial(run_dir: Path, index: int, swept: dict, status: str, epochs: list[dict],
-                error: str | None = None, diverged_epoch: int | None = None, gpus: bool = True) -> None:
+def write_trial(
+    run_dir: Path,
+    index: int,
+    swept: dict,
+    status: str,
+    epochs: list[dict],
+    error: str | None = None,
+    diverged_epoch: int | None = None,
+    gpus: bool = True,
+) -> None:
     folder = run_dir / trial_name(index)
     folder.mkdir(parents=True)
-    config = {"model": "simple_cnn", "optimizer": "momentum", "epochs": EPOCHS, "accum_steps": 2, "amp": "off",
-              "backend": "nccl", "strategy": "ddp", "data_dir": "/data/somewhere", "train_eval_size": 5000} | swept
-    system = ({"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "devices_per_worker": 1,
-               "world_size": swept["workers"], "num_gpus": swept["workers"]} if gpus else
-              {"device_type": "cpu", "device_name": "Test CPU", "devices_per_worker": 1,
-               "world_size": swept["workers"], "num_gpus": 0})
-    meta = {"name": trial_name(index), "index": index, "swept": swept, "config": config, "status": status,
-            "error": error, "diverged_epoch": diverged_epoch, "system": system,
-            "started_at": STARTED, "finished_at": STARTED}
+    config = {
+        "model": "simple_cnn",
+        "optimizer": "momentum",
+        "epochs": EPOCHS,
+        "accum_steps": 2,
+        "amp": "off",
+        "backend": "nccl",
+        "strategy": "ddp",
+        "data_dir": "/data/somewhere",
+        "train_eval_size": 5000,
+    } | swept
+    system = (
+        {
+            "device_type": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "devices_per_worker": 1,
+            "world_size": swept["workers"],
+            "num_gpus": swept["workers"],
+        }
+        if gpus
+        else {
+            "device_type": "cpu",
+            "device_name": "Test CPU",
+            "devices_per_worker": 1,
+            "world_size": swept["workers"],
+            "num_gpus": 0,
+        }
+    )
+    meta = {
+        "name": trial_name(index),
+        "index": index,
+        "swept": swept,
+        "config": config,
+        "status": status,
+        "error": error,
+        "diverged_epoch": diverged_epoch,
+        "system": system,
+        "started_at": STARTED,
+        "finished_at": STARTED,
+    }
     (folder / "trial.json").write_text(json.dumps(meta, indent=2))
     if epochs:
         (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in epochs))
@@ -95,13 +143,23 @@ def write_trial(run_dir: Path, index: int, swept: dict, status: str, epochs: lis
 
 def write_sweep(run_dir: Path, names: list[str], grid: dict = GRID, repeats: int = 2, **extra) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    sweep = {"name": "bs-workers", "description": "Does a bigger batch or more workers train faster at equal accuracy?",
-             "metric": "test_acc", "mode": "max", "grid": grid, "base": {"epochs": EPOCHS}, "repeats": repeats,
-             "trials": names, "started_at": STARTED, "finished_at": "2025-03-04T06:08:09+0000",
-             "wall_time_s": 3722.0, "git_revision": "abc1234def",
-             "host": {"hostname": "node1", "cpu_model": "Test CPU", "cpu_count": 16, "platform": "Linux"},
-             "versions": {"python": "3.11.9", "torch": "2.14.1", "ray": "2.60.0", "cuda": "12.8"},
-             "cluster": {"cpus": 16.0, "gpus": 4.0, "nodes": 1}} | extra
+    sweep = {
+        "name": "bs-workers",
+        "description": "Does a bigger batch or more workers train faster at equal accuracy?",
+        "metric": "test_acc",
+        "mode": "max",
+        "grid": grid,
+        "base": {"epochs": EPOCHS},
+        "repeats": repeats,
+        "trials": names,
+        "started_at": STARTED,
+        "finished_at": "2025-03-04T06:08:09+0000",
+        "wall_time_s": 3722.0,
+        "git_revision": "abc1234def",
+        "host": {"hostname": "node1", "cpu_model": "Test CPU", "cpu_count": 16, "platform": "Linux"},
+        "versions": {"python": "3.11.9", "torch": "2.14.1", "ray": "2.60.0", "cuda": "12.8"},
+        "cluster": {"cpus": 16.0, "gpus": 4.0, "nodes": 1},
+    } | extra
     (run_dir / "sweep.json").write_text(json.dumps(sweep, indent=2))
 
 
@@ -116,8 +174,14 @@ def make_run(run_dir: Path) -> dict[int, list[dict]]:
             write_trial(run_dir, i, swept, "finished", epochs)
         elif i == FAILED:
             epochs = healthy_epochs(i, swept, n=1)
-            write_trial(run_dir, i, swept, "failed", epochs,
-                        error="Traceback (most recent call last):\n  File x\nRuntimeError: boom in the loader")
+            write_trial(
+                run_dir,
+                i,
+                swept,
+                "failed",
+                epochs,
+                error="Traceback (most recent call last):\n  File x\nRuntimeError: boom in the loader",
+            )
         elif i == DIVERGED:
             epochs = healthy_epochs(i, swept, n=2)
             epochs[1] |= {"train_loss": None, "test_loss": None, "test_acc": 0.1}
@@ -177,12 +241,15 @@ def test_trial_table_has_one_row_per_trial_with_the_logged_numbers(run, readme):
     assert f"| {100 * epochs[-1]['test_acc']:.2f} |" in line
     assert f"{100 * best['test_acc']:.2f} (3)" in line
     gap = 100 * (epochs[-1]["train_eval_acc"] - epochs[-1]["test_acc"])
-    assert (f"| {100 * epochs[-1]['train_acc']:.2f} | {100 * epochs[-1]['train_eval_acc']:.2f} | {gap:.2f} | "
-            f"{epochs[-1]['train_loss']:.4f} | {epochs[-1]['train_eval_loss']:.4f} |") in line
+    assert (
+        f"| {100 * epochs[-1]['train_acc']:.2f} | {100 * epochs[-1]['train_eval_acc']:.2f} | {gap:.2f} | "
+        f"{epochs[-1]['train_loss']:.4f} | {epochs[-1]['train_eval_loss']:.4f} |"
+    ) in line
     assert f"| {epochs[-1]['peak_mem_mb']:.1f} | {epochs[-1]['peak_mem_total_mb']:.1f} | finished |" in line
     header = table[0]
-    assert ("| train acc, running (%) | train acc, eval (%) | gap (pp) | train loss, running | train loss, eval |"
-            in header)
+    assert (
+        "| train acc, running (%) | train acc, eval (%) | gap (pp) | train loss, running | train loss, eval |" in header
+    )
     assert "| peak mem per worker (MB) | peak mem, total over workers (MB) |" in header
     assert "| 4/4 |" in line and "| finished |" in line
     pending = next(line for line in table if trial_name(PENDING) in line)
@@ -261,7 +328,8 @@ def test_baseline_option_changes_the_reference(run):
     frame = report.groups["batch_size"].set_index("batch_size")
     assert frame.loc[128, "is_baseline"] and not frame.loc[64, "is_baseline"]
     assert frame.loc[64, "final_test_acc_delta"] == pytest.approx(
-        frame.loc[64, "final_test_acc_mean"] - frame.loc[128, "final_test_acc_mean"])
+        frame.loc[64, "final_test_acc_mean"] - frame.loc[128, "final_test_acc_mean"]
+    )
     assert report.baseline["workers"] == 1  # untouched factor keeps its first value
 
 
@@ -282,8 +350,8 @@ def test_overfitting_rule():
     falling = [1.4, 1.0, 0.6, 0.3]
     found = find_overfitting(epochs, falling, [1.5, 1.2, 1.3, 1.45])
     assert (found.min_epoch, found.onset) == (2, 3)
-    assert find_overfitting(epochs, falling, [1.5, 1.2, 1.1, 1.0]) is None        # test loss keeps falling
-    assert find_overfitting(epochs, falling, [1.5, 1.2, 1.21, 1.215]) is None     # rise within 2 %: noise
+    assert find_overfitting(epochs, falling, [1.5, 1.2, 1.1, 1.0]) is None  # test loss keeps falling
+    assert find_overfitting(epochs, falling, [1.5, 1.2, 1.21, 1.215]) is None  # rise within 2 %: noise
     assert find_overfitting(epochs, [1.4, 1.0, 1.1, 1.3], [1.5, 1.2, 1.3, 1.45]) is None  # train loss rises too
     assert find_overfitting(epochs, [1.4, None, 0.6, 0.3], [1.5, None, 1.3, 1.45]) is not None  # nulls skipped
     assert find_overfitting([1], [1.0], [1.0]) is None
@@ -327,7 +395,10 @@ def test_findings_are_computed_from_the_tables(run, readme):
     text = readme.read_text().split("## Findings")[1].split("## ")[0]
     line = next(line for line in text.splitlines() if "**Fastest**" in line)
     assert f"batch_size={int(fast['batch_size'])}, workers={int(fast['workers'])}" in line
-    assert f"{ratio:.2f}× faster than the slowest, batch_size={int(slow['batch_size'])}, workers={int(slow['workers'])}" in line
+    assert (
+        f"{ratio:.2f}× faster than the slowest, batch_size={int(slow['batch_size'])}, workers={int(slow['workers'])}"
+        in line
+    )
     top = configs.loc[configs["final_test_acc_mean"].idxmax()]
     line = next(line for line in text.splitlines() if "**Most accurate**" in line)
     assert f"{100 * top['final_test_acc_mean']:.2f} % final test accuracy" in line
@@ -336,9 +407,11 @@ def test_findings_are_computed_from_the_tables(run, readme):
     assert (small["batch_size"], small["workers"]) == (64, 1)
     assert configs.loc[configs["peak_mem_mb_mean"].idxmin(), "workers"] == 2
     line = next(line for line in text.splitlines() if "**Least memory**" in line)
-    assert (f"**Least memory** (by the peak total over workers, what the configuration occupies; per worker is what "
-            f"must fit on one device): batch_size=64, workers=1 at {small['peak_mem_total_mb_mean']:,.1f} MB total "
-            f"over workers, {small['peak_mem_mb_mean']:,.1f} MB per worker, mean of 2 trials;") in line
+    assert (
+        f"**Least memory** (by the peak total over workers, what the configuration occupies; per worker is what "
+        f"must fit on one device): batch_size=64, workers=1 at {small['peak_mem_total_mb_mean']:,.1f} MB total "
+        f"over workers, {small['peak_mem_mb_mean']:,.1f} MB per worker, mean of 2 trials;"
+    ) in line
     assert "**batch_size** (baseline 64" in text and "**workers** (baseline 1" in text
     # Paired effects: workers=2 vs 1 pairs only trials with the same batch_size and seed, both finished.
     ok = finished(run[1])
@@ -356,8 +429,14 @@ def test_findings_are_computed_from_the_tables(run, readme):
 def test_plots_are_valid_png_and_linked(readme):
     text = readme.read_text()
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
-    assert set(links) == {"curves_loss.png", "curves_test_acc.png", "batch_size_cost.png",
-                          "batch_size_accuracy.png", "workers_cost.png", "workers_accuracy.png"}
+    assert set(links) == {
+        "curves_loss.png",
+        "curves_test_acc.png",
+        "batch_size_cost.png",
+        "batch_size_accuracy.png",
+        "workers_cost.png",
+        "workers_accuracy.png",
+    }
     for link in links:
         path = readme.parent / link
         assert path.read_bytes()[:8] == PNG_SIGNATURE
@@ -482,7 +561,9 @@ def test_float_and_string_grid_with_cli_parsed_baseline(tmp_path):
     write_sweep(run_dir, names, grid=grid, repeats=1, finished_at=None, wall_time_s=None)
     for i, (lr, amp) in enumerate(itertools.product(*grid.values())):
         swept = {"batch_size": 64, "workers": 1, "seed": 0}
-        status, epochs = ("running", healthy_epochs(i, swept, n=2)) if i == 3 else ("finished", healthy_epochs(i, swept))
+        status, epochs = (
+            ("running", healthy_epochs(i, swept, n=2)) if i == 3 else ("finished", healthy_epochs(i, swept))
+        )
         write_trial(run_dir, i, {"lr": lr, "amp": amp} | swept, status, epochs)
     report = build_report(run_dir, baseline={"lr": parse_value("0.01"), "amp": parse_value("bf16")})
     assert report.baseline == {"lr": 0.01, "amp": "bf16"}

@@ -9,13 +9,20 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
-from cifar_ray.report import (
-    FACTOR_METRICS, MEMORY_MEASURES, accuracy_series, build_report, dodge, factor_axis, factor_positions,
-    trial_overfitting, write_report,
-)
 from test_report import healthy_epochs, make_run, trial_name, write_sweep, write_trial
 from test_report_stats import make_factorial
+
+from cifar_ray.report import (
+    FACTOR_METRICS,
+    MEMORY_MEASURES,
+    accuracy_series,
+    build_report,
+    dodge,
+    factor_axis,
+    factor_positions,
+    trial_overfitting,
+    write_report,
+)
 
 CPU_MEASURE = "peak RSS of one worker process (the whole process: Python, torch, data)"
 GPU_MEASURE = "peak memory allocated by torch on one GPU"
@@ -34,20 +41,23 @@ def old_logs(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.parametrize("values, axis", [
-    (["momentum", "adam"], "category"),
-    ([True, False], "category"),                 # booleans are not numbers here
-    ([64, "auto"], "category"),
-    ([0.05], "category"),                        # one value: nothing to scale
-    ([16, 32, 64, 128], "log2"),
-    ([128, 64, 256], "log2"),                    # grid order does not matter
-    ([3, 6, 24], "log2"),                        # the smallest times powers of two
-    ([1, 2], "linear"),                          # spans less than a factor of 4
-    ([1, 2, 3, 4], "linear"),                    # evenly spaced, not doubling
-    ([0.1, 0.01, 0.001], "log10"),
-    ([0.1, 0.01], "linear"),                     # less than two decades
-    ([0.0, 5e-4, 5e-3], "linear"),               # zero has no place on a log axis
-])
+@pytest.mark.parametrize(
+    "values, axis",
+    [
+        (["momentum", "adam"], "category"),
+        ([True, False], "category"),  # booleans are not numbers here
+        ([64, "auto"], "category"),
+        ([0.05], "category"),  # one value: nothing to scale
+        ([16, 32, 64, 128], "log2"),
+        ([128, 64, 256], "log2"),  # grid order does not matter
+        ([3, 6, 24], "log2"),  # the smallest times powers of two
+        ([1, 2], "linear"),  # spans less than a factor of 4
+        ([1, 2, 3, 4], "linear"),  # evenly spaced, not doubling
+        ([0.1, 0.01, 0.001], "log10"),
+        ([0.1, 0.01], "linear"),  # less than two decades
+        ([0.0, 5e-4, 5e-3], "linear"),  # zero has no place on a log axis
+    ],
+)
 def test_factor_axis(values, axis):
     assert factor_axis(values) == axis
 
@@ -65,7 +75,7 @@ def test_positions_and_dodge_follow_the_axis():
 
 def test_best_equal_to_final_is_one_series_that_says_so():
     rows = pd.DataFrame({"final_test_acc_mean": [0.7, 0.8, np.nan], "best_test_acc_mean": [0.7, 0.8, np.nan]})
-    (metric, label), = accuracy_series(rows)
+    ((metric, label),) = accuracy_series(rows)
     assert metric == FACTOR_METRICS[0] and "= best" in label
     rows.loc[1, "best_test_acc_mean"] = 0.81
     assert [metric for metric, _ in accuracy_series(rows)] == list(FACTOR_METRICS[:2])
@@ -155,8 +165,14 @@ def test_mixed_devices_and_bases_are_each_named(tmp_path):
 def test_overfitting_reads_the_eval_train_loss_where_logged():
     """The running train loss falls (augmented, changing model) while the evaluated one rises with the test loss:
     the model is not fitting its training images better, so this is no overfitting."""
-    epochs = pd.DataFrame({"epoch": [1, 2, 3], "train_loss": [1.4, 1.0, 0.6], "test_loss": [1.2, 1.0, 1.3],
-                           "train_eval_loss": [1.1, 0.9, 1.2]})
+    epochs = pd.DataFrame(
+        {
+            "epoch": [1, 2, 3],
+            "train_loss": [1.4, 1.0, 0.6],
+            "test_loss": [1.2, 1.0, 1.3],
+            "train_eval_loss": [1.1, 0.9, 1.2],
+        }
+    )
     assert trial_overfitting(epochs) is None
     running = trial_overfitting(epochs.assign(train_eval_loss=np.nan))
     assert running is not None and (running.min_epoch, running.onset) == (2, 3)

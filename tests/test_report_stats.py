@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_report import trial_name, write_sweep, write_trial
 
 from cifar_ray.report import OBJECTIVES, build_report, seed_noise, t_quantile, write_report
 from cifar_ray.sweep import METRICS
-from test_report import trial_name, write_sweep, write_trial
 
 GRID = {"optimizer": ["momentum", "adam"], "workers": [1, 2], "amp": ["off", "bf16"]}
 SEEDS = [0, 1, 2]
@@ -27,19 +27,36 @@ NOISE = 0.002  # seed-to-seed std of the final test accuracy: 0.2 pp
 
 def factorial_epochs(acc: float, loss: float, epoch_time: float) -> list[dict]:
     """Three epochs ending at the given final test accuracy, test loss and epoch time."""
-    return [{"epoch": e, "train_loss": loss + 0.3 * (3 - e), "train_acc": acc - 0.04 * (3 - e),
-             "test_loss": loss + 0.2 * (3 - e), "test_acc": acc - 0.05 * (3 - e), "epoch_time_s": epoch_time,
-             "samples_per_s": 50000 / epoch_time, "peak_mem_mb": 500.0, "lr": 0.05} for e in (1, 2, 3)]
+    return [
+        {
+            "epoch": e,
+            "train_loss": loss + 0.3 * (3 - e),
+            "train_acc": acc - 0.04 * (3 - e),
+            "test_loss": loss + 0.2 * (3 - e),
+            "test_acc": acc - 0.05 * (3 - e),
+            "epoch_time_s": epoch_time,
+            "samples_per_s": 50000 / epoch_time,
+            "peak_mem_mb": 500.0,
+            "lr": 0.05,
+        }
+        for e in (1, 2, 3)
+    ]
 
 
 def make_factorial(run_dir: Path, grid: dict = GRID, accuracy=None, loss=None, status=None, **sweep) -> dict:
     """optimizer x workers x amp x 3 seeds. Default truth: adam +10 pp, workers=2 +1 pp, amp nothing, plus
     0.2 pp of per-trial noise; workers=2 halves the epoch time. Returns the final test accuracy per trial."""
     rng = random.Random(7)
-    combos = [dict(zip(grid, values)) | {"seed": seed} for values in itertools.product(*grid.values())
-              for seed in SEEDS]
-    write_sweep(run_dir, [trial_name(i) for i in range(len(combos))], grid=grid, repeats=len(SEEDS),
-                **{"name": "factorial", "description": "A hand-made factorial run."} | sweep)
+    combos = [
+        dict(zip(grid, values)) | {"seed": seed} for values in itertools.product(*grid.values()) for seed in SEEDS
+    ]
+    write_sweep(
+        run_dir,
+        [trial_name(i) for i in range(len(combos))],
+        grid=grid,
+        repeats=len(SEEDS),
+        **{"name": "factorial", "description": "A hand-made factorial run."} | sweep,
+    )
     finals = {}
     for i, swept in enumerate(combos):
         acc = (accuracy or (lambda s: 0.70 + 0.10 * (s.get("optimizer") == "adam") + 0.01 * (s["workers"] == 2)))(swept)
@@ -47,8 +64,14 @@ def make_factorial(run_dir: Path, grid: dict = GRID, accuracy=None, loss=None, s
         final_loss = (loss or (lambda s: 1.0 - acc))(swept)
         epoch_time = 10.0 / swept["workers"] + 0.01 * swept["seed"]
         finals[i] = acc
-        write_trial(run_dir, i, swept, (status or (lambda s: "finished"))(swept),
-                    factorial_epochs(acc, final_loss, epoch_time), gpus=False)
+        write_trial(
+            run_dir,
+            i,
+            swept,
+            (status or (lambda s: "finished"))(swept),
+            factorial_epochs(acc, final_loss, epoch_time),
+            gpus=False,
+        )
     return finals
 
 
@@ -63,8 +86,22 @@ def finding(text: str, key: str) -> str:
     return next(line for line in findings.splitlines() if line.startswith(f"- **{key}**"))
 
 
-@pytest.mark.parametrize("df, expected", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (10, 2.228),
-                                          (11, 2.201), (20, 2.086), (30, 2.042), (60, 2.000), (120, 1.980)])
+@pytest.mark.parametrize(
+    "df, expected",
+    [
+        (1, 12.706),
+        (2, 4.303),
+        (3, 3.182),
+        (4, 2.776),
+        (5, 2.571),
+        (10, 2.228),
+        (11, 2.201),
+        (20, 2.086),
+        (30, 2.042),
+        (60, 2.000),
+        (120, 1.980),
+    ],
+)
 def test_t_quantile_matches_the_table(df, expected):
     assert t_quantile(0.975, df) == pytest.approx(expected, abs=5e-4)
 
@@ -92,15 +129,18 @@ def test_paired_effects_are_the_matched_differences(factorial):
     report = build_report(run_dir)
     trials = report.trials.assign(final=[finals[i] for i in range(len(finals))])
     index = trials.set_index(["optimizer", "amp", "seed", "workers"])["final"]
-    diffs = [index[(o, a, s, 2)] - index[(o, a, s, 1)]
-             for o, a, s in itertools.product(GRID["optimizer"], GRID["amp"], SEEDS)]
+    diffs = [
+        index[(o, a, s, 2)] - index[(o, a, s, 1)]
+        for o, a, s in itertools.product(GRID["optimizer"], GRID["amp"], SEEDS)
+    ]
     row = report.effects["workers"]["final_test_acc"].iloc[0]
     assert row["workers"] == 2 and row["n_pairs"] == 12
     assert row["mean_diff"] == pytest.approx(statistics.mean(diffs))
     assert row["std_diff"] == pytest.approx(statistics.stdev(diffs))
     half = 2.201 * statistics.stdev(diffs) / math.sqrt(12)  # t(0.975, 11)
-    assert (row["ci_low"], row["ci_high"]) == pytest.approx((row["mean_diff"] - half, row["mean_diff"] + half),
-                                                            abs=1e-5)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(
+        (row["mean_diff"] - half, row["mean_diff"] + half), abs=1e-5
+    )
     assert row["mean_diff"] == pytest.approx(0.01, abs=0.002) and row["ci_high"] - row["ci_low"] < 0.005
     assert row["conclusive"]
     assert report.effects["optimizer"]["final_test_acc"].iloc[0]["mean_diff"] == pytest.approx(0.10, abs=0.002)
@@ -129,8 +169,11 @@ def test_paired_findings_separate_a_small_real_effect_from_none(factorial, tmp_p
     conclusive; matched pairs see the +1 pp with a 0.2 pp wide interval."""
     text = write_report(factorial[0], tmp_path).read_text(encoding="utf-8")
     workers = finding(text, "workers")
-    found = re.search(r"workers=2: final test accuracy \+(\d\.\d\d) pp \(95 % CI \+(\d\.\d\d) to \+(\d\.\d\d) pp, "
-                      r"12 pairs\), real effect", workers)
+    found = re.search(
+        r"workers=2: final test accuracy \+(\d\.\d\d) pp \(95 % CI \+(\d\.\d\d) to \+(\d\.\d\d) pp, "
+        r"12 pairs\), real effect",
+        workers,
+    )
     mean, low, high = map(float, found.groups())
     assert 0.7 < mean < 1.3 and low < mean < high and high - low < 0.5
     assert "not conclusive" not in workers
@@ -151,8 +194,11 @@ def test_no_matched_pairs_is_said(tmp_path):
     """workers=1 only finished with momentum, workers=2 only with adam: nothing to pair, nothing claimed."""
     run_dir = tmp_path / "unpaired"
     grid = {"optimizer": ["momentum", "adam"], "workers": [1, 2]}
-    make_factorial(run_dir, grid, status=lambda s: "finished" if (s["workers"] == 1) == (s["optimizer"] == "momentum")
-                   else "failed")
+    make_factorial(
+        run_dir,
+        grid,
+        status=lambda s: "finished" if (s["workers"] == 1) == (s["optimizer"] == "momentum") else "failed",
+    )
     report = build_report(run_dir)
     assert report.effects["workers"]["final_test_acc"]["n_pairs"].tolist() == [0]
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
@@ -164,8 +210,16 @@ def test_no_matched_pairs_is_said(tmp_path):
 def test_exports_carry_the_paired_effects(factorial, tmp_path):
     run_dir = factorial[0]
     effects = pd.read_csv(write_report(run_dir, tmp_path, fmt="csv").parent / "effect_workers.csv")
-    assert effects.columns.tolist() == ["metric", "workers", "n_pairs", "mean_diff", "std_diff", "ci_low", "ci_high",
-                                        "conclusive"]
+    assert effects.columns.tolist() == [
+        "metric",
+        "workers",
+        "n_pairs",
+        "mean_diff",
+        "std_diff",
+        "ci_low",
+        "ci_high",
+        "conclusive",
+    ]
     assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s"]
     assert effects["n_pairs"].tolist() == [12, 12] and effects["conclusive"].tolist() == [True, True]
     data = json.loads(write_report(run_dir, tmp_path, fmt="json").read_text(encoding="utf-8"))
@@ -185,15 +239,22 @@ def test_best_follows_the_sweep_metric_and_mode(tmp_path):
     """metric=test_loss, mode=min: the lowest loss (momentum, workers=1) is best, not the most accurate (adam)."""
     run_dir = tmp_path / "by-loss"
     grid = {"optimizer": ["momentum", "adam"], "workers": [1, 2]}
-    make_factorial(run_dir, grid, loss=lambda s: 0.40 + 0.2 * (s["optimizer"] == "adam") + 0.05 * (s["workers"] == 2),
-                   metric="test_loss", mode="min")
+    make_factorial(
+        run_dir,
+        grid,
+        loss=lambda s: 0.40 + 0.2 * (s["optimizer"] == "adam") + 0.05 * (s["workers"] == 2),
+        metric="test_loss",
+        mode="min",
+    )
     report = build_report(run_dir)
     assert (report.objective.column, report.objective.better) == ("final_test_loss", "min")
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
     findings = text.split("## Findings")[1].split("\n## ")[0]
     best = next(line for line in findings.splitlines() if "**Best**" in line)
-    assert ("by the sweep's metric (lowest final test loss): optimizer=momentum, workers=1 at 0.4000, mean of 3 "
-            "trials; the worst is optimizer=adam, workers=2 (0.6500)") in best
+    assert (
+        "by the sweep's metric (lowest final test loss): optimizer=momentum, workers=1 at 0.4000, mean of 3 "
+        "trials; the worst is optimizer=adam, workers=2 (0.6500)"
+    ) in best
     accurate = next(line for line in findings.splitlines() if "**Most accurate**" in line)
     assert "optimizer=adam, workers=2 at" in accurate  # a different configuration
     assert "| Best means | lowest final test loss (sweep metric=test_loss, mode=min) |" in text
@@ -210,5 +271,6 @@ def test_unknown_metric_falls_back_to_accuracy_and_says_so(tmp_path):
     report = build_report(run_dir)
     assert report.objective.column == "final_test_acc" and "f1_score" in report.objective_note
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
-    assert ("**Best** means the highest final test acc (%) (fallback: sweep metric=f1_score, mode=max has no trial "
-            "column).") in text
+    assert (
+        "**Best** means the highest final test acc (%) (fallback: sweep metric=f1_score, mode=max has no trial column)."
+    ) in text

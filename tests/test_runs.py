@@ -16,10 +16,24 @@ def last_json(text: str):
 
 
 def test_train_two_workers_on_cifar_fixture(cifar_dir, tmp_path, capsys):
-    code = main([
-        "train", "--storage", str(tmp_path), "--name", "fixture", "--json", "--set",
-        "dataset=cifar10", f"data_dir={cifar_dir}", "workers=2", "epochs=2", "batch_size=64", "width=8", "augment=flip_crop_cutout",
-    ])
+    code = main(
+        [
+            "train",
+            "--storage",
+            str(tmp_path),
+            "--name",
+            "fixture",
+            "--json",
+            "--set",
+            "dataset=cifar10",
+            f"data_dir={cifar_dir}",
+            "workers=2",
+            "epochs=2",
+            "batch_size=64",
+            "width=8",
+            "augment=flip_crop_cutout",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     result = last_json(out)
@@ -36,7 +50,16 @@ def test_train_two_workers_on_cifar_fixture(cifar_dir, tmp_path, capsys):
     trial = run.trials[0]
     assert [row["epoch"] for row in trial.epochs] == [1, 2]
     for row in trial.epochs:
-        for key in ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s", "peak_mem_mb", "lr"):
+        for key in (
+            "train_loss",
+            "train_acc",
+            "test_loss",
+            "test_acc",
+            "epoch_time_s",
+            "samples_per_s",
+            "peak_mem_mb",
+            "lr",
+        ):
             assert isinstance(row[key], float) and row[key] >= 0, key
     assert trial.meta["system"]["world_size"] == 2 and trial.meta["system"]["device_type"] == "cpu"
     assert len(trial.meta["system"]["nodes"]) == 2 and all(trial.meta["system"]["nodes"])  # gathered from both ranks

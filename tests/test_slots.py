@@ -9,19 +9,38 @@ import threading
 
 import psutil
 import pytest
+from test_reliability import wait_for
 
 from cifar_ray import runlog
 from cifar_ray.cli import main
 
-from test_reliability import wait_for
-
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 # What a trial computes; times, timestamps and memory differ from run to run by nature.
-COMPUTED = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "train_eval_loss", "train_eval_acc",
-            "train_samples", "lr", "diverged")
-TINY = ("dataset=synthetic", "train_subset=512", "test_subset=128", "train_eval_size=128", "width=4", "depth=2",
-        "epochs=2", "batch_size=32", "norm=none", "dropout=0.2")
+COMPUTED = (
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "train_eval_loss",
+    "train_eval_acc",
+    "train_samples",
+    "lr",
+    "diverged",
+)
+TINY = (
+    "dataset=synthetic",
+    "train_subset=512",
+    "test_subset=128",
+    "train_eval_size=128",
+    "width=4",
+    "depth=2",
+    "epochs=2",
+    "batch_size=32",
+    "norm=none",
+    "dropout=0.2",
+)
 
 
 def computed(trial_dir) -> list[dict]:
@@ -30,8 +49,19 @@ def computed(trial_dir) -> list[dict]:
 
 def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text("name: slots\ngrid:\n  lr: [0.05, 1.0e+12, 0.02]\n")  # the middle one diverges
-    code = main(["sweep", str(tmp_path / "s.yaml"), "--max-concurrent", "1", "--storage",
-                 str(tmp_path / "runs"), "--json", "--set", *TINY])
+    code = main(
+        [
+            "sweep",
+            str(tmp_path / "s.yaml"),
+            "--max-concurrent",
+            "1",
+            "--storage",
+            str(tmp_path / "runs"),
+            "--json",
+            "--set",
+            *TINY,
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     run = runlog.load_run(tmp_path / "runs" / "slots")
@@ -41,7 +71,9 @@ def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path
     assert [line for line in err.splitlines() if " starts " in line] and " epoch 2/2 " in err
 
     # The third trial, after a healthy and a diverged one in the same processes, equals it trained alone.
-    code = main(["train", "--isolate", "--storage", str(tmp_path / "runs"), "--name", "fresh", "--set", *TINY, "lr=0.02"])
+    code = main(
+        ["train", "--isolate", "--storage", str(tmp_path / "runs"), "--name", "fresh", "--set", *TINY, "lr=0.02"]
+    )
     assert code == 0, capsys.readouterr().err
     fresh = runlog.load_run(tmp_path / "runs" / "fresh").trials[0]
     warm = run.trials[2]
@@ -54,7 +86,8 @@ def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoin
         "name: slot-kill\n"
         "base: {dataset: synthetic, train_subset: 4096, test_subset: 256, width: 8, epochs: 4, workers: 2, "
         "batch_size: 64}\n"
-        "grid:\n  seed: [0, 1]\n")
+        "grid:\n  seed: [0, 1]\n"
+    )
     run_dir = tmp_path / "runs" / "slot-kill"
     killed = []
 

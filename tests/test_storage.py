@@ -71,7 +71,9 @@ def test_resume_hint_leaves_credentials_out():
 
     from cifar_ray.cli import resume_command
 
-    args = argparse.Namespace(file="s.yaml", storage="s3://key:hunter2@bucket/runs?region=x", name=None, address=None, set=[])
+    args = argparse.Namespace(
+        file="s.yaml", storage="s3://key:hunter2@bucket/runs?region=x", name=None, address=None, set=[]
+    )
     assert resume_command(args) == "cifar-ray sweep s.yaml --resume --storage 's3://bucket/runs?region=x'"
 
 

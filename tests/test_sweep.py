@@ -28,7 +28,14 @@ def test_every_shipped_sweep_dry_runs(path, capsys):
 
 
 def test_grid_is_a_cartesian_product_with_repeats():
-    plan = build_plan({"name": "g", "base": {"epochs": 2, "seed": 10}, "grid": {"batch_size": [32, 64], "optimizer": ["sgd", "adam"]}, "repeats": 2})
+    plan = build_plan(
+        {
+            "name": "g",
+            "base": {"epochs": 2, "seed": 10},
+            "grid": {"batch_size": [32, 64], "optimizer": ["sgd", "adam"]},
+            "repeats": 2,
+        }
+    )
     assert len(plan.trials) == 8
     assert [t.swept for t in plan.trials[:3]] == [
         {"batch_size": 32, "optimizer": "sgd", "seed": 10},
@@ -41,14 +48,22 @@ def test_grid_is_a_cartesian_product_with_repeats():
 
 
 def test_bundled_grid_values_set_keys_together():
-    plan = build_plan({"name": "o", "grid": {"optimizer": [{"optimizer": "momentum", "lr": 0.05}, {"optimizer": "adam", "lr": 0.001}]}})
+    plan = build_plan(
+        {
+            "name": "o",
+            "grid": {"optimizer": [{"optimizer": "momentum", "lr": 0.05}, {"optimizer": "adam", "lr": 0.001}]},
+        }
+    )
     assert [(t.config.optimizer, t.config.lr) for t in plan.trials] == [("momentum", 0.05), ("adam", 0.001)]
     assert [t.swept["optimizer"] for t in plan.trials] == ["momentum (lr=0.05)", "adam (lr=0.001)"]
     assert plan.grid == {"optimizer": ["momentum (lr=0.05)", "adam (lr=0.001)"]}
 
 
 def test_set_overrides_base_and_collapses_the_grid():
-    plan = build_plan({"name": "o", "base": {"epochs": 5}, "grid": {"batch_size": [32, 64], "lr": [0.1, 0.2]}}, {"epochs": 1, "lr": 0.3})
+    plan = build_plan(
+        {"name": "o", "base": {"epochs": 5}, "grid": {"batch_size": [32, 64], "lr": [0.1, 0.2]}},
+        {"epochs": 1, "lr": 0.3},
+    )
     assert len(plan.trials) == 2
     assert all(t.config.epochs == 1 and t.config.lr == 0.3 for t in plan.trials)
 
@@ -81,31 +96,54 @@ def test_trial_work_counts_the_images_trained():
 
 def test_work_summary_totals_the_sweep():
     quickstart = load_sweep(SWEEPS[0].parent / "quickstart.yaml")
-    assert work_summary(quickstart) == ("4 trials · dataset synthetic · 5,000 train / 1,000 test images per trial · "
-                                        "3 epochs · 59,904 images trained in all (14,976 per trial)")
-    mixed = build_plan({"name": "m", "base": {"train_subset": 1000, "batch_size": 100},
-                        "grid": {"epochs": [1, 2], "dataset": ["cifar10", "synthetic"]}})
-    assert work_summary(mixed) == ("4 trials · dataset cifar10/synthetic · 1,000 train / 10,000 test images per "
-                                   "trial · 1-2 epochs · 6,000 images trained in all (1,000-2,000 per trial)")
+    assert work_summary(quickstart) == (
+        "4 trials · dataset synthetic · 5,000 train / 1,000 test images per trial · "
+        "3 epochs · 59,904 images trained in all (14,976 per trial)"
+    )
+    mixed = build_plan(
+        {
+            "name": "m",
+            "base": {"train_subset": 1000, "batch_size": 100},
+            "grid": {"epochs": [1, 2], "dataset": ["cifar10", "synthetic"]},
+        }
+    )
+    assert work_summary(mixed) == (
+        "4 trials · dataset cifar10/synthetic · 1,000 train / 10,000 test images per "
+        "trial · 1-2 epochs · 6,000 images trained in all (1,000-2,000 per trial)"
+    )
     one = build_plan({"name": "o", "base": {"dataset": "synthetic", "epochs": 1, "test_subset": 500}})
-    assert work_summary(one) == ("1 trial · dataset synthetic · 50,000 train / 500 test images per trial · "
-                                 "1 epoch · 49,920 images trained in all (49,920 per trial)")
+    assert work_summary(one) == (
+        "1 trial · dataset synthetic · 50,000 train / 500 test images per trial · "
+        "1 epoch · 49,920 images trained in all (49,920 per trial)"
+    )
 
 
 def test_trial_names_are_folder_safe():
-    assert trial_name(7, {"optimizer": "adam (lr=0.001)", "data_dir": "/a/b"}) == "t007-optimizer=adam-lr-0.001-data_dir=a-b"
+    assert (
+        trial_name(7, {"optimizer": "adam (lr=0.001)", "data_dir": "/a/b"})
+        == "t007-optimizer=adam-lr-0.001-data_dir=a-b"
+    )
 
 
 @pytest.mark.parametrize(
     "text, expected",
     [
         ("name: x\ngrid: {batch_size: []}\n", "grid.batch_size is an empty list"),
-        ("name: x\ngrid: {bach_size: [1]}\n", "grid.bach_size: unknown config key 'bach_size' (did you mean 'batch_size'?)"),
+        (
+            "name: x\ngrid: {bach_size: [1]}\n",
+            "grid.bach_size: unknown config key 'bach_size' (did you mean 'batch_size'?)",
+        ),
         ("name: x\nbase: {optimiser: adam}\n", "base: unknown config key 'optimiser' (did you mean 'optimizer'?)"),
         ("name: x\ngrids: {}\n", "unknown top-level key 'grids'"),
-        ("name: x\ngrid: {optimizer: [sgd, lamb]}\n", "trial (optimizer=lamb): optimizer='lamb': not allowed; allowed: one of sgd"),
+        (
+            "name: x\ngrid: {optimizer: [sgd, lamb]}\n",
+            "trial (optimizer=lamb): optimizer='lamb': not allowed; allowed: one of sgd",
+        ),
         ("name: x\nbase: {lr: -1}\n", "base: lr=-1: should be greater than 0"),
-        ("name: x\ngrid: {workers: [1, 3]}\nbase: {batch_size: 64}\n", "trial (workers=3): batch_size=64 must be divisible by workers=3"),
+        (
+            "name: x\ngrid: {workers: [1, 3]}\nbase: {batch_size: 64}\n",
+            "trial (workers=3): batch_size=64 must be divisible by workers=3",
+        ),
         ("name: x\ngrid: {seed: [1, 2]}\nrepeats: 2\n", "grid.seed and repeats=2 both vary the seed"),
         ("name: x\ngrid: {lr: [0.1, {lr: 0.2}]}\n", "grid.lr mixes mappings and plain values"),
         ("description: no name\n", "name: Field required"),
@@ -139,9 +177,11 @@ def test_missing_file_and_bad_flags(capsys):
 def test_summary_names_the_best_trial_by_the_sweeps_metric_and_mode():
     from cifar_ray.cli import best_trial_line
 
-    rows = [{"trial": "a", "status": "finished", "test_acc": 0.9, "test_loss": 0.5},
-            {"trial": "b", "status": "finished", "test_acc": 0.8, "test_loss": 0.3},
-            {"trial": "c", "status": "failed", "test_acc": 0.95, "test_loss": 0.1}]  # not finished: never best
+    rows = [
+        {"trial": "a", "status": "finished", "test_acc": 0.9, "test_loss": 0.5},
+        {"trial": "b", "status": "finished", "test_acc": 0.8, "test_loss": 0.3},
+        {"trial": "c", "status": "failed", "test_acc": 0.95, "test_loss": 0.1},
+    ]  # not finished: never best
     assert best_trial_line(rows, "test_acc", "max").endswith(": a at 90.0%")
     assert best_trial_line(rows, "test_loss", "min").endswith(": b at 0.3")
     assert best_trial_line(rows[2:], "test_loss", "min") is None

@@ -23,9 +23,27 @@ TRAIN_EVAL_SIZE = 101  # fewer than the 256 training images, and split unevenly 
 def trial(tmp_path_factory) -> tuple[Path, runlog.TrialLog]:
     """The trial's folder and log."""
     storage = tmp_path_factory.mktemp("runs")
-    code = main(["train", "--storage", str(storage), "--name", "train-eval", "--set", "dataset=synthetic",
-                 "train_subset=256", "test_subset=64", "width=4", "depth=2", "workers=2", "epochs=2",
-                 "batch_size=32", "augment=flip_crop", "dropout=0.2", f"train_eval_size={TRAIN_EVAL_SIZE}"])
+    code = main(
+        [
+            "train",
+            "--storage",
+            str(storage),
+            "--name",
+            "train-eval",
+            "--set",
+            "dataset=synthetic",
+            "train_subset=256",
+            "test_subset=64",
+            "width=4",
+            "depth=2",
+            "workers=2",
+            "epochs=2",
+            "batch_size=32",
+            "augment=flip_crop",
+            "dropout=0.2",
+            f"train_eval_size={TRAIN_EVAL_SIZE}",
+        ]
+    )
     assert code == 0
     run = runlog.load_run(storage / "train-eval")
     return storage / "train-eval" / run.trials[0].name, run.trials[0]
@@ -69,7 +87,7 @@ def test_cpu_peak_memory_is_reset_per_epoch():
     train.reset_peak_memory(cpu)
     before = train.peak_memory_mb(cpu)
     block = bytearray(256 * 2**20)
-    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page, so it is resident
+    block[::4096] = b"x" * len(block[::4096])  # touch every page, so it is resident
     assert train.peak_memory_mb(cpu) > before + 200
     del block
     train.reset_peak_memory(cpu)

@@ -37,33 +37,55 @@ def _flat(model: nn.Module) -> torch.Tensor:
 
 def _powersgd_after_overflow(rank: int, world: int) -> dict:
     """PowerSGD with GradScaler: rank 0's gradient is inf in step POISONED_STEP (as an fp16 overflow)."""
-    cfg = TrainConfig(model="simple_cnn", width=4, depth=2, norm="group", workers=world, batch_size=16,
-                      grad_compression="powersgd", powersgd_start_iter=2, use_gpu="false")
+    cfg = TrainConfig(
+        model="simple_cnn",
+        width=4,
+        depth=2,
+        norm="group",
+        workers=world,
+        batch_size=16,
+        grad_compression="powersgd",
+        powersgd_start_iter=2,
+        use_gpu="false",
+    )
     cpu = torch.device("cpu")
     torch.manual_seed(0)
     model = build_model(cfg)
     calls = []
     if rank == 0:
         model.head[-1].weight.register_hook(
-            lambda grad: torch.full_like(grad, float("inf")) if calls.append(1) or len(calls) == POISONED_STEP + 1
-            else grad)
+            lambda grad: (
+                torch.full_like(grad, float("inf")) if calls.append(1) or len(calls) == POISONED_STEP + 1 else grad
+            )
+        )
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=True)
     parts = train.build_training(cfg, model, STEPS, cpu, world, scaler, rank)
     moved, local = [], torch.zeros(4, dtype=torch.float64)
     for step in range(STEPS):
         before = _flat(model)
-        local += train.train_epoch(parts.model, [_batches(step, rank)], parts.optimizer, parts.scheduler, parts.scaler,
-                                   parts.criterion, cfg, cpu)
+        local += train.train_epoch(
+            parts.model,
+            [_batches(step, rank)],
+            parts.optimizer,
+            parts.scheduler,
+            parts.scaler,
+            parts.criterion,
+            cfg,
+            cpu,
+        )
         moved.append((_flat(model) - before).abs().max().item())
     state = comm.hook_state(parts.model)
     totals = train.reduce_train_totals(local)
     return {
         "moved": moved,
-        "memories_finite": all(torch.isfinite(t).all().item()
-                               for t in [*state.error_dict.values(), *state.q_memory_dict.values()]),
+        "memories_finite": all(
+            torch.isfinite(t).all().item() for t in [*state.error_dict.values(), *state.q_memory_dict.values()]
+        ),
         "params_finite": bool(torch.isfinite(_flat(model)).all()),
-        "local_skipped": local[3].item(), "skipped": totals[3].item(),
-        "samples": totals[2].item(), "local_samples": local[2].item(),
+        "local_skipped": local[3].item(),
+        "skipped": totals[3].item(),
+        "samples": totals[2].item(),
+        "local_samples": local[2].item(),
     }
 
 
@@ -109,8 +131,9 @@ def _rank_rng_resume(rank: int, world: int, folder: Path) -> dict:
     dist.barrier()
     expected = torch.rand(4)
     torch.manual_seed(12345)  # lose the state
-    train.load_checkpoint(folder, model, parts.optimizer, parts.scheduler, parts.scaler, cpu, rank=rank, world=world,
-                          seed=cfg.seed)
+    train.load_checkpoint(
+        folder, model, parts.optimizer, parts.scheduler, parts.scaler, cpu, rank=rank, world=world, seed=cfg.seed
+    )
     return {"resumed_draw_equals_own": torch.equal(torch.rand(4), expected), "draw": expected.tolist()}
 
 
@@ -118,14 +141,18 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     findings = {"powersgd": _powersgd_after_overflow(rank, world)}
     first, again = _dropout_masks(rank, world)
     gathered = [torch.zeros_like(first) for _ in range(world)]
     dist.all_gather(gathered, first)
-    findings["dropout"] = {"repeats": torch.equal(first, again), "ranks_differ": not torch.equal(gathered[0], gathered[1]),
-                           "drop_share": first.float().mean().item()}
+    findings["dropout"] = {
+        "repeats": torch.equal(first, again),
+        "ranks_differ": not torch.equal(gathered[0], gathered[1]),
+        "drop_share": first.float().mean().item(),
+    }
     findings["rng"] = _rank_rng_resume(rank, world, Path(folder))
     (Path(folder) / f"rank{rank}.json").write_text(json.dumps(findings))
     dist.destroy_process_group()
@@ -144,7 +171,7 @@ def test_powersgd_with_grad_scaler_trains_on_after_an_overflow(two_ranks):
     for rank, findings in enumerate(two_ranks):
         run = findings["powersgd"]
         assert run["moved"][POISONED_STEP] == 0.0, "the overflowed step must be skipped on every rank"
-        after = run["moved"][POISONED_STEP + 1:]
+        after = run["moved"][POISONED_STEP + 1 :]
         assert all(step > 0 for step in after), f"training stopped after the overflow on rank {rank}: {run}"
         assert run["memories_finite"] and run["params_finite"], run
         assert run["local_skipped"] == 1.0, run
@@ -279,8 +306,16 @@ def test_an_epoch_makes_no_host_sync_on_cuda():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        train.train_epoch(parts.model, data.iterate_train(split, cfg, 2, 0, 1, torch.channels_last), parts.optimizer,
-                          parts.scheduler, parts.scaler, parts.criterion, cfg, device)
+        train.train_epoch(
+            parts.model,
+            data.iterate_train(split, cfg, 2, 0, 1, torch.channels_last),
+            parts.optimizer,
+            parts.scheduler,
+            parts.scaler,
+            parts.criterion,
+            cfg,
+            device,
+        )
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -318,6 +353,8 @@ def test_a_real_checkpoint_loads_with_weights_only(tmp_path):
     expected = torch.rand(3)
     other = build_model(make_config(dropout=0.1, seed=5))
     other_parts = train.build_training(make_config(dropout=0.1, seed=5), other, 4, cpu, 1)
-    assert train.load_checkpoint(tmp_path, other, other_parts.optimizer, other_parts.scheduler, other_parts.scaler,
-                                 cpu) == 3
+    assert (
+        train.load_checkpoint(tmp_path, other, other_parts.optimizer, other_parts.scheduler, other_parts.scaler, cpu)
+        == 3
+    )
     assert torch.equal(_flat(other), _flat(model)) and torch.equal(torch.rand(3), expected)

@@ -13,14 +13,37 @@ from cifar_ray import train
 from cifar_ray.config import TrainConfig
 from cifar_ray.storage import StoragePath
 
-TINY = {"dataset": "synthetic", "train_subset": 256, "test_subset": 64, "train_eval_size": 64, "width": 4,
-        "depth": 2, "epochs": 2, "batch_size": 32}
+TINY = {
+    "dataset": "synthetic",
+    "train_subset": 256,
+    "test_subset": 64,
+    "train_eval_size": 64,
+    "width": 4,
+    "depth": 2,
+    "epochs": 2,
+    "batch_size": 32,
+}
 TRIAL = TINY | {"seed": 3, "dropout": 0.3, "augment": "flip_crop_cutout", "optimizer": "momentum", "lr": 0.05}
-OTHERS = [TINY | {"seed": 1, "dropout": 0.5, "optimizer": "adam", "lr": 0.003},
-          TINY | {"seed": 2, "norm": "group", "accum_steps": 2, "label_smoothing": 0.1}]
+OTHERS = [
+    TINY | {"seed": 1, "dropout": 0.5, "optimizer": "adam", "lr": 0.003},
+    TINY | {"seed": 2, "norm": "group", "accum_steps": 2, "label_smoothing": 0.1},
+]
 # What the trial computes; times, timestamps and memory differ from run to run by nature.
-COMPUTED = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "train_eval_loss", "train_eval_acc",
-            "train_samples", "lr", "peak_lr", "amp_skipped_steps", "allreduce_bytes_per_step", "diverged")
+COMPUTED = (
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "train_eval_loss",
+    "train_eval_acc",
+    "train_samples",
+    "lr",
+    "peak_lr",
+    "amp_skipped_steps",
+    "allreduce_bytes_per_step",
+    "diverged",
+)
 
 
 def trial_metrics(values: dict, folder: str) -> list[dict]:
@@ -37,9 +60,16 @@ def test_a_trial_after_others_in_one_process_equals_it_in_a_fresh_process(tmp_pa
         trial_metrics(values, str(tmp_path / f"other{i}"))
     warm = trial_metrics(TRIAL, str(tmp_path / "warm"))
 
-    script = ("import json, sys; from tests.test_warm_process import TRIAL, trial_metrics; "
-              "print(json.dumps(trial_metrics(TRIAL, sys.argv[1])))")
-    fresh = subprocess.run([sys.executable, "-c", script, str(tmp_path / "fresh")], capture_output=True, text=True,
-                           check=True, cwd=str(tmp_path.cwd()))
+    script = (
+        "import json, sys; from tests.test_warm_process import TRIAL, trial_metrics; "
+        "print(json.dumps(trial_metrics(TRIAL, sys.argv[1])))"
+    )
+    fresh = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "fresh")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(tmp_path.cwd()),
+    )
     assert warm == json.loads(fresh.stdout.strip().splitlines()[-1])
     assert len(warm) == 2 and warm[0]["train_loss"] != warm[1]["train_loss"]
