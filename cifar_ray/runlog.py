@@ -11,12 +11,7 @@ Ray Tune writes its own files (result.json, progress.csv, ...) into the same tri
 not read back: after a driver restore they may lag behind, while metrics.jsonl is written by the
 training itself as each epoch ends.
 
-Epoch keys: epoch (1-based), train_loss, train_acc (running means over the epoch's steps), test_loss,
-test_acc, train_eval_loss, train_eval_acc (the first train_eval_size training images evaluated like the
-test set; absent when it is 0; accuracies are fractions 0-1), epoch_time_s, samples_per_s, peak_mem_mb
-(the largest peak of one worker or GPU), peak_mem_total_mb (the sum over all workers and GPUs), lr,
-peak_lr (after lr_scaling), allreduce_bytes_per_step, amp_skipped_steps, and the step-time breakdown
-(time_eval_s: the test set and the train_eval pass).
+Epoch keys: EPOCH_METRICS below, each with what it measures (train.py writes exactly these).
 Trial status: pending | running | finished | failed | diverged | oom.
 """
 
@@ -39,6 +34,41 @@ EPOCHS_FILE = "metrics.jsonl"
 ERROR_FILE = "error.txt"
 # Step-time breakdown of an epoch in seconds, mean over ranks (train.PhaseTimer measures it).
 BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
+# One line of metrics.jsonl: every key training writes, in its order, and what it measures. This is the one place
+# an epoch metric is named; the report, the CLI summary and the sweep's objective import from here, and
+# tests/test_warm_process.py binds it to what train.py writes. Accuracies are fractions 0-1.
+EPOCH_METRICS = {
+    "epoch": "the epoch, 1-based",
+    "train_loss": "training loss, running mean over the epoch's steps (augmentation on, weights changing)",
+    "train_acc": "training accuracy, running mean over the epoch's steps (augmentation on, weights changing)",
+    "test_loss": "test-set loss after the epoch",
+    "test_acc": "test-set accuracy after the epoch",
+    "train_eval_loss": "loss on the first train_eval_size training images, evaluated like the test set "
+    "(absent when train_eval_size=0)",
+    "train_eval_acc": "accuracy on the first train_eval_size training images, evaluated like the test set "
+    "(absent when train_eval_size=0)",
+    "epoch_time_s": "wall time of the epoch: training and evaluation (s)",
+    "train_time_s": "wall time of the epoch's training steps (s)",
+    "time_data_s": "step-time breakdown: loading and augmenting batches (s, mean over ranks)",
+    "time_compute_s": "step-time breakdown: forward and backward, less the all-reduce wait (s, mean over ranks)",
+    "time_allreduce_s": "step-time breakdown: waiting for the gradient all-reduce (s, mean over ranks)",
+    "time_optimizer_s": "step-time breakdown: the optimizer step (s, mean over ranks)",
+    "time_eval_s": "step-time breakdown: the test set and the train_eval pass (s, mean over ranks)",
+    "train_samples": "images trained in the epoch over all workers: steps x effective batch",
+    "samples_per_s": "training throughput over all workers: train_samples / train_time_s",
+    "peak_mem_mb": "the largest peak memory of one worker process, or on GPUs of one GPU (MB)",
+    "peak_mem_total_mb": "peak memory summed over every worker (and every GPU of a dp worker) (MB)",
+    "lr": "the scheduled learning rate at the epoch's last step",
+    "peak_lr": "the learning rate after lr_scaling, before the schedule",
+    "allreduce_bytes_per_step": "bytes each worker sends to the gradient all-reduce per optimizer step",
+    "amp_skipped_steps": "optimizer steps the fp16 grad scaler skipped (inf/NaN gradients)",
+    "end_unix": "when the epoch ended (Unix time)",
+    "diverged": "the training loss was not finite: the trial stops",
+}
+assert set(BREAKDOWN_KEYS) <= set(EPOCH_METRICS)
+# Epoch metrics a sweep file may name as its `metric` (the one Tune ranks trials by).
+OBJECTIVES = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s", "samples_per_s", "peak_mem_mb")
+assert set(OBJECTIVES) <= set(EPOCH_METRICS)
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
 TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .config import KEYS, ConfigError, TrainConfig, absolute_paths, parse_config, unknown_key_message
 from .datasets import DATASET_SIZES
+from .runlog import OBJECTIVES
 
-METRICS = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s", "samples_per_s", "peak_mem_mb")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
@@ -45,7 +45,7 @@ class SweepFile(BaseModel):
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     repeats: int = Field(1, ge=1, le=100)
-    metric: Literal[METRICS] = "test_acc"  # type: ignore[valid-type]
+    metric: Literal[OBJECTIVES] = "test_acc"  # type: ignore[valid-type]
     mode: Literal["max", "min"] = "max"
 
     @field_validator("grid")

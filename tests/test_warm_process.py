@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from cifar_ray import train
+from cifar_ray import runlog, train
 from cifar_ray.config import TrainConfig
 from cifar_ray.storage import StoragePath
 
@@ -46,13 +46,23 @@ COMPUTED = (
 )
 
 
-def trial_metrics(values: dict, folder: str) -> list[dict]:
-    """The trial's epochs, trained here by the worker code in this process (one worker, no Ray)."""
+def trained_epochs(values: dict, folder: str) -> list[dict]:
+    """The trial's epochs as training reports them, trained here by the worker code (one worker, no Ray)."""
     torch.set_num_threads(1)
     epochs: list[dict] = []
     worker = train.Worker(rank=0, world=1, devices=[torch.device("cpu")])
     train.run_trial(TrainConfig(**values), StoragePath.of(folder), worker, lambda metrics, _: epochs.append(metrics))
-    return [{key: row[key] for key in COMPUTED} for row in epochs]
+    return epochs
+
+
+def trial_metrics(values: dict, folder: str) -> list[dict]:
+    return [{key: row[key] for key in COMPUTED} for row in trained_epochs(values, folder)]
+
+
+def test_training_writes_exactly_the_epoch_metrics_the_run_log_names(tmp_path):
+    epochs = trained_epochs(TINY | {"epochs": 1}, str(tmp_path / "trial"))
+    logged = runlog.read_epochs(str(tmp_path / "trial"))
+    assert list(epochs[0]) == list(runlog.EPOCH_METRICS) and list(logged[0]) == list(runlog.EPOCH_METRICS)
 
 
 def test_a_trial_after_others_in_one_process_equals_it_in_a_fresh_process(tmp_path):
