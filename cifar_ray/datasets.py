@@ -3,9 +3,11 @@ of `cifar-ray --help` before this module): their sizes, and the error for data i
 
 from __future__ import annotations
 
+from .errors import UserError
+
 # (train, test) images of the full dataset; synthetic mirrors CIFAR-10 so subsets mean the same on both
 DATASET_SIZES = {"cifar10": (50_000, 10_000), "synthetic": (50_000, 10_000)}
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """Data cannot be found or read: the message says where it was looked for and what to do."""

@@ -1,0 +1,9 @@
+"""The one base of every error a user can fix: bad input or an unusable environment, told in one line.
+
+The CLI catches UserError, prints `cifar-ray: error: MESSAGE` (no traceback) and exits 2; anything else is a bug
+and keeps its traceback. This module imports nothing, so every module (config.py included) may import it.
+"""
+
+
+class UserError(Exception):
+    """A mistake the user can fix, told in one line that names what is wrong and what is allowed."""
