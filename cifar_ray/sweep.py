@@ -193,9 +193,8 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
     try:
         data = yaml.safe_load(text)  # safe: Python object tags are refused, never constructed
     except yaml.constructor.ConstructorError as error:
-        raise ConfigError(
-            f"{path}: refused YAML tag {error.problem.split()[-1] if error.problem else ''} (only plain YAML is allowed)".rstrip()
-        ) from None
+        tag = error.problem.split()[-1] if error.problem else ""
+        raise ConfigError(f"{path}: refused YAML tag {tag} (only plain YAML is allowed)") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

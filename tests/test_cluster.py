@@ -185,7 +185,8 @@ def test_sweep_runs_on_both_nodes_of_a_real_cluster(tmp_path):
     """The nodes have no cifar_ray_cpu resources (a cluster started without them): cap packing."""
     sweep_yaml = (
         "name: two-nodes\n"
-        "base: {dataset: synthetic, train_subset: 512, test_subset: 128, width: 8, epochs: 1, batch_size: 64, workers: 1}\n"
+        "base: {dataset: synthetic, train_subset: 512, test_subset: 128, "
+        "width: 8, epochs: 1, batch_size: 64, workers: 1}\n"
         "grid:\n  seed: [0, 1]\n"
     )
     sweep, run, cluster_nodes = run_sweep(LocalCluster(nodes=2, cpus_per_node=1), tmp_path, sweep_yaml)
@@ -214,7 +215,8 @@ def test_sweep_through_ray_client_interrupted_and_resumed(tmp_path):
     unfinished, not failed, and --resume through the client finishes them."""
     (tmp_path / "sweep.yaml").write_text(
         "name: via-client\n"
-        "base: {dataset: synthetic, train_subset: 1024, test_subset: 128, width: 8, epochs: 3, batch_size: 64, workers: 1}\n"
+        "base: {dataset: synthetic, train_subset: 1024, test_subset: 128, "
+        "width: 8, epochs: 3, batch_size: 64, workers: 1}\n"
         "grid:\n  seed: [0, 1]\n"
     )
     storage = tmp_path / "shared"
