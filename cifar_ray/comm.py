@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -208,16 +209,23 @@ BF16_UNSUPPORTED = (
 )
 
 
-def register_comm_hook(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig) -> PowerSGDState | None:
-    """Install the grad_compression hook on a DDP model; returns the PowerSGD state (else None)."""
-    if cfg.grad_compression == "none":
-        return None
+def check_grad_compression(cfg: TrainConfig) -> None:
+    """Refuse, as a ConfigError, a grad_compression this torch build cannot run: the driver asks before a
+    run starts (placement.resolve_plan), register_comm_hook again on each worker."""
     if cfg.grad_compression == "bf16" and not bf16_hook_supported():
         raise ConfigError(BF16_UNSUPPORTED)
-    if cfg.grad_compression in ("fp16", "bf16"):
-        hook = default_hooks.fp16_compress_hook if cfg.grad_compression == "fp16" else default_hooks.bf16_compress_hook
+
+
+def _cast_hook_installer(hook: Callable) -> Callable[[nn.parallel.DistributedDataParallel, TrainConfig], None]:
+    """Installs a stateless hook (torch's 16-bit casts): nothing to keep between steps."""
+
+    def install(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig) -> None:
         ddp.register_comm_hook(None, hook)  # None: the default (world) process group
-        return None
+
+    return install
+
+
+def _install_powersgd(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig) -> PowerSGDState:
     state = PowerSGDState(
         None,
         matrix_approximation_rank=cfg.powersgd_rank,
@@ -269,21 +277,39 @@ def powersgd_tensor_elements(
     return numel, False
 
 
+class Compression(NamedTuple):
+    """One grad_compression: how its hook is installed on a DDP model, and what one gradient costs."""
+
+    # Registers the hook on a DDP model; returns the PowerSGD state, else None.
+    install: Callable[[nn.parallel.DistributedDataParallel, TrainConfig], PowerSGDState | None]
+    # Bytes one parameter's gradient puts into all-reduce per synchronised step (after PowerSGD's
+    # warm-up), given the PowerSGD rank.
+    tensor_bytes: Callable[[nn.Parameter, int], int]
+
+
+COMPRESSIONS: dict[str, Compression] = {
+    "none": Compression(lambda ddp, cfg: None, lambda param, rank: param.numel() * param.element_size()),
+    "fp16": Compression(_cast_hook_installer(default_hooks.fp16_compress_hook), lambda param, rank: param.numel() * 2),
+    "bf16": Compression(_cast_hook_installer(default_hooks.bf16_compress_hook), lambda param, rank: param.numel() * 2),
+    "powersgd": Compression(
+        _install_powersgd,
+        lambda param, rank: powersgd_tensor_elements(param.shape, rank)[0] * param.element_size(),
+    ),
+}
+
+
+def register_comm_hook(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig) -> PowerSGDState | None:
+    """Install the grad_compression hook on a DDP model; returns the PowerSGD state (else None)."""
+    check_grad_compression(cfg)
+    return COMPRESSIONS[cfg.grad_compression].install(ddp, cfg)
+
+
 def gradient_bytes(model: nn.Module, compression: str, rank: int = 2) -> int:
     """Bytes all-reduced by one synchronised step of DDP with this compression (PowerSGD after warm-up)."""
-    total = 0
-    for param in model.parameters():
-        if not param.requires_grad:
-            continue
-        if compression == "none":
-            total += param.numel() * param.element_size()
-        elif compression in ("fp16", "bf16"):
-            total += param.numel() * 2
-        elif compression == "powersgd":
-            total += powersgd_tensor_elements(param.shape, rank)[0] * param.element_size()
-        else:
-            raise ValueError(f"unknown grad_compression {compression!r}")
-    return total
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"unknown grad_compression {compression!r}")
+    tensor_bytes = COMPRESSIONS[compression].tensor_bytes
+    return sum(tensor_bytes(param, rank) for param in model.parameters() if param.requires_grad)
 
 
 def allreduce_bytes_per_step(

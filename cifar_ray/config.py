@@ -6,10 +6,13 @@ read this class. Errors are `ConfigError`s with one line naming the key and what
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
+import shutil
+import textwrap
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -47,12 +50,16 @@ class TrainConfig(BaseModel):
 
     # --- data
     dataset: Dataset = Field(
-        "cifar10", description="`cifar10` (downloaded into data_dir) or `synthetic` (offline, learnable)"
+        "cifar10",
+        description="cifar10 (downloaded into data_dir once) or synthetic "
+        "(generated offline: learnable CIFAR-shaped images of 10 classes)",
     )
     data_dir: str = Field(
-        default_factory=default_data_dir, description="folder holding (or receiving) `cifar-10-batches-py`"
+        default_factory=default_data_dir,
+        description="folder holding (or receiving) cifar-10-batches-py; "
+        "the default is under $XDG_CACHE_HOME when that is set",
     )
-    train_subset: int = Field(0, ge=0, description="train on the first N images (0 = all: 50000)")
+    train_subset: int = Field(0, ge=0, description="train on the first N training images (0 = all: 50000)")
     test_subset: int = Field(0, ge=0, description="evaluate on the first N test images (0 = all: 10000)")
     train_eval_size: int = Field(
         5000,
@@ -63,51 +70,74 @@ class TrainConfig(BaseModel):
     )
     augment: Augment = Field(
         "flip_crop",
-        description="batched on-device augmentation: none, flip, flip_crop (pad 4 + random crop), flip_crop_cutout",
+        description="batched on-device augmentation of training images: none, flip (random horizontal flip), "
+        "flip_crop (flip, then reflect-pad 4 px and a random 32x32 crop), "
+        "flip_crop_cutout (flip_crop, then a random 12x12 square set to the mean)",
     )
     # --- model
     model: ModelName = Field(
         "simple_cnn",
-        description="`simple_cnn` (assignment-style conv/norm/pool blocks + MLP head) or `resnet9` (airbench-style residual net)",
+        description="simple_cnn (assignment-style blocks of conv-norm-ReLU x 2 and max-pool, then an MLP head) "
+        "or resnet9 (airbench-style residual net)",
     )
-    width: int = Field(32, ge=1, le=1024, description="channels of the first block; each block doubles them")
-    depth: int = Field(3, ge=1, le=5, description="simple_cnn: number of conv blocks (each halves the resolution)")
+    width: int = Field(
+        32, ge=1, le=1024, description="channels of the first block; each later block (resnet9: stage) doubles them"
+    )
+    depth: int = Field(
+        3, ge=1, le=5, description="simple_cnn only: number of blocks (each halves the resolution); resnet9 ignores it"
+    )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the classifier layers")
     norm: Norm = Field(
-        "batch", description="normalisation layer after each conv: batch, group, layer, instance or none"
+        "batch",
+        description="normalisation layer after each conv: batch, group (8 channels per group), "
+        "layer (one group of all channels), instance, none",
     )
     # --- optimisation
     epochs: int = Field(10, ge=1, description="passes over the training set")
-    batch_size: int = Field(128, ge=1, description="GLOBAL micro-batch per step, split evenly across workers")
+    batch_size: int = Field(
+        128, ge=1, description="GLOBAL micro-batch of one forward/backward step, split evenly across workers"
+    )
     accum_steps: int = Field(
         1, ge=1, description="micro-batches per optimizer step; effective batch = batch_size x accum_steps"
     )
     optimizer: Optimizer = Field(
         "momentum",
-        description="sgd, momentum (SGD+momentum), nesterov, adam, adamw, rmsprop, lars (layer-wise adaptive rate scaling, You et al. 2017)",
+        description="sgd (no momentum), momentum (SGD + momentum), nesterov, adam, adamw, rmsprop (no momentum), "
+        "lars (layer-wise adaptive rate scaling, You et al. 2017)",
     )
     lr: float = Field(0.05, gt=0.0, description="peak learning rate (at base_batch when lr_scaling is linear or sqrt)")
     lr_scaling: LrScaling = Field(
         "none",
-        description="scale the peak LR with the effective batch: none, linear (lr x effective_batch/base_batch, Goyal et al. 2017), sqrt (lr x sqrt of that)",
+        description="scale the peak LR with the effective batch: none, "
+        "linear (lr x effective_batch / base_batch, Goyal et al. 2017), sqrt (lr x the square root of that ratio)",
     )
     base_batch: int = Field(256, ge=1, description="effective batch at which lr is the peak LR, for lr_scaling")
     lars_eta: float = Field(
         0.001,
         gt=0.0,
-        description="LARS trust coefficient eta: a layer's step is about lr x eta x its weight norm, so LARS wants lr of order 1-10",
+        description="LARS trust coefficient eta: a layer's step is about lr x eta x its weight norm, "
+        "so LARS wants lr of order 1-10",
     )
     momentum: float = Field(
-        0.9, ge=0.0, lt=1.0, description="momentum of momentum/nesterov; beta1 of adam/adamw (rmsprop has none)"
+        0.9,
+        ge=0.0,
+        lt=1.0,
+        description="momentum of momentum, nesterov and lars; beta1 of adam and adamw; unused by sgd and rmsprop",
     )
-    weight_decay: float = Field(5e-4, ge=0.0, description="L2 penalty (decoupled for adamw)")
+    weight_decay: float = Field(
+        5e-4,
+        ge=0.0,
+        description="L2 penalty (decoupled for adamw; lars leaves biases and norm parameters undecayed)",
+    )
     scheduler: Scheduler = Field(
         "cosine",
-        description="LR schedule after warm-up: constant, cosine, onecycle (linear up/down), step (x0.1 at 50% and 75%)",
+        description="LR schedule after warm-up: constant, cosine (down to 0), "
+        "onecycle (linear from 0.1 x peak up to the peak at 25%, then linear down to 0), "
+        "step (x 0.1 at 50% and again at 75%)",
     )
     warmup_epochs: float = Field(0.0, ge=0.0, description="linear LR warm-up from 0, in epochs (may be fractional)")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="cross-entropy label smoothing")
-    seed: int = Field(0, ge=0, description="seeds weights, data order and augmentation")
+    seed: int = Field(0, ge=0, description="seeds weights, data order, augmentation and dropout")
     # --- distribution
     workers: int = Field(1, ge=1, description="Ray Train workers (ddp: processes; dp: GPUs of the one worker)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU cores reserved per worker; also its torch thread count")
@@ -133,7 +163,9 @@ class TrainConfig(BaseModel):
     # --- DDP communication (used only where DDP runs: strategy=ddp with workers > 1)
     grad_compression: GradCompression = Field(
         "none",
-        description="DDP gradient all-reduce compression hook: none (fp32), fp16, bf16 (cast to 16 bits), powersgd (rank-r low-rank + error feedback); needs strategy=ddp and workers > 1",
+        description="DDP gradient all-reduce compression hook: none (fp32), fp16, bf16 (cast to 16 bits; "
+        "bf16 needs a torch build with CUDA and NCCL), powersgd (rank-r low-rank + error feedback); "
+        "needs strategy=ddp and workers > 1",
     )
     powersgd_rank: int = Field(
         2,
@@ -147,7 +179,9 @@ class TrainConfig(BaseModel):
         description="PowerSGD warm-up: plain fp32 all-reduce for the first N optimizer steps (torch needs >= 2)",
     )
     bucket_cap_mb: float = Field(
-        25.0, gt=0.0, description="DDP gradient bucket size in MiB (all-reduces overlap backward bucket by bucket)"
+        25.0,
+        gt=0.0,
+        description="DDP gradient bucket size in MiB (each full bucket is all-reduced while backward goes on)",
     )
     gradient_as_bucket_view: bool = Field(
         False, description="DDP: gradients are views into the all-reduce buckets (saves one gradient copy of memory)"
@@ -175,7 +209,8 @@ class TrainConfig(BaseModel):
             )
         if self.strategy == "ddp" and self.batch_size % self.workers:
             raise ValueError(
-                f"batch_size={self.batch_size} must be divisible by workers={self.workers} (each worker gets batch_size/workers)"
+                f"batch_size={self.batch_size} must be divisible by workers={self.workers} "
+                "(each worker gets batch_size/workers)"
             )
         if self.use_gpu == "false":
             if self.backend == "nccl":
@@ -191,12 +226,14 @@ class TrainConfig(BaseModel):
             )
         if self.grad_compression != "none" and (self.strategy != "ddp" or self.workers < 2):
             raise ValueError(
-                f"grad_compression={self.grad_compression} compresses DDP's gradient all-reduce: it needs strategy=ddp and "
-                f"workers > 1 (got strategy={self.strategy}, workers={self.workers}); use grad_compression=none"
+                f"grad_compression={self.grad_compression} compresses DDP's gradient all-reduce: it needs "
+                f"strategy=ddp and workers > 1 (got strategy={self.strategy}, workers={self.workers}); "
+                "use grad_compression=none"
             )
         if self.static_graph and self.accum_steps > 1:
             raise ValueError(
-                f"static_graph=true does not work with accum_steps={self.accum_steps} (DDP no_sync fails with a static graph); use static_graph=false"
+                f"static_graph=true does not work with accum_steps={self.accum_steps} "
+                "(DDP no_sync fails with a static graph); use static_graph=false"
             )
         if self.train_subset and self.train_subset < self.effective_batch:
             raise ValueError(
@@ -220,7 +257,8 @@ class TrainConfig(BaseModel):
         return self.batch_size if self.strategy == "dp" else self.batch_size // self.workers
 
     def resolved(self, cluster_has_gpus: bool) -> TrainConfig:
-        """`auto` values made concrete for the cluster at hand; raises ConfigError when impossible."""
+        """`auto` values made concrete for the cluster at hand; raises ConfigError when impossible. Whether
+        this torch build can run `grad_compression` is comm.check_grad_compression's question (it needs torch)."""
         use_gpu = {"auto": cluster_has_gpus, "true": True, "false": False}[self.use_gpu]
         if use_gpu and not cluster_has_gpus:
             raise ConfigError("use_gpu=true but the Ray cluster has no GPUs; use use_gpu=auto or false")
@@ -232,11 +270,6 @@ class TrainConfig(BaseModel):
                 "two ranks of the trial could share a GPU, which NCCL refuses; use backend=gloo, or "
                 "gpus_per_worker=1"
             )
-        if self.grad_compression == "bf16":
-            from .comm import BF16_UNSUPPORTED, bf16_hook_supported  # imports torch: only when it matters
-
-            if not bf16_hook_supported():
-                raise ConfigError(BF16_UNSUPPORTED)
         values = self.model_dump() | {"use_gpu": str(use_gpu).lower(), "backend": backend}
         return parse_config(values)
 
@@ -253,6 +286,71 @@ def allowed_values(key: str) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
         annotation, str(annotation)
     )
+
+
+class KeyRow(NamedTuple):
+    """One config key as a table of keys shows it (README's "Config keys", `format_keys_text`)."""
+
+    key: str
+    type: str  # int, float, bool or str
+    allowed: str  # the choices, the numeric bounds, or "any"
+    default: str  # as written in --set and sweep files
+    description: str
+
+
+# Defaults computed when a config is made (default_factory): what the table shows instead of this machine's value.
+SHOWN_DEFAULTS = {"data_dir": "~/.cache/cifar-ray/data"}
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def key_rows() -> list[KeyRow]:
+    """Every TrainConfig key, in field order: its type, allowed values, default and description."""
+    rows = []
+    for key, field in TrainConfig.model_fields.items():
+        choices = get_args(field.annotation)
+        if choices:
+            kind, allowed = type(choices[0]).__name__, ", ".join(choices)
+        else:
+            kind = field.annotation.__name__
+            bounds = [
+                f"{symbol} {getattr(rule, name):g}"
+                for rule in field.metadata
+                for name, symbol in _BOUNDS
+                if hasattr(rule, name)
+            ]
+            allowed = "true, false" if field.annotation is bool else ", ".join(bounds) or "any"
+        default = SHOWN_DEFAULTS[key] if field.default_factory else _shown(field.default)
+        rows.append(KeyRow(key, kind, allowed, default, field.description or ""))
+    return rows
+
+
+def markdown_keys_table(rows: list[KeyRow]) -> str:
+    """The rows as a Markdown table: README.md's "Config keys" (tests/test_readme.py keeps them equal)."""
+    lines = ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|"]
+    for row in rows:
+        cells = (f"`{row.key}`", row.type, row.allowed, f"`{row.default}`", row.description)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_keys_text(rows: list[KeyRow], width: int = 100) -> str:
+    """The rows as plain text for a terminal: key, type, default and allowed values in aligned columns,
+    each key's description wrapped to `width` columns on the lines below it."""
+    header = KeyRow("KEY", "TYPE", "ALLOWED", "DEFAULT", "")
+    key_width = max(len(row.key) for row in rows)
+    type_width = max(len(row.type) for row in rows + [header])
+    default_width = max(len(row.default) for row in rows + [header])
+    lines = []
+    for row in [header, *rows]:
+        line = f"{row.key:<{key_width}}  {row.type:<{type_width}}  {row.default:<{default_width}}  {row.allowed}"
+        lines.append(line.rstrip())
+        if row.description:
+            lines += textwrap.wrap(row.description, width, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines) + "\n"
 
 
 def unknown_key_message(key: str, where: str = "") -> str:
@@ -311,3 +409,18 @@ def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:
     if "data_dir" in values:
         values = values | {"data_dir": str(Path(values["data_dir"]).expanduser().resolve())}
     return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m cifar_ray.config", description="Print every config key: type, allowed values, default, meaning."
+    )
+    parser.add_argument("--markdown", action="store_true", help="as the Markdown table of README.md's Config keys")
+    args = parser.parse_args(argv)
+    rows = key_rows()
+    text = markdown_keys_table(rows) if args.markdown else format_keys_text(rows, shutil.get_terminal_size().columns)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,15 +213,27 @@ def synthetic_cifar(n: int, split_seed: int) -> Split:
     return Split(images.clamp_(0, 255).to(torch.uint8), labels)
 
 
+def _synthetic_splits(cfg: TrainConfig) -> tuple[Split, Split]:
+    n_train = cfg.train_subset or DATASET_SIZES["synthetic"][0]
+    n_test = cfg.test_subset or DATASET_SIZES["synthetic"][1]
+    return synthetic_cifar(n_train, split_seed=1), synthetic_cifar(n_test, split_seed=2)
+
+
+def _cifar10_splits(cfg: TrainConfig) -> tuple[Split, Split]:
+    folder = ensure_cifar10(cfg.data_dir)
+    return read_cifar_batches(folder, TRAIN_FILES), read_cifar_batches(folder, TEST_FILES)
+
+
+# The `dataset` key's values: config -> (train, test), which load_splits then cuts to the subsets.
+DATASETS: dict[str, Callable[[TrainConfig], tuple[Split, Split]]] = {
+    "cifar10": _cifar10_splits,
+    "synthetic": _synthetic_splits,
+}
+
+
 def load_splits(cfg: TrainConfig) -> tuple[Split, Split]:
     """(train, test) on the CPU, cut to train_subset / test_subset."""
-    if cfg.dataset == "synthetic":
-        n_train = cfg.train_subset or DATASET_SIZES["synthetic"][0]
-        n_test = cfg.test_subset or DATASET_SIZES["synthetic"][1]
-        train, test = synthetic_cifar(n_train, split_seed=1), synthetic_cifar(n_test, split_seed=2)
-    else:
-        folder = ensure_cifar10(cfg.data_dir)
-        train, test = read_cifar_batches(folder, TRAIN_FILES), read_cifar_batches(folder, TEST_FILES)
+    train, test = DATASETS[cfg.dataset](cfg)
     return train.head(cfg.train_subset), test.head(cfg.test_subset)
 
 
@@ -273,36 +285,56 @@ def normalise(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     return (images.to(dtype) / 255 - mean) / std
 
 
+def _draw(images: torch.Tensor, generator: torch.Generator, high: int) -> torch.Tensor:
+    """One random integer in [0, high) per image, drawn on the images' device (the generator lives there
+    too): no host-to-device copy per batch."""
+    return torch.randint(0, high, (len(images),), generator=generator, device=images.device)
+
+
+def _flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Each image mirrored left-right with probability 1/2."""
+    flip = _draw(images, generator, 2).bool()
+    return torch.where(flip[:, None, None, None], images.flip(3), images)
+
+
+def _pad_crop(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Each image reflect-padded by CROP_PADDING and cropped back to its size at a random offset."""
+    n, channels, h, w = images.shape
+    device, p = images.device, CROP_PADDING
+    padded = torch.nn.functional.pad(images, (p, p, p, p), mode="reflect")
+    dy, dx = _draw(images, generator, 2 * p + 1), _draw(images, generator, 2 * p + 1)
+    rows = (dy[:, None] + torch.arange(h, device=device))[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(w, device=device))[:, None, None, :]
+    batch = torch.arange(n, device=device)[:, None, None, None]
+    channel = torch.arange(channels, device=device)[None, :, None, None]
+    return padded[batch, channel, rows, cols]
+
+
+def _cutout(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A CUTOUT_SIZE x CUTOUT_SIZE square centred at a random pixel, clipped at the border, set to 0."""
+    _, _, h, w = images.shape
+    device = images.device
+    cy, cx = _draw(images, generator, h), _draw(images, generator, w)
+    ys = torch.arange(h, device=device)[None, :, None]
+    xs = torch.arange(w, device=device)[None, None, :]
+    top, left = (cy - CUTOUT_SIZE // 2)[:, None, None], (cx - CUTOUT_SIZE // 2)[:, None, None]
+    hole = (ys >= top) & (ys < top + CUTOUT_SIZE) & (xs >= left) & (xs < left + CUTOUT_SIZE)
+    return images.masked_fill(hole[:, None], 0.0)  # 0 = the dataset mean after normalisation
+
+
+# The `augment` key's values: the steps each applies, in order (each draws its randomness in turn).
+AUGMENTATIONS: dict[str, tuple[Callable[[torch.Tensor, torch.Generator], torch.Tensor], ...]] = {
+    "none": (),
+    "flip": (_flip,),
+    "flip_crop": (_flip, _pad_crop),
+    "flip_crop_cutout": (_flip, _pad_crop, _cutout),
+}
+
+
 def augment(images: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
     """Random flips, pad-and-crop translations and cutout for a whole (normalised) batch at once."""
-    if kind == "none":
-        return images
-    n, _, h, w = images.shape
-    device = images.device
-
-    def draw(high: int, *shape: int) -> torch.Tensor:
-        # On the data's device (the generator lives there too): no host-to-device copy per batch.
-        return torch.randint(0, high, shape, generator=generator, device=device)
-
-    flip = draw(2, n).bool()
-    images = torch.where(flip[:, None, None, None], images.flip(3), images)
-    if kind in ("flip_crop", "flip_crop_cutout"):
-        p = CROP_PADDING
-        padded = torch.nn.functional.pad(images, (p, p, p, p), mode="reflect")
-        dy, dx = draw(2 * p + 1, n), draw(2 * p + 1, n)
-        rows = (dy[:, None] + torch.arange(h, device=device))[:, None, :, None]
-        cols = (dx[:, None] + torch.arange(w, device=device))[:, None, None, :]
-        batch = torch.arange(n, device=device)[:, None, None, None]
-        channel = torch.arange(images.shape[1], device=device)[None, :, None, None]
-        images = padded[batch, channel, rows, cols]
-    if kind == "flip_crop_cutout":
-        cy, cx = draw(h, n), draw(w, n)
-        ys = torch.arange(h, device=device)[None, :, None]
-        xs = torch.arange(w, device=device)[None, None, :]
-        # A CUTOUT_SIZE x CUTOUT_SIZE square centred at (cy, cx), clipped at the image border.
-        top, left = (cy - CUTOUT_SIZE // 2)[:, None, None], (cx - CUTOUT_SIZE // 2)[:, None, None]
-        hole = (ys >= top) & (ys < top + CUTOUT_SIZE) & (xs >= left) & (xs < left + CUTOUT_SIZE)
-        images = images.masked_fill(hole[:, None], 0.0)  # 0 = the dataset mean after normalisation
+    for step in AUGMENTATIONS[kind]:
+        images = step(images, generator)
     return images
 
 

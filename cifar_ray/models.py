@@ -12,25 +12,22 @@ from .config import TrainConfig
 NUM_CLASSES = 10
 
 
-def make_norm(kind: str, channels: int) -> nn.Module:
-    """Normalisation after a conv. group uses 8 channels per group (Wu & He 2018 found 16-32 groups
-    best; 8 channels keeps small widths valid); layer = one group over C,H,W."""
-    if kind == "batch":
-        return nn.BatchNorm2d(channels)
-    if kind == "group":
-        return nn.GroupNorm(max(1, channels // 8), channels)
-    if kind == "layer":
-        return nn.GroupNorm(1, channels)
-    if kind == "instance":
-        return nn.InstanceNorm2d(channels, affine=True)
-    return nn.Identity()
+# Normalisation after a conv, by name: channels -> layer. group uses 8 channels per group (Wu & He
+# 2018 found 16-32 groups best; 8 channels keeps small widths valid); layer = one group over C,H,W.
+NORMS: dict[str, Callable[[int], nn.Module]] = {
+    "batch": lambda channels: nn.BatchNorm2d(channels),
+    "group": lambda channels: nn.GroupNorm(max(1, channels // 8), channels),
+    "layer": lambda channels: nn.GroupNorm(1, channels),
+    "instance": lambda channels: nn.InstanceNorm2d(channels, affine=True),
+    "none": lambda channels: nn.Identity(),
+}
 
 
 def conv_block(c_in: int, c_out: int, norm: str) -> nn.Sequential:
     # A norm layer makes the conv bias redundant; keep it only without one.
     return nn.Sequential(
         nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"),
-        make_norm(norm, c_out),
+        NORMS[norm](c_out),
         nn.ReLU(inplace=True),
     )
 
@@ -85,7 +82,7 @@ class ResNet9(nn.Module):
             return nn.Sequential(
                 nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"),
                 nn.MaxPool2d(2),
-                make_norm(norm, c_out),
+                NORMS[norm](c_out),
                 nn.ReLU(inplace=True),
             )
 

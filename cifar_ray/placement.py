@@ -143,7 +143,17 @@ def trials_at_once(plan: SweepPlan, capacity: dict[str, Any], limit: int | None)
 
 
 def resolve_plan(plan: SweepPlan, capacity: dict[str, float]) -> SweepPlan:
-    """`auto` use_gpu/backend made concrete for this cluster, for every trial."""
+    """`auto` use_gpu/backend made concrete for this cluster, for every trial; a trial this cluster or
+    this torch build cannot run is refused (ConfigError)."""
     has_gpus = capacity["gpus"] > 0
-    trials = [TrialSpec(t.index, t.name, t.swept, t.config.resolved(has_gpus)) for t in plan.trials]
+    trials = [TrialSpec(t.index, t.name, t.swept, _resolved(t.config, has_gpus)) for t in plan.trials]
     return SweepPlan(**{**plan.__dict__, "trials": trials})
+
+
+def _resolved(config: TrainConfig, has_gpus: bool) -> TrainConfig:
+    resolved = config.resolved(has_gpus)
+    if resolved.grad_compression != "none":
+        from .comm import check_grad_compression  # imports torch: only for a trial that compresses
+
+        check_grad_compression(resolved)
+    return resolved

@@ -1,6 +1,12 @@
+import ast
+import textwrap
+from pathlib import Path
+from typing import get_args
+
 import pytest
 
-from cifar_ray.config import KEYS, ConfigError, TrainConfig, parse_config, parse_overrides
+from cifar_ray import comm, config, data, datasets, models, optim, placement, sweep, train
+from cifar_ray.config import KEYS, ConfigError, TrainConfig, key_rows, parse_config, parse_overrides
 
 
 def test_defaults_are_valid_and_documented():
@@ -79,9 +85,92 @@ def test_batch_semantics():
     assert (dp.per_worker_batch, dp.ray_workers) == (128, 1)
 
 
-def test_readme_documents_every_key():
-    from pathlib import Path
+# Every Literal whose values name entries of a registry, with that registry: adding a model, optimizer,
+# schedule... is one registry entry plus its name in the Literal, and this fails if either is forgotten.
+BOUND_LITERALS = {
+    "Dataset -> datasets.DATASET_SIZES": (config.Dataset, datasets.DATASET_SIZES),
+    "Dataset -> data.DATASETS": (config.Dataset, data.DATASETS),
+    "Augment -> data.AUGMENTATIONS": (config.Augment, data.AUGMENTATIONS),
+    "ModelName -> models.MODELS": (config.ModelName, models.MODELS),
+    "Norm -> models.NORMS": (config.Norm, models.NORMS),
+    "Optimizer -> optim.OPTIMIZERS": (config.Optimizer, optim.OPTIMIZERS),
+    "Scheduler -> optim.SCHEDULES": (config.Scheduler, optim.SCHEDULES),
+    "LrScaling -> optim.LR_SCALING": (config.LrScaling, optim.LR_SCALING),
+    "GradCompression -> comm.COMPRESSIONS": (config.GradCompression, comm.COMPRESSIONS),
+    "Amp -> off + train.AMP_DTYPES": (config.Amp, {"off", *train.AMP_DTYPES}),
+}
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    missing = [key for key in KEYS if f"`{key}`" not in readme]
-    assert not missing, f"README.md does not document {missing}"
+
+@pytest.mark.parametrize("pair", BOUND_LITERALS)
+def test_each_literal_names_exactly_its_registry(pair):
+    literal, registry = BOUND_LITERALS[pair]
+    assert set(get_args(literal)) == set(registry), f"{pair}: the Literal in config.py and the registry differ"
+
+
+def test_every_literal_key_is_bound_or_names_no_registry():
+    """A new Literal key must be added to BOUND_LITERALS, or here if its values name no registry of ours."""
+    no_registry = {"use_gpu", "backend", "strategy"}  # torch's backends; strategy is wrap_model's branches
+    bound = {literal for literal, _ in BOUND_LITERALS.values()}
+    literal_keys = {key for key, field in TrainConfig.model_fields.items() if get_args(field.annotation)}
+    unbound = {key for key in literal_keys if TrainConfig.model_fields[key].annotation not in bound}
+    assert unbound == no_registry
+
+
+def test_fused_optimizers_are_registered_ones():
+    assert set(optim.FUSED_ON_CUDA) <= set(optim.OPTIMIZERS)
+
+
+def test_config_imports_nothing_of_the_package_but_errors():
+    """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors)."""
+    tree = ast.parse(Path(config.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("cifar_ray")):
+            imported.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names if alias.name.startswith("cifar_ray")}
+    assert imported == {"errors"}
+
+
+def test_resolve_plan_refuses_bf16_compression_where_torch_refuses_its_hook(monkeypatch):
+    plan = sweep.single_run_plan({"workers": 2, "grad_compression": "bf16"}, "bf16")
+    capacity = {"gpus": 0}
+    monkeypatch.setattr(comm, "bf16_hook_supported", lambda: False)
+    with pytest.raises(ConfigError) as error:
+        placement.resolve_plan(plan, capacity)
+    assert str(error.value) == comm.BF16_UNSUPPORTED
+    monkeypatch.setattr(comm, "bf16_hook_supported", lambda: True)
+    resolved = placement.resolve_plan(plan, capacity).trials[0].config
+    assert (resolved.grad_compression, resolved.use_gpu, resolved.backend) == ("bf16", "false", "gloo")
+
+
+def test_key_rows_describe_every_field_in_order():
+    rows = {row.key: row for row in key_rows()}
+    assert tuple(rows) == KEYS
+    assert rows["optimizer"] == (
+        "optimizer",
+        "str",
+        "sgd, momentum, nesterov, adam, adamw, rmsprop, lars",
+        "momentum",
+        TrainConfig.model_fields["optimizer"].description,
+    )
+    assert (rows["width"].type, rows["width"].allowed, rows["width"].default) == ("int", ">= 1, <= 1024", "32")
+    assert (rows["dropout"].type, rows["dropout"].allowed, rows["dropout"].default) == ("float", ">= 0, < 1", "0.0")
+    assert (rows["lr"].allowed, rows["gpus_per_worker"].allowed) == ("> 0", "> 0, <= 1")
+    assert (rows["compile"].type, rows["compile"].allowed, rows["compile"].default) == ("bool", "true, false", "false")
+    assert (rows["data_dir"].type, rows["data_dir"].default) == ("str", "~/.cache/cifar-ray/data")
+    assert all(row.description for row in rows.values())
+
+
+def test_keys_text_aligns_columns_and_wraps_descriptions():
+    text = config.format_keys_text(key_rows(), width=60)
+    lines = text.splitlines()
+    key_lines = [line for line in lines if not line.startswith(" ")]
+    assert [line.split()[0] for line in key_lines] == ["KEY", *KEYS]
+    type_columns = {len(line) - len(line.split(maxsplit=1)[1]) for line in key_lines}
+    assert len(type_columns) == 1  # every type starts in one column
+    description = TrainConfig.model_fields["train_eval_size"].description
+    start = lines.index(next(line for line in key_lines if line.startswith("train_eval_size "))) + 1
+    wrapped = textwrap.wrap(description, 56)
+    assert [line.strip() for line in lines[start : start + len(wrapped)]] == wrapped
+    assert all(len(line) <= 60 for line in lines if line.startswith(" "))
