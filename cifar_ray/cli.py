@@ -1,7 +1,8 @@
 """`cifar-ray` command line: a thin layer over the library (config, sweep, orchestrate, report).
 
-torch, Ray and pyarrow are imported only by the commands that use them, so `--help`, usage errors,
-`--dry-run` and the refusals before a run answer in well under a second instead of 3-4 s.
+torch, Ray, pyarrow and pydantic are imported only by the commands that use them, so `--help`, `--version`,
+usage errors, `--dry-run` and the refusals before a run answer in well under a second instead of 3-4 s.
+Each subcommand is a subparser in build_parser and a handler in HANDLERS.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import runlog
-from .config import ConfigError, parse_overrides
-from .datasets import DataError
+from .errors import UserError
 from .storage import StoragePath, redact
+
+if TYPE_CHECKING:
+    from .sweep import SweepPlan
 
 PROG = "cifar-ray"
 USAGE_ERROR = 2
@@ -38,9 +41,12 @@ SUMMARY_COLUMNS = (
     "peak_mem_mb",
     "peak_mem_total_mb",
 )
+# The shortest abbreviation argparse resolves to each option (no other option of train or sweep begins with it).
+SET_OPTION, SET_SHORTEST = "--set", "--se"
+RESUME_OPTION, RESUME_SHORTEST = "--resume", "--r"
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A one-line usage error, printed as `PROG: error: MESSAGE`; `prog` names the (sub)command."""
 
     def __init__(self, message: str, prog: str = PROG) -> None:
@@ -48,9 +54,69 @@ class UsageError(Exception):
         self.prog = prog
 
 
+def spells(word: str, option: str, shortest: str) -> bool:
+    """Whether argparse reads `word` as `option`: the option or an abbreviation no shorter than `shortest`,
+    alone or as `option=VALUE`."""
+    flag = word.partition("=")[0]
+    return flag.startswith(shortest) and option.startswith(flag)
+
+
+def is_override(word: str) -> bool:
+    return "=" in word and not word.startswith("-")
+
+
+def overrides_apart(argv: Sequence[str]) -> list[str]:
+    """`argv` with every KEY=VALUE that follows --set made a `--set=KEY=VALUE` word of its own, so that --set takes
+    the KEY=VALUE words after it and no more: `--set a=1 b=2 FILE` -> `--set=a=1 --set=b=2 FILE`, the sweep file
+    before or after. The first word without "=" ends them. A --set followed by no KEY=VALUE is left as it is, for
+    argparse and parse_overrides to refuse as they always did."""
+    words = list(argv)
+    apart: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word == "--":  # what follows is positional
+            return apart + words[index - 1 :]
+        if not spells(word, SET_OPTION, SET_SHORTEST):
+            apart.append(word)
+            continue
+        _, sep, first = word.partition("=")
+        overrides = [first] if sep else []
+        while index < len(words) and is_override(words[index]):
+            overrides.append(words[index])
+            index += 1
+        apart += [f"{SET_OPTION}={item}" for item in overrides] if overrides else [word]
+    return apart
+
+
 class Parser(argparse.ArgumentParser):
+    takes_overrides = False  # add_overrides sets it on the subcommands with --set
+
     def error(self, message: str) -> None:  # argparse prints usage + exits 2; we want one line
         raise UsageError(message, self.prog)
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.takes_overrides:  # a subcommand's parser: argparse hands it the list of its words
+            args = overrides_apart(args)
+        return super().parse_known_args(args, namespace)
+
+
+class VersionAction(argparse.Action):
+    """--version: the installed package's version, looked up only when asked (importlib.metadata imports email,
+    zipfile and more: tens of ms that every other command would pay)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"{PROG} {version(PROG)}")
+        except PackageNotFoundError:
+            raise UsageError(f"the {PROG} package is not installed, so it has no version; pip install -e .") from None
+        parser.exit()
 
 
 def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
@@ -107,18 +173,25 @@ def summary_rows(run_dir: runlog.Where) -> list[dict[str, Any]]:
     ]
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
+def add_overrides(parser: Parser) -> None:
     parser.add_argument(
-        "--set",
+        SET_OPTION,
         nargs="+",
+        action="extend",
         default=[],
         metavar="KEY=VALUE",
-        help="config overrides, e.g. --set dataset=synthetic epochs=1",
+        help="config overrides, before or after the other arguments, e.g. --set dataset=synthetic epochs=1",
     )
+    parser.takes_overrides = True
+
+
+def add_common(parser: Parser) -> None:
+    add_overrides(parser)
     parser.add_argument(
         "--storage",
         default="runs",
-        help="where run logs and checkpoints go: a folder (default: runs/) or a URI such as s3://bucket/runs; on a Ray cluster, a folder every node mounts at the same path or a URI",
+        help="where run logs and checkpoints go: a folder (default: runs/) or a URI such as s3://bucket/runs; "
+        "on a Ray cluster, a folder every node mounts at the same path or a URI",
     )
     parser.add_argument("--name", help="run name (folder under --storage)")
     parser.add_argument(
@@ -131,7 +204,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--address",
         default=None,
-        help="existing Ray cluster: auto, HOST:PORT, or ray://HOST:10001 for Ray Client (default: $RAY_ADDRESS, else start a local Ray)",
+        help="existing Ray cluster: auto, HOST:PORT, or ray://HOST:10001 for Ray Client "
+        "(default: $RAY_ADDRESS, else start a local Ray)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
     parser.add_argument(
@@ -143,28 +217,89 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
 
 
+# Shown at the end of each subcommand's --help: (what it does, the command). tests/test_cli.py parses and checks
+# every command, so they stay correct.
+EXAMPLES = {
+    "train": (
+        (
+            "synthetic data (nothing to download), 2 data-parallel workers, 3 epochs",
+            "cifar-ray train --set dataset=synthetic train_subset=5000 test_subset=1000 workers=2 epochs=3",
+        ),
+        (
+            "CIFAR-10 (downloaded on first use) with ResNet-9; logs in runs/resnet9",
+            "cifar-ray train --set model=resnet9 epochs=5 --name resnet9",
+        ),
+        (
+            "on the Ray cluster that `ray start` runs on this machine, logs in a folder every node mounts",
+            "cifar-ray train --address auto --storage /mnt/shared/runs --set workers=2",
+        ),
+    ),
+    "sweep": (
+        (
+            "the trial table and the work to do, without running anything",
+            "cifar-ray sweep sweeps/batch_size.yaml --dry-run",
+        ),
+        ("the demo: synthetic data, 4 trials; logs in runs/quickstart", "cifar-ray sweep sweeps/quickstart.yaml"),
+        (
+            "every trial shorter, on synthetic data (--set before or after the file); logs in runs/batch-size-short",
+            "cifar-ray sweep --set dataset=synthetic epochs=1 sweeps/batch_size.yaml --name batch-size-short",
+        ),
+        (
+            "finish an interrupted run (with the --storage, --name and --set it was started with)",
+            "cifar-ray sweep sweeps/quickstart.yaml --resume",
+        ),
+    ),
+    "report": (
+        ("README.md with tables and plots in reports/quickstart", "cifar-ray report runs/quickstart"),
+        (
+            "deltas measured against batch size 128, written beside the run",
+            "cifar-ray report runs/batch-size --baseline batch_size=128 --out runs/batch-size-report",
+        ),
+        ("the aggregated tables as CSV files in reports/batch-size", "cifar-ray report runs/batch-size --format csv"),
+    ),
+    "check": (
+        ("every check, on the GPU when torch sees one", "cifar-ray check"),
+        ("every check on the CPU, with Ray's own logs", "cifar-ray check --use-gpu false -v"),
+    ),
+    "bench": (
+        ("a smaller, faster run (what CI runs)", "cifar-ray bench --quick --out reports/bench-quick"),
+        ("the full benchmark behind reports/bench/README.md", "cifar-ray bench"),
+    ),
+}
+
+
+def examples_epilog(command: str) -> str:
+    return "examples:\n" + "\n".join(f"  # {what}\n  {line}" for what, line in EXAMPLES[command])
+
+
 def build_parser() -> Parser:
     parser = Parser(prog=PROG, description="Ray-based sweep orchestrator for CIFAR-10 CNN training.")
+    parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    train = commands.add_parser("train", help="train one configuration data-parallel through Ray Train")
+
+    def add_command(name: str, help: str) -> Parser:
+        return commands.add_parser(
+            name, help=help, epilog=examples_epilog(name), formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+
+    train = add_command("train", "train one configuration data-parallel through Ray Train")
     add_common(train)
-    sweep = commands.add_parser("sweep", help="run a sweep file (a grid of trials) through Ray Tune")
+    sweep = add_command("sweep", "run a sweep file (a grid of trials) through Ray Tune")
     sweep.add_argument("file", help="sweep YAML file, e.g. sweeps/quickstart.yaml")
     add_common(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
     sweep.add_argument(
-        "--resume",
+        RESUME_OPTION,
         action="store_true",
-        help="finish an interrupted run of this sweep: finished trials are kept, the rest continue from their checkpoints",
+        help="finish an interrupted run of this sweep: finished trials are kept, "
+        "the rest continue from their checkpoints",
     )
-    bench = commands.add_parser(
-        "bench", help="measure loop, orchestration, data-path and scaling speed; writes reports/bench/"
-    )
+    bench = add_command("bench", "measure loop, orchestration, data-path and scaling speed; writes reports/bench/")
     bench.add_argument("--quick", action="store_true", help="a smaller, faster run (for CI and a first look)")
     bench.add_argument(
         "--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)"
     )
-    report = commands.add_parser("report", help="write a Markdown report (with plots) from a run folder")
+    report = add_command("report", "write a Markdown report (with plots) from a run folder")
     report.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
     report.add_argument("--out", default=None, help="output folder (default: reports/<name>)")
     report.add_argument(
@@ -179,9 +314,9 @@ def build_parser() -> Parser:
         choices=("md", "csv", "json"),
         help="md: README.md + PNG plots; csv/json: the aggregated tables",
     )
-    check = commands.add_parser(
+    check = add_command(
         "check",
-        help="prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each",
+        "prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each",
     )
     check.add_argument("--workers", type=int, default=2, metavar="N", help="DDP workers of the DDP check (default: 2)")
     check.add_argument(
@@ -207,7 +342,8 @@ def ensure_local_data(plan) -> None:
             ensure_cifar10(data_dir)
 
 
-def run_plan_command(plan, args: argparse.Namespace) -> int:
+def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
+    from .config import ConfigError
     from .orchestrate import run_plan  # these import Ray inside their functions only
     from .ray_session import cluster_address, init_ray
 
@@ -230,6 +366,7 @@ def run_plan_command(plan, args: argparse.Namespace) -> int:
             max_concurrent=args.max_concurrent,
             resume=resume,
             warm=not args.isolate,
+            command=rerun_command(args.argv),
             print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
         )
     finally:
@@ -267,6 +404,81 @@ def resume_command(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
+def rerun_command(argv: Sequence[str]) -> str:
+    """The command that runs this again as a user types it: `cifar-ray` and the words given (`argv`, without the
+    program), --resume left out, shell-quoted, with no URI's user:secret@."""
+    return shlex.join([PROG, *(redact(word) for word in argv if not spells(word, RESUME_OPTION, RESUME_SHORTEST))])
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from .config import parse_value
+    from .report import write_report
+
+    baseline = None
+    if args.baseline:
+        key, sep, value = args.baseline.partition("=")
+        if not sep:
+            raise UsageError(f"--baseline expects KEY=VALUE, got '{args.baseline}'")
+        baseline = {key.strip(): parse_value(value.strip())}
+    print(write_report(args.run_dir, out_dir=args.out, baseline=baseline, fmt=args.format))
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from .check import run_checks
+
+    results = run_checks(
+        workers=args.workers,
+        use_gpu=args.use_gpu,
+        address=args.address,
+        verbose=args.verbose,
+        print_line=lambda line: print(line, flush=True),
+    )
+    return 1 if any(r.status == "FAIL" for r in results) else 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench as bench
+
+    print(bench(quick=args.quick, out_dir=args.out, say=lambda line: print(line, flush=True)))
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from .config import parse_overrides
+    from .sweep import single_run_plan
+
+    plan = single_run_plan(parse_overrides(args.set), args.name or time.strftime("train-%Y%m%d-%H%M%S"))
+    return run_plan_command(plan, args)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from .config import parse_overrides
+    from .sweep import load_sweep, trial_table, work_summary
+
+    plan = load_sweep(args.file, parse_overrides(args.set), args.name)
+    if not args.dry_run:
+        return run_plan_command(plan, args)
+    print(f"{plan.name}: {plan.description}".rstrip(": "))
+    rows = trial_table(plan)
+    print(text_table(rows, list(rows[0])))
+    print(work_summary(plan))
+    if args.json:
+        print(json.dumps([t.as_dict() for t in plan.trials]))
+    return 0
+
+
+# subcommand -> its handler: parsed arguments in, exit status out. A new subcommand: its subparser in
+# build_parser (with its EXAMPLES) and one entry here.
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": run_train,
+    "sweep": run_sweep,
+    "report": run_report,
+    "check": run_check,
+    "bench": run_bench,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -275,56 +487,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         args = parser.parse_args(argv)
-        if args.command == "report":
-            from .config import parse_value
-            from .report import write_report
-
-            baseline = None
-            if args.baseline:
-                key, sep, value = args.baseline.partition("=")
-                if not sep:
-                    raise UsageError(f"--baseline expects KEY=VALUE, got '{args.baseline}'")
-                baseline = {key.strip(): parse_value(value.strip())}
-            print(write_report(args.run_dir, out_dir=args.out, baseline=baseline, fmt=args.format))
-            return 0
-        if args.command == "check":
-            from .check import run_checks
-
-            results = run_checks(
-                workers=args.workers,
-                use_gpu=args.use_gpu,
-                address=args.address,
-                verbose=args.verbose,
-                print_line=lambda line: print(line, flush=True),
-            )
-            return 1 if any(r.status == "FAIL" for r in results) else 0
-        if args.command == "bench":
-            from .bench import run_bench
-
-            print(run_bench(quick=args.quick, out_dir=args.out, say=lambda line: print(line, flush=True)))
-            return 0
-        overrides = parse_overrides(args.set)
-        if args.command == "train":
-            from .sweep import single_run_plan
-
-            return run_plan_command(single_run_plan(overrides, args.name or time.strftime("train-%Y%m%d-%H%M%S")), args)
-        from .sweep import load_sweep, trial_table, work_summary
-
-        plan = load_sweep(args.file, overrides, args.name)
-        if args.dry_run:
-            print(f"{plan.name}: {plan.description}".rstrip(": "))
-            rows = trial_table(plan)
-            print(text_table(rows, list(rows[0])))
-            print(work_summary(plan))
-            if args.json:
-                print(json.dumps([t.as_dict() for t in plan.trials]))
-            return 0
-        return run_plan_command(plan, args)
-    except UsageError as error:
-        print(f"{error.prog}: error: {error}", file=sys.stderr)
-        return USAGE_ERROR
-    except (ConfigError, DataError, FileNotFoundError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        args.argv = argv  # the words as given: a run records them (rerun_command)
+        return HANDLERS[args.command](args)
+    except UserError as error:
+        prog = error.prog if isinstance(error, UsageError) else PROG
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         print("cifar-ray: interrupted", file=sys.stderr)

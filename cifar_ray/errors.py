@@ -7,3 +7,13 @@ and keeps its traceback. This module imports nothing, so every module (config.py
 
 class UserError(Exception):
     """A mistake the user can fix, told in one line that names what is wrong and what is allowed."""
+
+
+class ClusterError(UserError):
+    """The Ray cluster cannot be used: its address does not answer, Ray refuses the connection, or its nodes
+    cannot run cifar_ray's code."""
+
+
+class StorageError(UserError):
+    """The run storage (--storage) cannot be used: a URI no filesystem opens, or a folder or bucket that not
+    every node of the cluster reaches."""

@@ -13,7 +13,6 @@ import contextlib
 import functools
 import logging
 import os
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from .placement import (
 )
 from .progress import progress_callback, progress_printer, progress_relay, sweep_header
 from .ray_session import check_shared_storage, error_line, failure_status, is_ray_client
-from .storage import StoragePath, redact
+from .storage import StoragePath
 from .sweep import SweepPlan
 
 
@@ -116,12 +115,14 @@ def run_plan(
     print_line: Callable[[str], None] = print,
     resume: bool = False,
     warm: bool = True,
+    command: str | None = None,
 ) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
     interrupted run of the same plan continues: finished trials are kept, the others continue
     from their last checkpoints. `warm`: trials run in warm worker slots (cifar_ray/slots.py), else
-    each in a TorchTrainer of its own; a resumed run keeps the choice it was started with."""
+    each in a TorchTrainer of its own; a resumed run keeps the choice it was started with. `command`: the shell
+    command that runs this plan again, recorded in sweep.json (the CLI gives its own; None from Python)."""
     from ray import tune
 
     capacity = cluster_capacity()
@@ -171,7 +172,7 @@ def run_plan(
                 "host": sysinfo.host_info(),
                 "versions": sysinfo.versions(),
                 "cluster": capacity,
-                "command": redact(" ".join(sys.argv)),
+                "command": command,
                 "warm": warm,
             },
         )

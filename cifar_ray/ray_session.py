@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .config import ConfigError
+from .errors import ClusterError, StorageError
 from .placement import RESOURCE_CPU, RESOURCE_GPU
 from .storage import StoragePath
 
@@ -162,7 +162,7 @@ def init_ray(
                 if isinstance(error, ConnectionAbortedError) and attempt < tries:
                     continue  # the head's per-client server died at start: a new connection gets a new one
                 first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-                raise ConfigError(
+                raise ClusterError(
                     f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}"
                 ) from None
     else:
@@ -191,7 +191,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except OSError as error:
-        raise ConfigError(
+        raise ClusterError(
             f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {error.strerror or error}; "
             "start it with `ray start --head --port=PORT` or pass the head's address"
         ) from None
@@ -230,8 +230,8 @@ def check_shared_storage(
     """On a multi-node cluster or through Ray Client, prove that every node reaches `folder` (the
     --storage root) as the driver sees it: the driver writes a marker file, a zero-CPU task on
     each node reads it and writes beside it. A node that cannot (a folder not mounted there, an
-    object store without credentials there) is a ConfigError; one that does not answer in time
-    (e.g. still installing a runtime env) is only reported."""
+    object store without credentials there) is a StorageError, a node that cannot run cifar_ray's code a
+    ClusterError; one that does not answer in time (e.g. still installing a runtime env) is only reported."""
     import uuid
 
     import ray
@@ -265,19 +265,20 @@ def check_shared_storage(
     finally:
         marker.unlink()
     if blind:
-        raise ConfigError(
+        raise StorageError(
             f"--storage {folder} is not reachable (or not writable) from node(s) {', '.join(blind)}: on a Ray cluster "
             "it must be a folder that every node and this machine mount at the same path (NFS, ...) or a URI they all "
             "have credentials for"
         )
     if errors:
-        raise ConfigError(
+        raise ClusterError(
             f"cannot run cifar_ray code on every node ({'; '.join(errors)}): install the package on every "
             'node, or ship it with `ray job submit --runtime-env-json \'{"working_dir": "."}\'`'
         )
     if silent:
         print_line(
-            f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; cannot tell whether they reach {folder}"
+            f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; "
+            f"cannot tell whether they reach {folder}"
         )
 
 

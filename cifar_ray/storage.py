@@ -11,7 +11,8 @@ endpoint_override=host:9000&scheme=http`); a StoragePath pickles with them, so R
 node open the same store.
 
 pyarrow is imported inside the methods that touch a filesystem: at module level it cost 0.4 s of
-every `cifar-ray --help` and usage error (python -X importtime).
+every `cifar-ray --help` and usage error (python -X importtime). For the same reason this module imports
+no pydantic (config.py): the CLI imports it before it knows the command.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import ConfigError
+from .errors import StorageError
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -50,7 +51,7 @@ class StoragePath:
 
     @classmethod
     def of(cls, where: str | os.PathLike | StoragePath) -> StoragePath:
-        """A folder path, a file:// URI or another pyarrow URI; ConfigError naming what is allowed."""
+        """A folder path, a file:// URI or another pyarrow URI; StorageError naming what is allowed."""
         if isinstance(where, StoragePath):
             return where
         import pyarrow
@@ -65,10 +66,10 @@ class StoragePath:
             fs, path = pafs.FileSystem.from_uri(text)
         except (pyarrow.ArrowException, OSError, ValueError) as error:
             reason = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-            raise ConfigError(f"storage {redact(text)}: {redact(reason)[:200]}; pass {ALLOWED}") from None
+            raise StorageError(f"storage {redact(text)}: {redact(reason)[:200]}; pass {ALLOWED}") from None
         path = path.rstrip("/")
         if not path:
-            raise ConfigError(f"storage {redact(text)}: no bucket or folder in the URI; pass {ALLOWED}")
+            raise StorageError(f"storage {redact(text)}: no bucket or folder in the URI; pass {ALLOWED}")
         return cls(fs, path, match.group(1).lower(), text.partition("?")[2])
 
     @property

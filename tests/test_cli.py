@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import write_cifar_fixture
 
-from cifar_ray import data, ray_session, runlog
-from cifar_ray.cli import build_parser, ensure_local_data, main
+from cifar_ray import data, orchestrate, ray_session, runlog
+from cifar_ray.cli import HANDLERS, build_parser, ensure_local_data, main, rerun_command
+from cifar_ray.config import parse_overrides, parse_value
 from cifar_ray.sweep import build_plan, load_sweep, single_run_plan
 
 SWEEPS = Path(__file__).parent.parent / "sweeps"
@@ -88,6 +93,12 @@ def test_missing_cifar_is_one_line_before_ray_starts_on_the_embedded_ray_only(tm
     assert len(downloads) == 1
 
 
+def test_an_unusable_storage_is_one_line_before_ray_starts(tmp_path, capsys, ray_start):
+    assert main(["train", "--storage", "foo://user:hunter2@bucket/runs", "--set", "dataset=synthetic"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cifar-ray: error: storage foo://bucket/runs: ") and err.count("\n") == 1, err
+
+
 def test_ensure_local_data_checks_each_cifar_data_dir_once(tmp_path, monkeypatch):
     checked: list[str] = []
     monkeypatch.setattr(data, "ensure_cifar10", checked.append)
@@ -161,18 +172,138 @@ def test_bare_command_prints_the_usage_and_errors_name_the_subcommand_once(capsy
     assert capsys.readouterr().err.startswith("cifar-ray: error: argument command: invalid choice: 'bogus'")
 
 
-def test_help_usage_errors_and_dry_run_import_neither_torch_nor_ray():
+def test_help_version_usage_errors_and_dry_run_import_neither_torch_nor_ray():
     quickstart = str(SWEEPS / "quickstart.yaml")
     results = no_torch_nor_ray(
         ["--help"],
+        ["--version"],
         [],
         ["train", "--bogus"],
         ["sweep", quickstart, "--dry-run"],
         ["sweep", quickstart, "--dry-run", "--set", "batch_size=0"],
         ["sweep", str(SWEEPS / "batch_size.yaml"), "--dry-run", "--json"],
+        ["sweep", "--set", "epochs=1", quickstart, "--dry-run"],
+        ["sweep", "--help"],
     )
-    assert [code for code, _ in results] == [0, 2, 2, 0, 2, 0]
-    assert results[4][1].startswith("cifar-ray: error: --set: batch_size=0: should be greater than or equal to 1")
+    assert [code for code, _ in results] == [0, 0, 2, 2, 0, 2, 0, 0, 0]
+    assert results[5][1].startswith("cifar-ray: error: --set: batch_size=0: should be greater than or equal to 1")
+
+
+def test_version_is_the_installed_package_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    [declared] = re.findall(r'^version = "(.+)"$', (SWEEPS.parent / "pyproject.toml").read_text(), re.MULTILINE)
+    assert (
+        capsys.readouterr().out == f"cifar-ray {importlib.metadata.version('cifar-ray')}\n" == f"cifar-ray {declared}\n"
+    )
+
+
+def test_every_subcommand_has_a_handler():
+    parser = build_parser()
+    [subcommands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # argparse's own table
+    assert set(subcommands.choices) == set(HANDLERS)
+
+
+QUICKSTART = str(SWEEPS / "quickstart.yaml")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", QUICKSTART, "--set", "epochs=1", "lr=0.1"],
+        ["sweep", "--set", "epochs=1", "lr=0.1", QUICKSTART],
+        ["sweep", "--set", "epochs=1", QUICKSTART, "--set", "lr=0.1"],
+        ["sweep", "--set", "epochs=1", "--dry-run", "--set", "lr=0.1", QUICKSTART],
+        ["sweep", "--set=epochs=1", "lr=0.1", QUICKSTART],
+        ["sweep", "--se", "epochs=1", "lr=0.1", QUICKSTART],  # argparse's abbreviation of --set
+        ["sweep", "--set", "epochs=1", "lr=0.1", "--", QUICKSTART],
+    ],
+)
+def test_set_takes_its_key_values_before_or_after_the_sweep_file(argv, capsys):
+    args = build_parser().parse_args(argv)
+    assert (args.file, args.set) == (QUICKSTART, ["epochs=1", "lr=0.1"])
+    assert main(["sweep", "--dry-run", "--json", *argv[1:]]) == 0  # before any "--"
+    trials = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert {(t["config"]["epochs"], t["config"]["lr"]) for t in trials} == {(1, 0.1)}
+
+
+def test_train_takes_several_set_flags():
+    args = build_parser().parse_args(["train", "--set", "epochs=1", "lr=0.1", "--name", "x", "--set", "seed=3"])
+    assert (args.set, args.name) == (["epochs=1", "lr=0.1", "seed=3"], "x")
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (
+            ["sweep", "--set", "epochs=1", QUICKSTART, "lr=0.1"],
+            "cifar-ray: error: unrecognized arguments: lr=0.1",
+        ),
+        (["sweep", "--set", "epochs=1"], "cifar-ray sweep: error: the following arguments are required: file"),
+        (["train", "--set", "epochs"], "cifar-ray: error: --set expects KEY=VALUE, got 'epochs'"),
+        (["train", "--set"], "cifar-ray train: error: argument --set: expected at least one argument"),
+        (["train", "--set", "epochs=1", "bogus"], "cifar-ray: error: unrecognized arguments: bogus"),
+    ],
+)
+def test_set_errors_stay_one_line(argv, error, capsys, ray_start):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == error + "\n"
+
+
+def help_examples(command: str, capsys) -> list[list[str]]:
+    """The example commands at the end of `cifar-ray COMMAND --help`, as shell words."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    epilog = capsys.readouterr().out.partition("\nexamples:\n")[2]
+    return [shlex.split(line) for line in epilog.splitlines() if line.startswith("  cifar-ray ")]
+
+
+def test_every_help_example_parses_and_names_real_sweeps_and_runs(capsys, monkeypatch):
+    monkeypatch.chdir(SWEEPS.parent)  # the examples use paths relative to the repository, as README does
+    sweeps = {plan.name: plan for plan in map(load_sweep, sorted(SWEEPS.glob("*.yaml")))}
+    for command in HANDLERS:
+        examples = help_examples(command, capsys)
+        assert 2 <= len(examples) <= 4, (command, examples)
+        for words in examples:
+            args = build_parser().parse_args(words[1:])
+            assert words[0] == "cifar-ray" and args.command == command, words
+            if command == "train":
+                single_run_plan(parse_overrides(args.set), "example")
+            if command == "sweep":  # the file exists and the --set values fit it
+                assert main([*words[1:], "--dry-run"]) == 0, capsys.readouterr().err
+                capsys.readouterr()
+            if command == "report":  # runs/<name of a sweep in sweeps/>, its baseline a value of that sweep's grid
+                folder, name = args.run_dir.split("/")
+                assert folder == "runs" and name in sweeps, args.run_dir
+                if args.baseline:
+                    key, _, value = args.baseline.partition("=")
+                    assert parse_value(value) in sweeps[name].grid[key], args.baseline
+
+
+def test_the_recorded_command_reruns_the_sweep_as_typed(tmp_path, monkeypatch):
+    """sweep.json's "command" is what a user types to run the sweep again: no venv path, no --resume, no secret."""
+    assert rerun_command(["sweep", "sweeps/x.yaml", "--resume", "--set", "description=a b"]) == (
+        "cifar-ray sweep sweeps/x.yaml --set 'description=a b'"
+    )
+    assert rerun_command(["sweep", "--res", "x.yaml", "--storage", "s3://key:hunter2@bucket/runs?region=x"]) == (
+        "cifar-ray sweep x.yaml --storage 's3://bucket/runs?region=x'"
+    )
+    assert build_parser().parse_args(["sweep", "x.yaml", "--r"]).resume  # the shortest --resume rerun_command drops
+
+    recorded = []
+
+    def run_plan(plan, **options):
+        recorded.append(options["command"])
+        raise RayStarted
+
+    monkeypatch.setattr(ray_session, "init_ray", lambda **options: False)  # Ray "already up", not ours to stop
+    monkeypatch.setattr(orchestrate, "run_plan", run_plan)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    argv = ["sweep", "--set", "dataset=synthetic", "epochs=1", QUICKSTART, "--storage", str(tmp_path), "--isolate"]
+    with pytest.raises(RayStarted):
+        main(argv)
+    assert recorded == [shlex.join(["cifar-ray", *argv])]
 
 
 def test_an_unfinished_train_folder_is_not_offered_resume(tmp_path, capsys, ray_start):

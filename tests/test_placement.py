@@ -15,6 +15,7 @@ from conftest import write_cifar_fixture
 
 from cifar_ray import data, placement, progress, ray_session, sysinfo
 from cifar_ray.config import ConfigError
+from cifar_ray.errors import ClusterError
 from cifar_ray.placement import RESOURCE_CPU, RESOURCE_GPU
 from cifar_ray.sweep import build_plan
 
@@ -136,9 +137,9 @@ def test_address_comes_from_the_flag_or_ray_address(monkeypatch):
 
 
 def test_a_dead_address_is_a_one_line_error_not_minutes_of_retries():
-    with pytest.raises(ConfigError, match=r"cannot connect to the Ray cluster at 127\.0\.0\.1:1 "):
+    with pytest.raises(ClusterError, match=r"cannot connect to the Ray cluster at 127\.0\.0\.1:1 "):
         ray_session._check_reachable("127.0.0.1:1")
-    with pytest.raises(ConfigError, match=r"cannot connect to the Ray cluster at ray://127\.0\.0\.1:1 "):
+    with pytest.raises(ClusterError, match=r"cannot connect to the Ray cluster at ray://127\.0\.0\.1:1 "):
         ray_session._check_reachable("ray://127.0.0.1:1")
     ray_session._check_reachable("auto")  # left to Ray
 

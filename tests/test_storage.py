@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import shlex
 
 import pyarrow.fs as pafs
 import pytest
 
 from cifar_ray import runlog
 from cifar_ray.cli import main
-from cifar_ray.config import ConfigError
+from cifar_ray.errors import StorageError
 from cifar_ray.report import write_report
 from cifar_ray.slots import CHECKPOINTS
 from cifar_ray.storage import StoragePath
@@ -51,7 +52,7 @@ def test_local_paths_and_file_uris_are_folders(tmp_path, monkeypatch):
 
 def test_bad_uris_fail_in_one_line_naming_what_is_allowed():
     for uri in ("foo://bucket/runs", "hdfs://namenode:8020/runs", "s3://"):
-        with pytest.raises(ConfigError) as error:
+        with pytest.raises(StorageError) as error:
             StoragePath.of(uri)
         message = str(error.value)
         assert "\n" not in message and uri.split(":")[0] in message and "s3://bucket/path" in message, message
@@ -61,7 +62,7 @@ def test_credentials_never_appear_in_names_or_errors(s3_root):
     prefix, options = s3_root("secret-bucket")
     where = StoragePath.of(f"{prefix}/runs{options}")
     assert "test-secret" not in str(where) and str(where).startswith("s3://secret-bucket/runs?endpoint_override=")
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(StorageError) as error:
         StoragePath.of("foo://user:hunter2@host/x")
     assert "hunter2" not in str(error.value)
 
@@ -117,6 +118,8 @@ def test_sweep_logs_and_checkpoints_land_in_a_bucket_and_report_reads_them(s3_ro
     run_dir = StoragePath.of(storage) / "s3sweep"
     run = runlog.load_run(run_dir)
     assert run.sweep["finished_at"] and [len(t.epochs) for t in run.trials] == [2, 2]
+    typed_without_secret = ["sweep", str(sweep), "--storage", storage.replace("test-key:test-secret@", ""), "--json"]
+    assert run.sweep["command"] == shlex.join(["cifar-ray", *typed_without_secret])  # as typed, minus the secret
     for trial in run.trials:
         assert trial.meta["system"]["world_size"] == 1  # written by the Ray Train worker, into the bucket
         checkpoints = (run_dir / trial.name / CHECKPOINTS).subfolders()  # a warm slot's trial keeps its own
