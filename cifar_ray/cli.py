@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -261,6 +262,10 @@ EXAMPLES = {
         ("every check, on the GPU when torch sees one", "cifar-ray check"),
         ("every check on the CPU, with Ray's own logs", "cifar-ray check --use-gpu false -v"),
     ),
+    "keys": (
+        ("every key --set and sweep files take: type, allowed values, default, meaning", "cifar-ray keys"),
+        ("the same as the Markdown table in README.md", "cifar-ray keys --markdown"),
+    ),
     "bench": (
         ("a smaller, faster run (what CI runs)", "cifar-ray bench --quick --out reports/bench-quick"),
         ("the full benchmark behind reports/bench/README.md", "cifar-ray bench"),
@@ -314,6 +319,8 @@ def build_parser() -> Parser:
         choices=("md", "csv", "json"),
         help="md: README.md + PNG plots; csv/json: the aggregated tables",
     )
+    keys = add_command("keys", "list every config key (--set, sweep files): type, allowed values, default, meaning")
+    keys.add_argument("--markdown", action="store_true", help="print README.md's Markdown table instead")
     check = add_command(
         "check",
         "prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each",
@@ -424,6 +431,15 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_keys(args: argparse.Namespace) -> int:
+    from .config import format_keys_text, key_rows, markdown_keys_table
+
+    rows = key_rows()
+    text = markdown_keys_table(rows) if args.markdown else format_keys_text(rows, shutil.get_terminal_size().columns)
+    print(text, end="")
+    return 0
+
+
 def run_check(args: argparse.Namespace) -> int:
     from .check import run_checks
 
@@ -474,6 +490,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": run_train,
     "sweep": run_sweep,
     "report": run_report,
+    "keys": run_keys,
     "check": run_check,
     "bench": run_bench,
 }

@@ -6,10 +6,8 @@ read this class. Errors are `ConfigError`s with one line naming the key and what
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
-import shutil
 import textwrap
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
@@ -409,18 +407,3 @@ def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:
     if "data_dir" in values:
         values = values | {"data_dir": str(Path(values["data_dir"]).expanduser().resolve())}
     return values
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m cifar_ray.config", description="Print every config key: type, allowed values, default, meaning."
-    )
-    parser.add_argument("--markdown", action="store_true", help="as the Markdown table of README.md's Config keys")
-    args = parser.parse_args(argv)
-    rows = key_rows()
-    text = markdown_keys_table(rows) if args.markdown else format_keys_text(rows, shutil.get_terminal_size().columns)
-    print(text, end="")
-
-
-if __name__ == "__main__":
-    main()

@@ -16,7 +16,7 @@ from conftest import write_cifar_fixture
 
 from cifar_ray import data, orchestrate, ray_session, runlog
 from cifar_ray.cli import HANDLERS, build_parser, ensure_local_data, main, rerun_command
-from cifar_ray.config import parse_overrides, parse_value
+from cifar_ray.config import TrainConfig, key_rows, markdown_keys_table, parse_overrides, parse_value
 from cifar_ray.sweep import build_plan, load_sweep, single_run_plan
 
 SWEEPS = Path(__file__).parent.parent / "sweeps"
@@ -184,8 +184,9 @@ def test_help_version_usage_errors_and_dry_run_import_neither_torch_nor_ray():
         ["sweep", str(SWEEPS / "batch_size.yaml"), "--dry-run", "--json"],
         ["sweep", "--set", "epochs=1", quickstart, "--dry-run"],
         ["sweep", "--help"],
+        ["keys"],
     )
-    assert [code for code, _ in results] == [0, 0, 2, 2, 0, 2, 0, 0, 0]
+    assert [code for code, _ in results] == [0, 0, 2, 2, 0, 2, 0, 0, 0, 0]
     assert results[5][1].startswith("cifar-ray: error: --set: batch_size=0: should be greater than or equal to 1")
 
 
@@ -197,6 +198,16 @@ def test_version_is_the_installed_package_version(capsys):
     assert (
         capsys.readouterr().out == f"cifar-ray {importlib.metadata.version('cifar-ray')}\n" == f"cifar-ray {declared}\n"
     )
+
+
+def test_keys_lists_every_config_key_with_its_default_and_meaning(capsys):
+    assert main(["keys"]) == 0
+    listed = capsys.readouterr().out
+    for key, field in TrainConfig.model_fields.items():
+        assert re.search(rf"^{key} ", listed, re.MULTILINE), key
+        assert field.description.split()[0] in listed, key
+    assert main(["keys", "--markdown"]) == 0
+    assert capsys.readouterr().out == markdown_keys_table(key_rows())
 
 
 def test_every_subcommand_has_a_handler():

@@ -31,7 +31,7 @@ def test_the_config_key_table_is_what_trainconfig_renders():
     diff = "".join(difflib.unified_diff(table.splitlines(True), rendered.splitlines(True), "README.md", "rendered"))
     assert table == rendered, (
         "README.md's Config keys table differs from TrainConfig: replace it with the output of "
-        f"`python -m cifar_ray.config --markdown`\n{diff}"
+        f"`cifar-ray keys --markdown`\n{diff}"
     )
 
 
