@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import runlog
+from . import runlog, status  # status imports neither torch nor Ray
 from .config import ConfigError, parse_overrides
 from .datasets import DataError
 from .storage import StoragePath, redact
@@ -179,6 +179,9 @@ def build_parser() -> Parser:
         choices=("md", "csv", "json"),
         help="md: README.md + PNG plots; csv/json: the aggregated tables",
     )
+    where = commands.add_parser("status", help="where a sweep stands, from its run folder: a line per trial, an ETA")
+    where.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
+    where.add_argument("--json", action="store_true", help="print it as one JSON object")
     check = commands.add_parser(
         "check",
         help="prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each",
@@ -286,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise UsageError(f"--baseline expects KEY=VALUE, got '{args.baseline}'")
                 baseline = {key.strip(): parse_value(value.strip())}
             print(write_report(args.run_dir, out_dir=args.out, baseline=baseline, fmt=args.format))
+            return 0
+        if args.command == "status":
+            print(status.render(args.run_dir, args.json))
             return 0
         if args.command == "check":
             from .check import run_checks
