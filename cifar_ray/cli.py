@@ -262,6 +262,13 @@ EXAMPLES = {
         ("every check, on the GPU when torch sees one", "cifar-ray check"),
         ("every check on the CPU, with Ray's own logs", "cifar-ray check --use-gpu false -v"),
     ),
+    "status": (
+        (
+            "a line per trial (finished, running: epoch k of n, ...), the totals and an ETA",
+            "cifar-ray status runs/quickstart",
+        ),
+        ("the same as one JSON object, for scripts", "cifar-ray status runs/quickstart --json"),
+    ),
     "keys": (
         ("every key --set and sweep files take: type, allowed values, default, meaning", "cifar-ray keys"),
         ("the same as the Markdown table in README.md", "cifar-ray keys --markdown"),
@@ -321,6 +328,9 @@ def build_parser() -> Parser:
     )
     keys = add_command("keys", "list every config key (--set, sweep files): type, allowed values, default, meaning")
     keys.add_argument("--markdown", action="store_true", help="print README.md's Markdown table instead")
+    status = add_command("status", "where a sweep stands, from its run folder: a line per trial, totals, an ETA")
+    status.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
+    status.add_argument("--json", action="store_true", help="print it as one JSON object")
     check = add_command(
         "check",
         "prove the training semantics on this machine (accumulation, DDP, seeds, AMP); one PASS/FAIL line each",
@@ -431,6 +441,13 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_status(args: argparse.Namespace) -> int:
+    from .status import render
+
+    print(render(args.run_dir, args.json))
+    return 0
+
+
 def run_keys(args: argparse.Namespace) -> int:
     from .config import format_keys_text, key_rows, markdown_keys_table
 
@@ -490,6 +507,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": run_train,
     "sweep": run_sweep,
     "report": run_report,
+    "status": run_status,
     "keys": run_keys,
     "check": run_check,
     "bench": run_bench,

@@ -1,4 +1,5 @@
-"""What a running sweep prints: a header, a line per trial start, per finished epoch and per failure.
+"""What a running sweep prints: a header, a line per trial start, per finished epoch and per failure, and after
+each trial ends where the sweep stands (status.progress_line, what `cifar-ray status` counts).
 
 Through Ray Client, Tune and its callbacks run in an actor on the cluster; a ProgressRelay actor carries
 their lines to the client's terminal.
@@ -10,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import runlog
+from . import runlog, status
 from .placement import trials_at_once
 from .storage import StoragePath
 from .sweep import SweepPlan
@@ -102,10 +103,6 @@ def progress_relay(print_line: Callable[[str], None], every_s: float = 0.5) -> I
             ray.kill(relay)
 
 
-def swept_text(spec: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in spec["swept"].items())
-
-
 def sweep_header(
     plan: SweepPlan, capacity: dict[str, Any], limit: int | None, run_dir: StoragePath, unfinished: int | None = None
 ) -> str:
@@ -124,7 +121,7 @@ def sweep_header(
 
 def start_line(spec: dict, done: int) -> str:
     what = f"continues after epoch {done}/{spec['config']['epochs']}" if done else "starts"
-    return f"{spec['name']}  {what}  {swept_text(spec)}".rstrip()
+    return f"{spec['name']}  {what}  {status.swept_text(spec['swept'])}".rstrip()
 
 
 def progress_callback(warm: bool = False):
@@ -136,8 +133,9 @@ def progress_callback(warm: bool = False):
 
     class SweepProgress(TrialProgressCallback):
         """Our progress lines: one when a trial starts (or continues), one per finished epoch, one
-        when a trial fails. A TrialProgressCallback, so Tune adds none of its own: its
-        `Trial ... completed. Last result:` line printed during --resume even with verbose=0."""
+        when a trial fails, and where the sweep stands after a trial ends. A TrialProgressCallback, so
+        Tune adds none of its own: its `Trial ... completed. Last result:` line printed during --resume
+        even with verbose=0."""
 
         def on_trial_start(self, iteration, trials, trial, **info):
             spec, run_dir = trial.config["trial"], trial.config["run_dir"]
@@ -154,13 +152,14 @@ def progress_callback(warm: bool = False):
                 print_progress(format_epoch(spec["name"], result, spec["config"]["epochs"]))
                 if result["epoch"] == spec["config"]["epochs"] or result.get("diverged"):
                     runlog.record_outcome(trial.config["run_dir"] / spec["name"])
+                    print_progress(status.progress_line(trial.config["run_dir"]))
 
         def on_trial_error(self, iteration, trials, trial, **info):
             spec = trial.config["trial"]
             meta = runlog.read_json(trial.config["run_dir"] / spec["name"] / runlog.TRIAL_FILE)
-            print_progress(
-                f"{spec['name']}  {meta.get('status', 'failed').upper()}: {meta.get('error') or 'see ' + runlog.ERROR_FILE}"
-            )
+            error = meta.get("error") or f"see {runlog.ERROR_FILE}"
+            print_progress(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {error}")
+            print_progress(status.progress_line(trial.config["run_dir"]))
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             pass

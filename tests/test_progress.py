@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import time
 from types import SimpleNamespace
 
 import pytest
 
-from cifar_ray import progress, runlog
+from cifar_ray import progress, runlog, status
 from cifar_ray.storage import StoragePath
 
 
@@ -83,7 +85,8 @@ def test_the_last_epochs_result_marks_the_trial_finished(tmp_path, printed):
     callback.on_trial_result(0, [], trial, epoch_row(2))
     meta = runlog.read_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE)
     assert meta["status"] == "finished" and meta["finished_at"] and meta["diverged_epoch"] is None
-    assert [line.split("  ")[1] for line in printed] == ["epoch 1/2", "epoch 2/2"]
+    assert [line.split("  ")[1] for line in printed[:2]] == ["epoch 1/2", "epoch 2/2"]
+    assert printed[2:] == ["[1/1 done]"]  # where the sweep stands (this run folder has no sweep.json)
 
 
 def test_a_diverged_epoch_marks_the_trial_diverged(tmp_path, printed):
@@ -94,3 +97,26 @@ def test_a_diverged_epoch_marks_the_trial_diverged(tmp_path, printed):
     meta = runlog.read_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE)
     assert meta["status"] == "diverged" and meta["diverged_epoch"] == 1
     assert printed[0].endswith("DIVERGED")
+
+
+def test_after_each_trial_ends_the_sweep_says_where_it_stands(tmp_path, printed):
+    """The counting and the ETA of `cifar-ray status` (status.sweep_state): t000 ends at 30 s of wall time per
+    epoch, t001's 2 epochs are left, one trial at a time: ETA 60 s."""
+    run_dir, now = StoragePath.of(tmp_path), time.time()
+    started_at = time.strftime(status.ISO_FORMAT, time.localtime(now - 60))
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": started_at})
+    trial = fake_trial(run_dir, epochs=2)
+    runlog.update_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE, started_unix=now - 60)
+    for epoch, end in ((1, now - 30), (2, now)):
+        runlog.append_epoch(run_dir / "t000-lr=0.1", epoch_row(epoch) | {"end_unix": end})
+    other = {"name": "t001-lr=0.2", "swept": {"lr": 0.2}, "config": {"epochs": 2}}
+    runlog.write_json(run_dir / other["name"] / runlog.TRIAL_FILE, other | {"status": "pending"})
+    callback = progress.progress_callback()
+
+    callback.on_trial_result(0, [], trial, epoch_row(2))
+    assert re.fullmatch(r"\[1/2 done · 1 pending\] 6\d s elapsed · ETA ~60 s", printed[-1]), printed
+
+    runlog.update_json(run_dir / other["name"] / runlog.TRIAL_FILE, status="failed", error="RuntimeError: boom")
+    callback.on_trial_error(0, [], SimpleNamespace(config={"trial": other, "run_dir": run_dir}))
+    assert printed[-2] == "t001-lr=0.2  FAILED: RuntimeError: boom"
+    assert re.fullmatch(r"\[1/2 done · 1 failed\] 6\d s elapsed", printed[-1]), printed

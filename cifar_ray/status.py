@@ -1,0 +1,286 @@
+"""Where a sweep stands, from its run folder alone: `cifar-ray status RUN_DIR` and the line a running sweep prints
+after each trial ends. Both come from `sweep_state`, the one place that counts trials and estimates the ETA.
+
+It reads sweep.json, each trial.json and metrics.jsonl (runlog), and imports neither torch nor Ray, nor pyarrow for
+a local folder, so it answers in well under a second while the sweep runs elsewhere (`ray job submit`).
+
+ETA = wall time per epoch x epochs left / trials at once, summed over the trial shapes (workers, CPUs and GPUs
+per worker: trials of one shape share its slots, and shapes share the cluster's cores), where for each shape
+- wall time per epoch: over its trials with a finished epoch since their (latest) start, the time from the start
+  to the last epoch's end divided by those epochs, pooled (trial start-up included, unlike `epoch_time_s`); the
+  whole sweep's while no trial of the shape has finished an epoch;
+- epochs left: the epochs not yet logged of its trials that have not ended;
+- trials at once: the most of its trials that have run at the same time so far (1 before any has started),
+  capped by its trials left.
+A shape that has not started yet will also pay its slots' start-up, which the ETA does not foresee.
+
+A trial.json says "running" until its driver records the end; a driver that was killed never does. Such a trial
+is shown as stalled: the sweep recorded its end or an interruption after the trial started, or no epoch has
+ended for STALE_EPOCHS x its wall time per epoch (and at least STALE_MIN_S). A sweep with trials left but none
+running nor started for as long (its driver was killed between trials) gets no ETA either.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from . import runlog
+from .errors import UserError
+from .storage import StoragePath
+
+STALE_EPOCHS = 3
+STALE_MIN_S = 600.0
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # runlog.now_iso's format (datetime.fromisoformat reads +0000 from 3.11 only)
+# The states a trial is counted in, in the order the totals name them: runlog.STATUSES, plus stalled.
+STATES = ("finished", "running", "stalled", "pending", "failed", "diverged", "oom")
+UNFINISHED = ("running", "stalled", "pending")
+# The config keys that decide a trial's resources (placement.worker_resources), so which trials share slots.
+SHAPE_KEYS = ("workers", "cpus_per_worker", "use_gpu", "gpus_per_worker", "strategy")
+
+
+class RunFolderError(UserError, FileNotFoundError):
+    """RUN_DIR holds no run."""
+
+
+@dataclass
+class TrialState:
+    trial: str
+    swept: dict
+    status: str  # as trial.json records it
+    state: str  # one of STATES: the status, or stalled for a "running" trial that no longer progresses
+    epochs_done: int
+    epochs: int | None
+    error: str | None  # the first line of a failed (or oom) trial's error
+    diverged_epoch: int | None
+    idle_s: float | None  # running or stalled: seconds since its last epoch ended (or since it started)
+
+
+@dataclass
+class ShapeEta:
+    shape: dict  # SHAPE_KEYS and their values
+    epoch_wall_s: float | None  # wall time per finished epoch, trial start-up included (see the module docstring)
+    epochs_left: int
+    at_once: int  # trials of the shape at once the ETA assumes
+    eta_s: float | None
+
+
+@dataclass
+class SweepState:
+    name: str
+    run_dir: str
+    started_at: str | None
+    finished_at: str | None
+    elapsed_s: float | None  # since the sweep started (to its end, if it ended)
+    trials: list[TrialState]
+    counts: dict[str, int]  # trials per state
+    shapes: list[ShapeEta]  # the ETA's terms: the shapes with unfinished trials
+    eta_s: float | None  # None: nothing left, nothing progressing, or no epoch finished yet
+    eta: str  # the ETA in words, or why there is none; "" when nothing is left
+
+
+def _unix(iso: str | None) -> float | None:
+    try:
+        return datetime.strptime(iso, ISO_FORMAT).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def duration(seconds: float) -> str:
+    """A rough duration: seconds under 2 min, minutes under 2 h, else hours and minutes."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _epochs_since_start(trial: runlog.TrialLog) -> list[dict]:
+    """The epochs that ended in the trial's latest attempt (a resumed trial starts again, after its earlier epochs)."""
+    started = trial.meta.get("started_unix")
+    if started is None:
+        return []
+    return [row for row in trial.epochs if isinstance(row.get("end_unix"), (int, float)) and row["end_unix"] >= started]
+
+
+def _epoch_wall(trials: list[runlog.TrialLog]) -> float | None:
+    spans = [
+        (rows[-1]["end_unix"] - t.meta["started_unix"], len(rows)) for t in trials if (rows := _epochs_since_start(t))
+    ]
+    return sum(span for span, _ in spans) / sum(n for _, n in spans) if spans else None
+
+
+def _last_activity(trial: runlog.TrialLog) -> float | None:
+    times = [trial.meta.get("started_unix"), *(row.get("end_unix") for row in trial.epochs)]
+    times = [t for t in times if isinstance(t, (int, float))]
+    return max(times) if times else None
+
+
+def _most_at_once(trials: list[runlog.TrialLog], states: list[str], now: float) -> int:
+    """The most trials that have run at the same time: each from its start to its last epoch's end (a warm slot
+    takes its next trial before the driver records the last one finished), a live one to now."""
+    events = []
+    for trial, state in zip(trials, states):
+        start = trial.meta.get("started_unix")
+        end = now if state == "running" else _last_activity(trial)
+        if start is not None and end is not None and end > start:
+            events += [(start, 1), (end, -1)]
+    running = most = 0
+    for _, step in sorted(events):  # at a tie an end (-1) sorts before a start
+        running += step
+        most = max(most, running)
+    return most
+
+
+def _stale(idle: float | None, epoch_wall: float | None) -> bool:
+    """Nothing for `idle` seconds where an epoch takes `epoch_wall`; never without an epoch to compare with."""
+    return idle is not None and epoch_wall is not None and idle > max(STALE_EPOCHS * epoch_wall, STALE_MIN_S)
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[0] if text and text.strip() else None
+
+
+def _shape(trial: runlog.TrialLog) -> dict:
+    return {key: trial.config.get(key) for key in SHAPE_KEYS}
+
+
+def _shapes_left(trials: list[runlog.TrialLog], states: list[TrialState]) -> list[dict]:
+    shapes = [_shape(t) for t, s in zip(trials, states) if s.state in UNFINISHED]
+    return [shape for i, shape in enumerate(shapes) if shape not in shapes[:i]]
+
+
+def _shape_eta(
+    shape: dict, trials: list[runlog.TrialLog], states: list[TrialState], sweep_wall: float | None, now: float
+) -> ShapeEta:
+    members = [(t, s) for t, s in zip(trials, states) if _shape(t) == shape]
+    left = [s for _, s in members if s.state in UNFINISHED]
+    wall = _epoch_wall([t for t, _ in members]) or sweep_wall
+    at_once = max(min(_most_at_once([t for t, _ in members], [s.state for _, s in members], now), len(left)), 1)
+    epochs_left = sum(max((s.epochs or 0) - s.epochs_done, 0) for s in left)
+    return ShapeEta(shape, wall, epochs_left, at_once, None if wall is None else wall * epochs_left / at_once)
+
+
+def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
+    """Every trial's state and the totals of `run` at Unix time `now`."""
+    sweep = run.sweep
+    ended = max(filter(None, [_unix(sweep.get("finished_at")), sweep.get("interrupted_unix")]), default=None)
+    epoch_wall = _epoch_wall(run.trials)
+    states = []
+    for trial in run.trials:
+        state, idle = trial.status, None
+        if trial.status == "running":
+            last = _last_activity(trial)
+            idle = None if last is None else now - last
+            driver_gone = ended is not None and ended > trial.meta.get("started_unix", 0)
+            state = "stalled" if driver_gone or _stale(idle, _epoch_wall([trial]) or epoch_wall) else "running"
+        states.append(
+            TrialState(
+                trial=trial.name,
+                swept=trial.swept,
+                status=trial.status,
+                state=state,
+                epochs_done=len(trial.epochs),
+                epochs=trial.config.get("epochs"),
+                error=_first_line(trial.meta.get("error")) if trial.status in ("failed", "oom") else None,
+                diverged_epoch=trial.meta.get("diverged_epoch"),
+                idle_s=idle,
+            )
+        )
+    counts = {state: sum(t.state == state for t in states) for state in STATES}
+    unfinished = [t for t in states if t.state in UNFINISHED]
+    shapes = [_shape_eta(shape, run.trials, states, epoch_wall, now) for shape in _shapes_left(run.trials, states)]
+    started = _unix(sweep.get("started_at"))
+    last = max(filter(None, [started, *map(_last_activity, run.trials)]), default=None)
+    idle = None if last is None else now - last
+    eta_s, eta = None, ""
+    if unfinished and not counts["running"] and (counts["stalled"] or ended or _stale(idle, epoch_wall)):
+        eta = "no ETA: no trial is progressing (its driver stopped?); `cifar-ray sweep FILE --resume` continues it"
+    elif unfinished and epoch_wall is None:
+        eta = "ETA unknown (no epoch has finished yet)"
+    elif unfinished:
+        eta_s = sum(shape.eta_s for shape in shapes)
+        eta = f"ETA ~{duration(eta_s)}"
+    end = _unix(sweep.get("finished_at")) or now
+    return SweepState(
+        name=sweep.get("name", run.path.name),
+        run_dir=str(run.path),
+        started_at=sweep.get("started_at"),
+        finished_at=sweep.get("finished_at"),
+        elapsed_s=None if started is None else end - started,
+        trials=states,
+        counts=counts,
+        shapes=shapes,
+        eta_s=eta_s,
+        eta=eta,
+    )
+
+
+def totals_line(state: SweepState, explain: bool = False) -> str:
+    """`[3/12 done · 2 running · 6 pending · 1 failed] 25 min elapsed · ETA ~14 min`; `explain` adds how the
+    ETA is computed."""
+    counts = [f"{state.counts['finished']}/{len(state.trials)} done"]
+    counts += [f"{n} {name}" for name, n in state.counts.items() if n and name != "finished"]
+    parts = [] if state.elapsed_s is None else [f"{duration(state.elapsed_s)} elapsed"]
+    eta = state.eta
+    if explain and state.eta_s is not None:
+        terms = [f"{duration(s.epoch_wall_s)} x {s.epochs_left} / {s.at_once}" for s in state.shapes]
+        per_shape = ", summed over trial shapes" if len(terms) > 1 else ""
+        eta += f" (wall time per epoch x epochs left / trials at once{per_shape}: {' + '.join(terms)})"
+    parts += [eta] if eta else []
+    return f"[{' · '.join(counts)}] {' · '.join(parts)}".rstrip()
+
+
+def progress_line(run_dir: runlog.Where) -> str:
+    """The line a running sweep prints after each trial ends."""
+    return totals_line(sweep_state(runlog.load_run(run_dir), time.time()))
+
+
+def swept_text(swept: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in swept.items())
+
+
+def _state_text(trial: TrialState) -> str:
+    if trial.state == "running":  # the epoch under way; the last one until the driver records the trial's end
+        return f"running: epoch {min(trial.epochs_done + 1, trial.epochs or trial.epochs_done + 1)} of {trial.epochs}"
+    if trial.state == "stalled":
+        since = "last epoch" if trial.epochs_done else "started"
+        idle = "" if trial.idle_s is None else f", {since} {duration(trial.idle_s)} ago"
+        return f"running per trial.json, but stalled{idle}"
+    if trial.state in ("failed", "oom"):
+        return f"{trial.state}: {trial.error or 'see ' + runlog.ERROR_FILE}"
+    if trial.state == "diverged" and trial.diverged_epoch:
+        return f"diverged at epoch {trial.diverged_epoch}"
+    return trial.state
+
+
+def load_state(run_dir: runlog.Where, now: float | None = None) -> SweepState:
+    """The state of the run in `run_dir`; RunFolderError when it holds no sweep.json."""
+    run_dir = StoragePath.of(run_dir)
+    if not runlog.read_json(run_dir / runlog.SWEEP_FILE):
+        raise RunFolderError(
+            f"{run_dir} holds no run: no readable {runlog.SWEEP_FILE} there; a run folder (--storage DIR --name NAME: "
+            f"DIR/NAME) holds {runlog.SWEEP_FILE} and a folder per trial with {runlog.TRIAL_FILE} and "
+            f"{runlog.EPOCHS_FILE}"
+        )
+    return sweep_state(runlog.load_run(run_dir), time.time() if now is None else now)
+
+
+def render(run_dir: runlog.Where, as_json: bool = False, now: float | None = None) -> str:
+    """`cifar-ray status`: a line per trial and the totals, or all of it as one JSON object."""
+    state = load_state(run_dir, now)
+    if as_json:
+        return json.dumps(asdict(state))
+    rows = [
+        (t.trial, swept_text(t.swept), _state_text(t), f"{t.epochs_done}/{t.epochs or '?'} epochs")
+        for t in state.trials
+    ]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
+    since = f", started {state.started_at}" if state.started_at else ""
+    lines = [f"{state.name}: {len(state.trials)} trial{'s' * (len(state.trials) != 1)}{since}"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows]
+    lines.append(totals_line(state, explain=True))
+    return "\n".join(lines)
