@@ -100,8 +100,27 @@ def read_json(path: Where) -> dict:
         return {}
 
 
+# Reads of a file update_json rewrites: a storage error is retried, never taken for an empty file.
+UPDATE_READ_TRIES = 5
+
+
 def update_json(path: Where, **fields: Any) -> dict:
-    data = read_json(path) | fields
+    """Set `fields` in a JSON file, keeping its other keys. A file that exists but cannot be read right now
+    (a storage timeout under load) is read again, then raises: taking it for {} would write `fields` alone and
+    drop every other key (a trial.json lost its config and system this way with S3 at load average 30)."""
+    path = StoragePath.of(path)
+    for attempt in range(UPDATE_READ_TRIES):
+        try:
+            data = json.loads(path.read_text())
+            break
+        except FileNotFoundError:
+            data = {}
+            break
+        except (OSError, json.JSONDecodeError):
+            if attempt == UPDATE_READ_TRIES - 1:
+                raise
+            time.sleep(0.1 * 2**attempt)
+    data |= fields
     write_json(path, data)
     return data
 

@@ -105,7 +105,8 @@ def test_sweep_logs_and_checkpoints_land_in_a_bucket_and_report_reads_them(s3_ro
     sweep = tmp_path / "s3.yaml"
     sweep.write_text(
         "name: s3sweep\n"
-        "base: {dataset: synthetic, train_subset: 512, test_subset: 128, width: 8, epochs: 2, batch_size: 64, augment: none, workers: 1}\n"
+        "base: {dataset: synthetic, train_subset: 512, test_subset: 128, "
+        "width: 8, epochs: 2, batch_size: 64, augment: none, workers: 1}\n"
         "grid:\n  seed: [0, 1]\n"
     )
     code = main(["sweep", str(sweep), "--storage", storage, "--json"])
@@ -135,3 +136,28 @@ def test_sweep_logs_and_checkpoints_land_in_a_bucket_and_report_reads_them(s3_ro
 
     readme = write_report(f"{prefix}/runs/s3sweep{options}", out_dir=tmp_path / "report")
     assert "2 finished" in readme.read_text()
+
+
+def test_update_json_never_takes_an_unreadable_file_for_an_empty_one(tmp_path, monkeypatch):
+    trial_file = StoragePath.of(str(tmp_path / runlog.TRIAL_FILE))
+    runlog.write_json(trial_file, {"config": {"seed": 1}, "system": {"world_size": 2}})
+    real_read = StoragePath.read_bytes
+    failures = iter([OSError("AWS Error NETWORK_CONNECTION: timeout")])
+
+    def flaky_read(self: StoragePath) -> bytes:
+        error = next(failures, None)
+        if error:
+            raise error
+        return real_read(self)
+
+    monkeypatch.setattr(StoragePath, "read_bytes", flaky_read)
+    monkeypatch.setattr(runlog.time, "sleep", lambda seconds: None)
+    runlog.update_json(trial_file, status="finished")
+    assert runlog.read_json(trial_file) == {"config": {"seed": 1}, "system": {"world_size": 2}, "status": "finished"}
+
+    trial_file.write_text("{not json")  # never readable: an error, not a file rewritten with `status` alone
+    with pytest.raises(json.JSONDecodeError):
+        runlog.update_json(trial_file, status="failed")
+    assert trial_file.read_text() == "{not json"
+    runlog.update_json(StoragePath.of(str(tmp_path / "new.json")), status="pending")  # absent: created
+    assert runlog.read_json(tmp_path / "new.json") == {"status": "pending"}
