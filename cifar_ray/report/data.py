@@ -26,24 +26,15 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
-from ..runlog import BREAKDOWN_KEYS, SWEEP_FILE, TRIAL_FILE, RunLog, Where, load_run
+from ..runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, Where, load_run
 
-EPOCH_KEYS = (
-    "train_loss",
-    "train_acc",
-    "test_loss",
-    "test_acc",
-    "train_eval_loss",
-    "train_eval_acc",
-    "epoch_time_s",
-    "samples_per_s",
-    "peak_mem_mb",
-    "peak_mem_total_mb",
-    "lr",
-    "peak_lr",
-    "amp_skipped_steps",
-    "allreduce_bytes_per_step",
-)
+# The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
+# breakdown (its columns follow, those logged) and what the report does not read (_UNREAD); the two in _LAST close the
+# list in the order the epochs.csv files have always had (runlog lists them the other way round).
+_UNREAD = ("epoch", "train_time_s", "train_samples", "end_unix", "diverged", *BREAKDOWN_KEYS)
+_LAST = ("amp_skipped_steps", "allreduce_bytes_per_step")
+assert set(_UNREAD + _LAST) <= set(EPOCH_METRICS)
+EPOCH_KEYS = tuple(key for key in EPOCH_METRICS if key not in _UNREAD + _LAST) + _LAST
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
 
 OVERFIT_RISE = 0.02
@@ -111,10 +102,11 @@ class Report:
     factors: list[str]  # grid keys other than seed, in grid order
     grid: dict[str, list]  # factor -> its values, in grid order
     baseline: dict[str, Any]  # factor -> baseline value (a grid value)
-    seed_column: bool  # trials differ by seed (repeats > 1 or seed in the grid)
+    label_keys: list[str]  # what tells trials apart: the factors, then seed where trials differ by it
     breakdown: list[str]  # step-time keys present in the epochs
     epochs: pd.DataFrame  # one row per (trial, epoch)
     trials: pd.DataFrame  # one row per trial
+    overfits: dict[str, Overfit]  # trial name -> what OVERFIT_RULE found, for the flagged trials only
     groups: dict[str, pd.DataFrame]  # factor -> one row per grid value
     configs: pd.DataFrame  # one row per combination of factor values
     objective: Metric  # what "best" means: the sweep's metric and mode on its trial column
@@ -123,6 +115,10 @@ class Report:
     effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
     noise: tuple[float, int]  # seed_noise() of final test accuracy: (pooled std, configurations behind it)
     memory_measure: str  # what peak memory per worker measures on these trials' devices
+
+    def trial_label(self, row: pd.Series) -> str:
+        """A trial row named by its label_keys' values, or by the trial's name when there are none."""
+        return values_label(row, self.label_keys) or row["trial"]
 
 
 # ----------------------------------------------------------------------------------------- load
@@ -249,7 +245,7 @@ def _device(system: dict) -> str:
     return f"CPU ({name})" if name else "CPU"
 
 
-def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]) -> dict:
+def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str], over: Overfit | None) -> dict:
     cfg = trial.config
     row: dict[str, Any] = {"trial": trial.name, "status": trial.status}
     for key in keys:
@@ -284,7 +280,6 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
     row["peak_mem_total_mb"] = float(e["peak_mem_total_mb"].max())
     for key in breakdown:
         row[key] = float(e[key].mean())
-    over = trial_overfitting(e)
     row["overfitting"] = over is not None
     row["overfit_epoch"] = over.onset if over else None
     row["error"] = trial.meta.get("error")
@@ -295,12 +290,18 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
     return row
 
 
-def trial_frame(run: RunLog, epochs: pd.DataFrame, keys: list[str], breakdown: Sequence[str]) -> pd.DataFrame:
-    """One row per trial, in sweep order: swept values, final/best metrics, costs, status."""
-    rows = []
+def trial_frame(
+    run: RunLog, epochs: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
+) -> tuple[pd.DataFrame, dict[str, Overfit]]:
+    """One row per trial, in sweep order: swept values, final/best metrics, costs, status; and the trials that
+    OVERFIT_RULE flags (name -> its Overfit), found once here for the frame, the Markdown and the exports."""
+    rows, overfits = [], {}
     for trial in run.trials:
         e = epochs[epochs["trial"] == trial.name].sort_values("epoch").reset_index(drop=True)
-        rows.append(_trial_row(trial, e, keys, breakdown))
+        over = trial_overfitting(e)
+        if over:
+            overfits[trial.name] = over
+        rows.append(_trial_row(trial, e, keys, breakdown, over))
     frame = pd.DataFrame(rows)
     for column in (
         "best_epoch",
@@ -316,7 +317,7 @@ def trial_frame(run: RunLog, epochs: pd.DataFrame, keys: list[str], breakdown: S
             frame[column] = numbers.astype("Int64")
         except (TypeError, ValueError):  # not whole numbers: keep them as floats
             frame[column] = numbers
-    return frame
+    return frame, overfits
 
 
 def sample_stats(values: pd.Series) -> tuple[float, float]:
@@ -495,8 +496,8 @@ def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
     seed_column = "seed" in grid or any("seed" in t.swept for t in run.trials)
     breakdown = _breakdown_keys(run)
     epochs = epochs_frame(run, breakdown)
-    keys = factors + (["seed"] if seed_column else [])
-    trials = trial_frame(run, epochs, keys, breakdown)
+    label_keys = factors + (["seed"] if seed_column else [])
+    trials, overfits = trial_frame(run, epochs, label_keys, breakdown)
     objective, note = resolve_objective(sweep, trials)
     metrics = table_metrics(objective)
     groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown, metrics) for key in factors}
@@ -513,10 +514,11 @@ def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
         factors,
         grid,
         chosen,
-        seed_column,
+        label_keys,
         breakdown,
         epochs,
         trials,
+        overfits,
         groups,
         configs,
         objective,

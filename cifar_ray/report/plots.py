@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .data import FACTOR_METRICS, TRAIN_COLUMNS, Metric, Report, fmt_value, rows_with, train_basis, values_label
+from .data import FACTOR_METRICS, TRAIN_COLUMNS, Metric, Report, fmt_value, rows_with, train_basis
 
 
 def _colors(n: int) -> list:
@@ -47,8 +47,7 @@ def _legend(ax, n: int) -> None:
 
 
 def _trial_labels(report: Report) -> list[str]:
-    keys = report.factors + (["seed"] if report.seed_column else [])
-    return [values_label(r, keys) or r["trial"] for _, r in report.trials.iterrows()]
+    return [report.trial_label(r) for _, r in report.trials.iterrows()]
 
 
 def _train_curve_phrase(report: Report) -> str:

@@ -17,7 +17,6 @@ from .data import (
     Metric,
     Report,
     fmt_value,
-    trial_overfitting,
     values_label,
 )
 
@@ -303,17 +302,20 @@ def findings(report: Report) -> list[str]:
     lines = []
     repeated = report.run.sweep.get("repeats", 1) not in (None, 1) or "seed" in report.grid
     unit = "configuration (mean over its finished seeds)" if repeated else "configuration"
-    name = lambda i: values_label(configs.loc[i], report.factors) or "the only configuration"
+
+    def name(i: int) -> str:
+        return values_label(configs.loc[i], report.factors) or "the only configuration"
 
     def n_note(i: int) -> str:
         n = int(configs.loc[i, "n"])
         return f", mean of {n} trials" if n > 1 else ""
 
     if len(configs) == 1:
-        i = configs.index[0]
+        config = configs.loc[configs.index[0]]
+        accuracy = _mean_std(FACTOR_METRICS[0], config["final_test_acc_mean"], config["final_test_acc_std"])
         return [
-            f"One {unit}: final test accuracy {_mean_std(FACTOR_METRICS[0], configs.loc[i, 'final_test_acc_mean'], configs.loc[i, 'final_test_acc_std'])} %, "
-            f"{_num(configs.loc[i, 'time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(configs.loc[i])} "
+            f"One {unit}: final test accuracy {accuracy} %, "
+            f"{_num(config['time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(config)} "
             f"({done} finished trial{'s' if done != 1 else ''})."
         ]
 
@@ -417,7 +419,7 @@ def _factor_finding(report: Report, key: str) -> list[str]:
 
 def _trial_table(report: Report) -> str:
     t = report.trials
-    keys = report.factors + (["seed"] if report.seed_column else [])
+    keys = report.label_keys
     show_workers = "workers" not in keys
     show_device = t["device"].nunique() > 1
     show_gpus = bool((t["gpus"].fillna(0) > 0).any())
@@ -560,11 +562,10 @@ def _trial_breakdown_table(report: Report) -> str:
 
 
 def _overfit_sentences(report: Report) -> list[str]:
-    keys = report.factors + (["seed"] if report.seed_column else [])
     lines = []
     for _, r in report.trials[report.trials["overfitting"]].iterrows():
-        o = trial_overfitting(report.epochs[report.epochs["trial"] == r["trial"]].sort_values("epoch"))
-        label = values_label(r, keys) or r["trial"]
+        o = report.overfits[r["trial"]]
+        label = report.trial_label(r)
         basis = r["train_basis"]
         lines.append(
             f"- `{r['trial']}` ({label}): test loss bottomed at {o.test_min:.4f} in epoch {o.min_epoch}, "
@@ -612,10 +613,9 @@ def memory_note(report: Report) -> str:
 
 
 def _excluded_lines(report: Report) -> list[str]:
-    keys = report.factors + (["seed"] if report.seed_column else [])
     lines = []
     for _, r in report.trials[report.trials["status"] != "finished"].iterrows():
-        label = values_label(r, keys) or r["trial"]
+        label = report.trial_label(r)
         done, planned = r["epochs_done"], _int(r["epochs_planned"])
         status = r["status"]
         error = _last_line(r["error"])
