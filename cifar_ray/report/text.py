@@ -4,7 +4,8 @@ Markdown shows accuracies as percentages (the frames keep fractions 0-1)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -417,79 +418,77 @@ def _factor_finding(report: Report, key: str) -> list[str]:
 # ------------------------------------------------------------------------------------- md tables
 
 
-def _trial_table(report: Report) -> str:
-    t = report.trials
-    keys = report.label_keys
-    show_workers = "workers" not in keys
-    show_device = t["device"].nunique() > 1
-    show_gpus = bool((t["gpus"].fillna(0) > 0).any())
-    show_eval = _has_train_eval(report)
-    headers = (
-        ["trial", *keys]
-        + (["workers"] if show_workers else [])
-        + (["GPUs"] if show_gpus else [])
-        + (["device"] if show_device else [])
-        + ["eff. batch", "epochs", "final test acc (%)", "best test acc (%) (epoch)", "train acc, running (%)"]
-        + (["train acc, eval (%)"] if show_eval else [])
-        + ["gap (pp)", "train loss, running"]
-        + (["train loss, eval"] if show_eval else [])
-        + [
-            "test loss",
-            "time",
-            "time/epoch (s)",
-            "samples/s",
-            "peak mem per worker (MB)",
-            "peak mem, total over workers (MB)",
-            "status",
-            "overfitting",
-        ]
-    )
-    rows = []
-    for _, r in t.iterrows():
-        best = f"{_pct(r['best_test_acc'])} ({_int(r['best_epoch'])})" if not math.isnan(r["best_test_acc"]) else "—"
-        planned = _int(r["epochs_planned"])
-        gap = _pct(r["gap"]) + (" †" if show_eval and r["train_basis"] == "running" and r["epochs_done"] else "")
-        rows.append(
-            [f"`{r['trial']}`", *(fmt_value(r[k]) for k in keys)]
-            + ([_int(r["workers"])] if show_workers else [])
-            + ([_int(r["gpus"])] if show_gpus else [])
-            + ([r["device"]] if show_device else [])
-            + [
-                _int(r["effective_batch"]),
-                f"{r['epochs_done']}/{planned}",
-                _pct(r["final_test_acc"]),
-                best,
-                _pct(r["final_train_acc"]),
-            ]
-            + ([_pct(r["final_train_eval_acc"])] if show_eval else [])
-            + [gap, _loss(r["final_train_loss"])]
-            + ([_loss(r["final_train_eval_loss"])] if show_eval else [])
-            + [
-                _loss(r["final_test_loss"]),
-                _duration(r["train_time_s"]),
-                _num(r["time_per_epoch_s"]),
-                _num(r["samples_per_s"]),
-                _num(r["peak_mem_mb"]),
-                _num(r["peak_mem_total_mb"]),
-                r["status"],
-                f"**yes** (from epoch {_int(r['overfit_epoch'])})"
-                if r["overfitting"]
-                else ("no" if r["epochs_done"] >= 2 else "—"),
-            ]
-        )
-    align = (
-        "l" * (1 + len(keys))
-        + ("r" if show_workers else "")
-        + ("r" if show_gpus else "")
-        + ("l" if show_device else "")
-        + "r" * (13 + 2 * show_eval)
-        + "ll"
-    )
-    return markdown_table(headers, rows, align)
-
-
 def _has_train_eval(report: Report) -> bool:
     return bool((report.trials["train_basis"] == "eval").any())
+
+
+def _always(report: Report) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class TrialColumn:
+    """A column of the trial table: its header, its alignment (l, r or c), its cell for a trial row, and whether a
+    report shows it."""
+
+    header: str
+    align: str
+    cell: Callable[[Report, pd.Series], str]
+    shown: Callable[[Report], bool] = _always
+
+
+def _field(column: str, fmt: Callable[[Any], str]) -> Callable[[Report, pd.Series], str]:
+    """The cell that shows a trial row's `column` through `fmt`."""
+    return lambda report, r: fmt(r[column])
+
+
+def _best_cell(report: Report, r: pd.Series) -> str:
+    return "—" if math.isnan(r["best_test_acc"]) else f"{_pct(r['best_test_acc'])} ({_int(r['best_epoch'])})"
+
+
+def _gap_cell(report: Report, r: pd.Series) -> str:
+    """The gap, marked † where the report has eval train metrics but this trial's gap reads the running ones."""
+    running = _has_train_eval(report) and r["train_basis"] == "running" and r["epochs_done"]
+    return _pct(r["gap"]) + (" †" if running else "")
+
+
+def _overfit_cell(report: Report, r: pd.Series) -> str:
+    if r["overfitting"]:
+        return f"**yes** (from epoch {_int(r['overfit_epoch'])})"
+    return "no" if r["epochs_done"] >= 2 else "—"
+
+
+# The trial table after the trial and its label_keys, in order.
+TRIAL_COLUMNS = (
+    TrialColumn("workers", "r", _field("workers", _int), lambda report: "workers" not in report.label_keys),
+    TrialColumn("GPUs", "r", _field("gpus", _int), lambda report: bool((report.trials["gpus"].fillna(0) > 0).any())),
+    TrialColumn("device", "l", _field("device", str), lambda report: report.trials["device"].nunique() > 1),
+    TrialColumn("eff. batch", "r", _field("effective_batch", _int)),
+    TrialColumn("epochs", "r", lambda report, r: f"{r['epochs_done']}/{_int(r['epochs_planned'])}"),
+    TrialColumn("final test acc (%)", "r", _field("final_test_acc", _pct)),
+    TrialColumn("best test acc (%) (epoch)", "r", _best_cell),
+    TrialColumn("train acc, running (%)", "r", _field("final_train_acc", _pct)),
+    TrialColumn("train acc, eval (%)", "r", _field("final_train_eval_acc", _pct), _has_train_eval),
+    TrialColumn("gap (pp)", "r", _gap_cell),
+    TrialColumn("train loss, running", "r", _field("final_train_loss", _loss)),
+    TrialColumn("train loss, eval", "r", _field("final_train_eval_loss", _loss), _has_train_eval),
+    TrialColumn("test loss", "r", _field("final_test_loss", _loss)),
+    TrialColumn("time", "r", _field("train_time_s", _duration)),
+    TrialColumn("time/epoch (s)", "r", _field("time_per_epoch_s", _num)),
+    TrialColumn("samples/s", "r", _field("samples_per_s", _num)),
+    TrialColumn("peak mem per worker (MB)", "r", _field("peak_mem_mb", _num)),
+    TrialColumn("peak mem, total over workers (MB)", "r", _field("peak_mem_total_mb", _num)),
+    TrialColumn("status", "l", _field("status", str)),
+    TrialColumn("overfitting", "l", _overfit_cell),
+)
+
+
+def _trial_table(report: Report) -> str:
+    columns = [TrialColumn("trial", "l", _field("trial", lambda name: f"`{name}`"))]
+    columns += [TrialColumn(key, "l", _field(key, fmt_value)) for key in report.label_keys]
+    columns += [column for column in TRIAL_COLUMNS if column.shown(report)]
+    rows = [[column.cell(report, r) for column in columns] for _, r in report.trials.iterrows()]
+    return markdown_table([c.header for c in columns], rows, "".join(c.align for c in columns))
 
 
 def _factor_table(report: Report, key: str) -> str:
