@@ -1,17 +1,19 @@
-"""The report's PNG plots (matplotlib, imported only when drawing): training curves, and per factor its cost and
-its test accuracy on an axis laid out by the kind of values (factor_axis)."""
+"""The report's PNG plots: training curves, and per factor its cost and its test accuracy on an axis laid out by the
+kind of values (factor_axis). Each plot has a data function (curves_data, factor_plot_data: what it shows, what the
+tests check) and a drawing function (draw_*: matplotlib, imported only there)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .data import FACTOR_METRICS, TRAIN_COLUMNS, Metric, Report, fmt_value, rows_with, train_basis
+from .data import FACTOR_METRICS, TRAIN_COLUMNS, Metric, Report, fmt_value, rows_with
 
 
 def _colors(n: int) -> list:
@@ -46,10 +48,6 @@ def _legend(ax, n: int) -> None:
         )
 
 
-def _trial_labels(report: Report) -> list[str]:
-    return [report.trial_label(r) for _, r in report.trials.iterrows()]
-
-
 def _train_curve_phrase(report: Report) -> str:
     """Which train loss the curves draw (each trial's train_basis), in words."""
     t = report.trials
@@ -61,37 +59,66 @@ def _train_curve_phrase(report: Report) -> str:
     return "train loss evaluated like the test set where logged, else running"
 
 
-def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class TrialCurve:
+    """One trial's values per epoch, and its place in the trial table (which picks its colour)."""
+
+    index: int
+    label: str
+    epoch: pd.Series
+    train_loss: pd.Series  # the loss of the trial's train_basis
+    test_loss: pd.Series
+    test_acc_pct: pd.Series
+
+
+@dataclass(frozen=True)
+class CurvesData:
+    """What the two curve plots show."""
+
+    n_trials: int  # every trial of the report, the ones without epochs included: the colour scale
+    curves: list[TrialCurve]  # the trials with at least one logged epoch, in trial table order
+    log_loss: bool  # the positive losses span more than a factor of 100: loss on a log axis
+    train_phrase: str  # which train loss is drawn, in words
+
+
+def curves_data(report: Report) -> CurvesData:
+    curves, positive = [], []
+    for index, (_, r) in enumerate(report.trials.iterrows()):
+        e = report.epochs[report.epochs["trial"] == r["trial"]].sort_values("epoch")
+        if not len(e):
+            continue
+        train_loss = e[TRAIN_COLUMNS[r["train_basis"]][0]]
+        curves.append(
+            TrialCurve(index, report.trial_label(r), e["epoch"], train_loss, e["test_loss"], 100 * e["test_acc"])
+        )
+        positive += [x for x in pd.concat([train_loss, e["test_loss"]]).dropna() if x > 0]
+    log_loss = bool(positive) and max(positive) / min(positive) > 100
+    return CurvesData(len(report.trials), curves, log_loss, _train_curve_phrase(report))
+
+
+def draw_curves(data: CurvesData, out_dir: Path) -> list[tuple[str, str]]:
     """Loss curves (train dashed, test solid) and test accuracy per epoch, one colour per trial."""
     from matplotlib.ticker import MaxNLocator
 
-    names = report.trials["trial"].tolist()
-    labels, colors = _trial_labels(report), _colors(len(names))
+    colors = _colors(data.n_trials)
     fig = _figure(10, 5)
     ax = fig.subplots()
-    positive = []
-    for name, label, color in zip(names, labels, colors):
-        e = report.epochs[report.epochs["trial"] == name].sort_values("epoch")
-        if not len(e):
-            continue
-        train_loss = e[TRAIN_COLUMNS[train_basis(e)][0]]
-        ax.plot(e["epoch"], train_loss, linestyle="--", color=color, marker=".")
-        ax.plot(e["epoch"], e["test_loss"], linestyle="-", color=color, marker=".", label=label)
-        positive += [x for x in pd.concat([train_loss, e["test_loss"]]).dropna() if x > 0]
-    if positive and max(positive) / min(positive) > 100:
+    for curve in data.curves:
+        color = colors[curve.index]
+        ax.plot(curve.epoch, curve.train_loss, linestyle="--", color=color, marker=".")
+        ax.plot(curve.epoch, curve.test_loss, linestyle="-", color=color, marker=".", label=curve.label)
+    if data.log_loss:
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    train = _train_curve_phrase(report)
+    train = data.train_phrase
     ax.set(xlabel="epoch", ylabel="loss", title=f"Loss per epoch (dashed: {train}; solid: test loss)")
     _legend(ax, len(ax.get_lines()) // 2)
     _save(fig, out_dir / "curves_loss.png")
 
     fig = _figure(10, 5)
     ax = fig.subplots()
-    for name, label, color in zip(names, labels, colors):
-        e = report.epochs[report.epochs["trial"] == name].sort_values("epoch")
-        if len(e):
-            ax.plot(e["epoch"], 100 * e["test_acc"], color=color, marker=".", label=label)
+    for curve in data.curves:
+        ax.plot(curve.epoch, curve.test_acc_pct, color=colors[curve.index], marker=".", label=curve.label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy per epoch")
     _legend(ax, len(ax.get_lines()))
@@ -100,6 +127,10 @@ def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
         ("curves_loss.png", f"Loss per epoch: {train} (dashed), test loss (solid)"),
         ("curves_test_acc.png", "Test accuracy per epoch"),
     ]
+
+
+def plot_curves(report: Report, out_dir: Path) -> list[tuple[str, str]]:
+    return draw_curves(curves_data(report), out_dir)
 
 
 AXIS_NAMES = {"category": "categories, unordered", "linear": "linear axis", "log2": "log2 axis", "log10": "log axis"}
@@ -156,24 +187,94 @@ def accuracy_series(frame: pd.DataFrame) -> list[tuple[Metric, str]]:
     return [(final, f"{final.label}, {pooled}"), (best, f"{best.label}, {pooled}")]
 
 
-def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class CostBars:
+    """One panel of a factor's cost plot: per value, the mean over finished trials (NaN: no data) and the std
+    (0 where there is none)."""
+
+    metric: Metric
+    mean: np.ndarray
+    std: np.ndarray
+
+
+@dataclass(frozen=True)
+class AccuracyPoints:
+    """One accuracy series of a factor plot (accuracy_series), in percent, per value: x (dodged), mean, std (0 where
+    there is none) and the finished trials' own values."""
+
+    label: str
+    x: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    trials: list[pd.Series]
+
+
+@dataclass(frozen=True)
+class FactorPlotData:
+    """What a factor's two plots show, one entry per grid value in grid order."""
+
+    key: str
+    ticks: list[str]  # the values as a user writes them
+    baseline: np.ndarray  # True at the baseline value
+    costs: list[CostBars]  # time/epoch, throughput, peak memory per worker and in total
+    memory_measure: str
+    axis: str  # factor_axis() of the values
+    positions: np.ndarray  # factor_positions() on that axis
+    order: np.ndarray  # the values left to right: a line joins numeric values in this order
+    series: list[AccuracyPoints]
+
+
+def factor_plot_data(report: Report, key: str) -> FactorPlotData:
+    frame = report.groups[key]
+    values = frame[key].tolist()
+    costs = [
+        CostBars(
+            metric,
+            frame[f"{metric.column}_mean"].to_numpy(dtype=float),
+            np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float)),
+        )
+        for metric in FACTOR_METRICS[2:]
+    ]
+    done = report.trials[report.trials["status"] == "finished"]
+    axis = factor_axis(values)
+    positions = factor_positions(values, axis)
+    pairs = accuracy_series(frame)
+    series = [
+        AccuracyPoints(
+            label,
+            dodge(positions, axis, 0.08 * (2 * slot - len(pairs) + 1)),  # ±0.08 of a gap for two series, 0 for one
+            100 * frame[f"{metric.column}_mean"].to_numpy(dtype=float),
+            100 * np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float)),
+            [100 * rows_with(done, key, value)[metric.column].dropna() for value in values],
+        )
+        for slot, (metric, label) in enumerate(pairs)
+    ]
+    return FactorPlotData(
+        key,
+        [fmt_value(v) for v in values],
+        frame["is_baseline"].to_numpy(dtype=bool),
+        costs,
+        report.memory_measure,
+        axis,
+        positions,
+        np.argsort(positions, kind="stable"),
+        series,
+    )
+
+
+def draw_factor(data: FactorPlotData, out_dir: Path) -> list[tuple[str, str]]:
     """Bars of time/epoch, throughput and peak memory (per worker, total) per value (error bars = std); test accuracy
     vs value as points, joined by a line only on a numeric axis (factor_axis)."""
     from matplotlib.ticker import NullLocator
 
-    frame = report.groups[key]
-    values = frame[key].tolist()
-    ticks = [fmt_value(v) for v in values]
-    x = np.arange(len(frame))
-    costs = FACTOR_METRICS[2:]
-    fig = _figure(4 * len(costs), 4)
-    axes = fig.subplots(1, len(costs))
-    for ax, metric in zip(axes, costs):
-        mean = frame[f"{metric.column}_mean"].to_numpy(dtype=float)
-        std = np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
-        colors = np.array(["0.6" if b else "tab:blue" for b in frame["is_baseline"]])
-        have = np.isfinite(mean)
-        ax.bar(x[have], mean[have], yerr=std[have], color=colors[have], capsize=4)
+    key, ticks = data.key, data.ticks
+    x = np.arange(len(ticks))
+    fig = _figure(4 * len(data.costs), 4)
+    axes = fig.subplots(1, len(data.costs))
+    colors = np.array(["0.6" if b else "tab:blue" for b in data.baseline])
+    for ax, bars in zip(axes, data.costs):
+        have = np.isfinite(bars.mean)
+        ax.bar(x[have], bars.mean[have], yerr=bars.std[have], color=colors[have], capsize=4)
         for i in x[~have]:  # no finished trial, or the metric was not logged
             ax.text(i, 0, "no data", ha="center", va="bottom", fontsize=8, color="0.4")
         if not have.any():
@@ -181,45 +282,37 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
             ax.set_yticks([])
         ax.set_xlim(-0.6, len(x) - 0.4)
         ax.set_xticks(x, ticks)
-        ax.set(xlabel=key, title=metric.label)
+        ax.set(xlabel=key, title=bars.metric.label)
     fig.suptitle(
         f"Cost per {key} value (mean ± std over finished trials, other keys pooled; grey = baseline)\n"
-        f"peak mem per worker: {report.memory_measure}; total: the sum over the workers",
+        f"peak mem per worker: {data.memory_measure}; total: the sum over the workers",
         fontsize=10,
     )
     _save(fig, out_dir / f"{key}_cost.png")
 
     fig = _figure(7, 4.5)
     ax = fig.subplots()
-    done = report.trials[report.trials["status"] == "finished"]
-    axis = factor_axis(values)
-    positions = factor_positions(values, axis)
-    order = np.argsort(positions, kind="stable")  # a line joins numeric values left to right
-    series = accuracy_series(frame)
-    for slot, ((metric, label), color) in enumerate(zip(series, ("tab:blue", "tab:orange"))):
-        at = dodge(positions, axis, 0.08 * (2 * slot - len(series) + 1))  # ±0.08 of a gap for two series, 0 for one
-        mean = 100 * frame[f"{metric.column}_mean"].to_numpy(dtype=float)
-        std = 100 * np.nan_to_num(frame[f"{metric.column}_std"].to_numpy(dtype=float))
+    axis, order = data.axis, data.order
+    for series, color in zip(data.series, ("tab:blue", "tab:orange")):
         ax.errorbar(
-            at[order],
-            mean[order],
-            yerr=std[order],
+            series.x[order],
+            series.mean[order],
+            yerr=series.std[order],
             fmt="o" if axis == "category" else "o-",
             color=color,
             capsize=4,
-            label=label,
+            label=series.label,
         )
-        for i, value in enumerate(values):
-            points = 100 * rows_with(done, key, value)[metric.column].dropna()
-            ax.scatter(np.full(len(points), at[i]), points, color=color, alpha=0.35, s=14)
+        for at, points in zip(series.x, series.trials):
+            ax.scatter(np.full(len(points), at), points, color=color, alpha=0.35, s=14)
     if axis == "log2":
         ax.set_xscale("log", base=2)
     elif axis == "log10":
         ax.set_xscale("log")
-    ax.set_xticks(positions, ticks)
+    ax.set_xticks(data.positions, ticks)
     ax.xaxis.set_minor_locator(NullLocator())
     if axis == "category":
-        ax.set_xlim(-0.5, len(values) - 0.5)
+        ax.set_xlim(-0.5, len(ticks) - 0.5)
     ax.set(
         xlabel=f"{key} ({AXIS_NAMES[axis]})",
         ylabel="test accuracy (%)",
@@ -227,7 +320,7 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
     )
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below: never on the data
     _save(fig, out_dir / f"{key}_accuracy.png")
-    what = "Final and best test accuracy" if len(series) == 2 else "Final test accuracy (= best in every trial)"
+    what = "Final and best test accuracy" if len(data.series) == 2 else "Final test accuracy (= best in every trial)"
     return [
         (f"{key}_accuracy.png", f"{what} vs {key}"),
         (
@@ -235,3 +328,7 @@ def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]
             f"Time per epoch, throughput and peak memory (per worker, total over workers) per {key} value",
         ),
     ]
+
+
+def plot_factor(report: Report, key: str, out_dir: Path) -> list[tuple[str, str]]:
+    return draw_factor(factor_plot_data(report, key), out_dir)
