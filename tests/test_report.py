@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from cifar_ray.config import ConfigError
 from cifar_ray.report import (
     OVERFIT_RULE,
-    _stats,
     build_report,
     find_overfitting,
     markdown_table,
     write_report,
 )
+from cifar_ray.report.data import sample_stats
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GRID = {"batch_size": [64, 128], "workers": [1, 2]}
@@ -530,7 +530,7 @@ def test_markdown_table_escapes_pipes():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=20))
 def test_stats_match_statistics_module(values):
-    mean, std = _stats(pd.Series(values, dtype=float))
+    mean, std = sample_stats(pd.Series(values, dtype=float))
     assert mean == pytest.approx(statistics.mean(values), rel=1e-9, abs=1e-6)
     if len(values) > 1:
         assert std == pytest.approx(statistics.stdev(values), rel=1e-6, abs=1e-6)

@@ -23,6 +23,7 @@ from cifar_ray.report import (
     trial_overfitting,
     write_report,
 )
+from cifar_ray.report.plots import curves_data, factor_plot_data
 
 CPU_MEASURE = "peak RSS of one worker process (the whole process: Python, torch, data)"
 GPU_MEASURE = "peak memory allocated by torch on one GPU"
@@ -176,3 +177,45 @@ def test_overfitting_reads_the_eval_train_loss_where_logged():
     assert trial_overfitting(epochs) is None
     running = trial_overfitting(epochs.assign(train_eval_loss=np.nan))
     assert running is not None and (running.min_epoch, running.onset) == (2, 3)
+
+
+def test_curves_data_draws_each_trial_with_epochs_by_its_train_basis(tmp_path):
+    run_dir = tmp_path / "bs-workers"
+    written = make_run(run_dir)
+    data = curves_data(build_report(run_dir))
+    assert data.n_trials == 8 and [curve.index for curve in data.curves] == [0, 1, 2, 3, 4, 5, 6]  # 7: no epoch
+    first = data.curves[0]
+    assert first.label == "batch_size=64, workers=1, seed=0"
+    assert first.epoch.tolist() == [row["epoch"] for row in written[0]]
+    assert first.train_loss.tolist() == [row["train_eval_loss"] for row in written[0]]  # eval logged: eval loss
+    assert first.test_acc_pct.tolist() == pytest.approx([100 * row["test_acc"] for row in written[0]])
+    assert not data.log_loss and data.train_phrase == "train loss evaluated like the test set"
+
+    spread = tmp_path / "spread"  # test losses from 2.0 down to 0.005: more than a factor of 100
+    write_sweep(spread, [trial_name(0)], grid={"workers": [1]}, repeats=1)
+    swept = {"batch_size": 64, "workers": 1, "seed": 0}
+    epochs = healthy_epochs(0, swept)
+    epochs[-1]["test_loss"] = 0.005
+    write_trial(spread, 0, swept, "finished", epochs)
+    assert curves_data(build_report(spread)).log_loss
+
+
+def test_factor_plot_data_holds_every_finished_trial_per_value(tmp_path):
+    run_dir = tmp_path / "workers"
+    finals = make_factorial(run_dir, {"workers": [1, 2, 4]})  # 3 seeds per value, in grid order
+    data = factor_plot_data(build_report(run_dir), "workers")
+    assert data.ticks == ["1", "2", "4"] and data.baseline.tolist() == [True, False, False]
+    assert [bars.metric for bars in data.costs] == list(FACTOR_METRICS[2:])
+    assert data.costs[0].mean.tolist() == pytest.approx([10.01, 5.01, 2.51])  # 10 s / workers + 0.01 s x seed
+    assert (data.axis, data.positions.tolist(), data.order.tolist()) == ("log2", [1.0, 2.0, 4.0], [0, 1, 2])
+    (series,) = data.series  # accuracy rises every epoch: best = final, one series, not moved aside
+    assert series.x.tolist() == [1.0, 2.0, 4.0]
+    for v, points in enumerate(series.trials):
+        expected = [100 * finals[i] for i in range(3 * v, 3 * v + 3)]
+        assert sorted(points.tolist()) == pytest.approx(sorted(expected))
+        assert series.mean[v] == pytest.approx(np.mean(expected))
+
+    make_run(tmp_path / "bs-workers")  # trial 1's last epoch is not its best: final and best, moved apart
+    two = factor_plot_data(build_report(tmp_path / "bs-workers"), "workers")
+    assert [len(s.trials[0]) for s in two.series] == [3, 3]  # workers=1: trials 0, 1 and 4 finished
+    assert [s.x.tolist() for s in two.series] == [pytest.approx([0.92, 1.92]), pytest.approx([1.08, 2.08])]

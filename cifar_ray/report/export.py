@@ -1,0 +1,100 @@
+"""The report's files: README.md with its plots, CSV tables or report.json. Only the logs are read, never the clock
+or the current checkout: the same logs give byte-identical files. In CSV/JSON, accuracies stay fractions 0-1 as in
+metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..config import ConfigError
+from ..runlog import Where
+from .data import Report, build_report
+from .plots import plot_curves, plot_factor
+from .text import findings, header_info, render_markdown
+
+FORMATS = ("md", "csv", "json")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{str(k): _plain(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def export_json(report: Report, out_dir: Path) -> Path:
+    info = header_info(report)
+    noise_std, noise_configs = report.noise
+    data = {
+        "sweep": {k: _plain(v) if not isinstance(v, dict) else v for k, v in info.items()},
+        "trials": _records(report.trials),
+        "configurations": _records(report.configs),
+        "factors": {
+            key: {
+                "baseline": report.baseline[key],
+                "rows": _records(frame),
+                "paired": {column: _records(effect) for column, effect in report.effects[key].items()},
+            }
+            for key, frame in report.groups.items()
+        },
+        "seed_noise": {"final_test_acc_std": _plain(noise_std), "configurations": noise_configs},
+        "findings": findings(report),
+    }
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def export_csv(report: Report, out_dir: Path) -> Path:
+    path = out_dir / "trials.csv"
+    report.trials.to_csv(path, index=False)
+    report.configs.to_csv(out_dir / "configurations.csv", index=False)
+    for key, frame in report.groups.items():
+        frame.to_csv(out_dir / f"factor_{key}.csv", index=False)
+        effects = pd.concat(
+            [effect.assign(metric=column) for column, effect in report.effects[key].items()], ignore_index=True
+        )
+        effects[["metric", *effects.columns[:-1]]].to_csv(out_dir / f"effect_{key}.csv", index=False)
+    report.epochs.to_csv(out_dir / "epochs.csv", index=False)
+    return path
+
+
+def export_markdown(report: Report, out_dir: Path) -> Path:
+    import matplotlib.style
+
+    with matplotlib.style.context("default"):
+        plots = {"": plot_curves(report, out_dir)}
+        for key in report.factors:
+            plots[key] = plot_factor(report, key, out_dir)
+    path = out_dir / "README.md"
+    path.write_text(render_markdown(report, plots), encoding="utf-8")
+    return path
+
+
+def write_report(
+    run_dir: Where, out_dir: str | Path | None = None, baseline: dict | None = None, fmt: str = "md"
+) -> Path:
+    """Write the report of the run at `run_dir`; returns the main file (README.md, trials.csv or report.json).
+
+    `out_dir` defaults to reports/<sweep name>; `baseline` ({key: grid value}) picks the reference value
+    of a factor for the Δ columns (default: its first grid value). Raises ConfigError on bad input.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")
+    report = build_report(run_dir, baseline)
+    out = Path(out_dir) if out_dir is not None else Path("reports") / report.name
+    out.mkdir(parents=True, exist_ok=True)
+    return {"md": export_markdown, "csv": export_csv, "json": export_json}[fmt](report, out)
