@@ -152,7 +152,8 @@ def run_plan(
             )
         if previous.get("trials") != names:
             raise ConfigError(
-                f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file and --set values, or use --name"
+                f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file "
+                "and --set values, or use --name"
             )
         tuner = tune.Tuner.restore(
             run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem

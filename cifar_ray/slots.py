@@ -166,6 +166,22 @@ def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
 # ------------------------------------------------------------------------------------- the slot
 
 
+def epoch_reporter(
+    dispatcher, trial: str, trial_dir: StoragePath, keep_checkpoints: int, rank: int
+) -> Callable[[dict, Path | None], None]:
+    """run_trial's `report` for `trial` in a slot: rank 0 keeps the epoch's checkpoint in the trial's folder
+    and tells the Dispatcher the epoch; the other ranks have nothing to add (the metrics are all-reduced)."""
+    import ray
+
+    def report(metrics: dict, folder: Path | None) -> None:
+        if rank == 0:
+            if folder is not None:  # written before the epoch is announced: a restart finds it
+                store_checkpoint(trial_dir, folder, metrics["epoch"], keep_checkpoints)
+            ray.get(dispatcher.epoch.remote(trial, metrics))
+
+    return report
+
+
 def slot_loop(loop_config: dict) -> None:
     """What every worker of a slot runs (Ray Train's train_loop_per_worker): trial after trial."""
     import ray
@@ -203,13 +219,7 @@ def slot_loop(loop_config: dict) -> None:
                 slot=slot,
                 driver=sysinfo.worker_placement(),
             )
-
-        def report(metrics: dict, folder: Path | None) -> None:
-            if rank == 0:
-                if folder is not None:  # written before the epoch is announced: a restart finds it
-                    store_checkpoint(trial_dir, folder, metrics["epoch"], cfg.keep_checkpoints)
-                ray.get(dispatcher.epoch.remote(spec["name"], metrics))
-
+        report = epoch_reporter(dispatcher, spec["name"], trial_dir, cfg.keep_checkpoints, rank)
         with tempfile.TemporaryDirectory() as scratch:
             try:
                 run_trial(cfg, trial_dir, worker, report, fetch_checkpoint(trial_dir, Path(scratch)), taken)
