@@ -65,22 +65,12 @@ def bare_loop(cfg: TrainConfig) -> dict:
     with torch_threads(cfg.cpus_per_worker):
         torch.manual_seed(cfg.seed)
         train, _ = load_splits(cfg)
-        parts = build_training(cfg, build_model(cfg), len(train) // cfg.effective_batch, cpu, world=1)
+        training = build_training(cfg, build_model(cfg), len(train) // cfg.effective_batch, cpu, world=1)
         rates, phases, times = [], [], []
         for epoch in range(1, cfg.epochs + 1):
             timer = PhaseTimer(cpu)
             started = time.perf_counter()
-            totals = train_epoch(
-                parts.model,
-                iterate_train(train, cfg, epoch, 0, 1),
-                parts.optimizer,
-                parts.scheduler,
-                parts.scaler,
-                parts.criterion,
-                cfg,
-                cpu,
-                timer,
-            )
+            totals = train_epoch(training, iterate_train(train, cfg, epoch, 0, 1), cfg, cpu, timer)
             elapsed = time.perf_counter() - started
             rates.append(totals[2].item() / elapsed)
             times.append(elapsed)

@@ -168,12 +168,9 @@ def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> T
     initial = param_vector(model.parameters())
     if prepare is not None:
         prepare(model)
-    parts = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler, rank)
+    training = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler, rank)
     steps = iterate_train(train, cfg, 1, rank, world, memory_format(device))
-    step_list = cast_steps(itertools.islice(steps, n_steps), dtype)
-    local = train_epoch(
-        parts.model, step_list, parts.optimizer, parts.scheduler, parts.scaler, parts.criterion, cfg, device
-    )
+    local = train_epoch(training, cast_steps(itertools.islice(steps, n_steps), dtype), cfg, device)
     totals = reduce_train_totals(local)  # as train_loop_per_worker: over all ranks
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return Trained(initial, param_vector(model.parameters()), state, local.cpu(), totals.cpu())
@@ -557,7 +554,6 @@ def run_checks(
 
             ray.shutdown()
     counts = {status: sum(r.status == status for r in results) for status in ("PASS", "FAIL", "SKIP")}
-    print_line(
-        f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in {time.perf_counter() - started:.1f} s"
-    )
+    elapsed = time.perf_counter() - started
+    print_line(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in {elapsed:.1f} s")
     return results

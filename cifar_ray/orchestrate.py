@@ -132,20 +132,23 @@ def run_plan(
     client = is_ray_client()
     if capacity["nodes"] > 1 or client:  # a Ray Client driver may sit on another machine
         check_shared_storage(run_dir.parent, print_line)
+    sweep_file = run_dir / runlog.SWEEP_FILE
+    previous = runlog.read_json(sweep_file)
+    names = [t.name for t in plan.trials]
+    warm = previous.get("warm", False) if resume else warm  # runs from before slots have no "warm"
     limit = concurrency_cap(plan, capacity, max_concurrent)
-    if capacity["packing"] == "cap":
+    if capacity["packing"] == "cap" and not warm:  # slots pack by the real CPU and GPU resources
         print_line(
             f"packing: the cluster has no {RESOURCE_CPU} resources, so at most {limit} trial(s) run at once (copies of "
             f"the largest trial that fit its {capacity['nodes']} node(s)); start each node with `ray start "
             f'--resources=\'{{"{RESOURCE_CPU}": <CPUs>, "{RESOURCE_GPU}": <GPUs>}}\'` to pack exactly'
         )
-    sweep_file = run_dir / runlog.SWEEP_FILE
-    previous = runlog.read_json(sweep_file)
-    names = [t.name for t in plan.trials]
-    warm = previous.get("warm", False) if resume else warm  # runs from before slots have no "warm"
     trainable = slots.thin_trainable() if warm else trial_trainable(slots=capacity["packing"] == "slots")
     progress_printer[0] = print_line
     started = time.time()
+    slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent) if warm else None
+    if slot_plan is not None:
+        limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot, and the next ones
     if resume:
         if not previous or not tune.Tuner.can_restore(run_dir.path, storage_filesystem=run_dir.ray_filesystem):
             raise ConfigError(
@@ -153,7 +156,8 @@ def run_plan(
             )
         if previous.get("trials") != names:
             raise ConfigError(
-                f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file and --set values, or use --name"
+                f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file "
+                "and --set values, or use --name"
             )
         tuner = tune.Tuner.restore(
             run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem
@@ -178,9 +182,6 @@ def run_plan(
         )
         for trial in plan.trials:
             runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
-        if warm:
-            started_slots = slots.start_slots(plan, run_dir, capacity, max_concurrent)
-            limit = started_slots.count + slots.LOOK_AHEAD
         tuner = tune.Tuner(
             trainable,
             param_space={"run_dir": run_dir, "trial": tune.grid_search([t.as_dict() for t in plan.trials])},
@@ -193,14 +194,18 @@ def run_plan(
                 name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[progress_callback(warm)]
             ),
         )
-    unfinished = sum(t.status not in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials) if resume else None
-    if warm and resume:
-        started_slots = slots.start_slots(plan, run_dir, capacity, max_concurrent)
-    print_line(sweep_header(plan, capacity, limit, run_dir, unfinished))
+    # A resumed run trains its failed trials again too (resume_errored; slots.plan_slots).
+    untrained = (
+        sum(t.status not in runlog.TRAINED_STATUSES for t in runlog.load_run(run_dir).trials) if resume else None
+    )
+    print_line(sweep_header(plan, capacity, limit, run_dir, untrained))
+    started_slots = None
     with progress_relay(print_line) if client else contextlib.nullcontext():
         try:
+            if slot_plan is not None:  # started last, inside the try: every way out stops them
+                started_slots = slot_plan.start()
             tuner.fit()
-            if warm:
+            if started_slots is not None:
                 started_slots.wait()
         except KeyboardInterrupt:
             if not client:
@@ -213,7 +218,7 @@ def run_plan(
                 logging.CRITICAL
             )  # "Unrecoverable error in data channel"
         finally:
-            if warm:
+            if started_slots is not None:
                 started_slots.stop()
     wall = runlog.read_json(sweep_file).get("wall_time_s") or 0.0  # a resumed run adds its own time
     done = all(t.status in runlog.FINAL_STATUSES for t in runlog.load_run(run_dir).trials)

@@ -20,7 +20,7 @@ Failures: checkpoints are the trial's own (CHECKPOINTS in the trial folder). A w
 trial that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same
 trial back from the Dispatcher and continues it from its last checkpoint, up to the trial's
 max_failures times; then the trial is failed and the slot goes on with the next. A diverged trial just
-ends: the slot goes on.
+ends: the slot goes on. `--resume` trains a failed trial again from its last checkpoint, as with --isolate.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import tempfile
 import time
 import traceback
@@ -166,6 +167,22 @@ def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
 # ------------------------------------------------------------------------------------- the slot
 
 
+def epoch_reporter(
+    dispatcher, trial: str, trial_dir: StoragePath, keep_checkpoints: int, rank: int
+) -> Callable[[dict, Path | None], None]:
+    """run_trial's `report` for `trial` in a slot: rank 0 keeps the epoch's checkpoint in the trial's folder
+    and tells the Dispatcher the epoch; the other ranks have nothing to add (the metrics are all-reduced)."""
+    import ray
+
+    def report(metrics: dict, folder: Path | None) -> None:
+        if rank == 0:
+            if folder is not None:  # written before the epoch is announced: a restart finds it
+                store_checkpoint(trial_dir, folder, metrics["epoch"], keep_checkpoints)
+            ray.get(dispatcher.epoch.remote(trial, metrics))
+
+    return report
+
+
 def slot_loop(loop_config: dict) -> None:
     """What every worker of a slot runs (Ray Train's train_loop_per_worker): trial after trial."""
     import ray
@@ -203,13 +220,7 @@ def slot_loop(loop_config: dict) -> None:
                 slot=slot,
                 driver=sysinfo.worker_placement(),
             )
-
-        def report(metrics: dict, folder: Path | None) -> None:
-            if rank == 0:
-                if folder is not None:  # written before the epoch is announced: a restart finds it
-                    store_checkpoint(trial_dir, folder, metrics["epoch"], cfg.keep_checkpoints)
-                ray.get(dispatcher.epoch.remote(spec["name"], metrics))
-
+        report = epoch_reporter(dispatcher, spec["name"], trial_dir, cfg.keep_checkpoints, rank)
         with tempfile.TemporaryDirectory() as scratch:
             try:
                 run_trial(cfg, trial_dir, worker, report, fetch_checkpoint(trial_dir, Path(scratch)), taken)
@@ -260,11 +271,6 @@ class StartedSlots:
         self.launcher = threading.Thread(target=self._launch_as_slots_end, name="cifar-ray-slots", daemon=True)
         self.launcher.start()
 
-    @property
-    def count(self) -> int:
-        """Slots running at once at most."""
-        return len(self.tasks)
-
     def _launch_as_slots_end(self) -> None:
         import ray
 
@@ -297,42 +303,67 @@ class StartedSlots:
         ray.kill(self.dispatcher)
 
 
-def start_slots(
-    plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any], max_concurrent: int | None
-) -> StartedSlots:
-    """The Dispatcher (named per run) and the slots of every shape of the plan's unfinished trials: as many
-    per shape as copies of it fit the cluster (and, with max_concurrent, at most that many in all at once)."""
-    import functools
+@dataclasses.dataclass(frozen=True)
+class SlotPlan:
+    """The slots of a run, worked out before any starts: orchestrate.run_plan sizes Tune by `count` and
+    starts them last, so that nothing that fails on the way to Tuner.fit leaves slots training."""
 
-    import ray
+    run_name: str
+    run_dir: StoragePath
+    specs: list[dict]  # the trials to train, each with its shape
+    slots: dict[str, list[str]]  # shape -> the names of its slots
+    launches: list[tuple[dict, str, str, int]]  # per slot: its shape's config, shape, name, worker group restarts
+    limit: int | None  # slots running at once at most (--max-concurrent)
 
-    unfinished = [
+    @property
+    def count(self) -> int:
+        """Slots running at once at most."""
+        return min(len(self.launches), self.limit or len(self.launches))
+
+    def start(self) -> StartedSlots:
+        """The Dispatcher (named per run) and the slots."""
+        import functools
+
+        import ray
+
+        dispatcher = (
+            ray.remote(num_cpus=0)(Dispatcher)
+            .options(name=dispatcher_name(self.run_name))
+            .remote(self.specs, self.run_dir, self.slots)
+        )
+        task = ray.remote(num_cpus=0, max_retries=0)(run_slot)
+        storage = self.run_dir / ".slots"
+        try:
+            launches = [
+                functools.partial(task.remote, shape_cfg, shape, slot, dispatcher, storage, restarts)
+                for shape_cfg, shape, slot, restarts in self.launches
+            ]
+            return StartedSlots(dispatcher, launches, self.limit)
+        except BaseException:
+            ray.kill(dispatcher)  # slots already launched end at their next question to it
+            raise
+
+
+def plan_slots(plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any], max_concurrent: int | None) -> SlotPlan:
+    """The slots of every shape of the plan's trials still to train (a failed one continues from its checkpoint,
+    as with --isolate): as many per shape as copies of it fit the cluster (and, with max_concurrent, at most
+    that many in all at once)."""
+    untrained = [
         t
         for t in plan.trials
-        if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.FINAL_STATUSES
+        if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.TRAINED_STATUSES
     ]
     by_shape: dict[str, list] = collections.defaultdict(list)
-    for trial in unfinished:
+    for trial in untrained:
         by_shape[shape_key(trial.config)].append(trial)
-    slots = {}
+    slots, launches = {}, []
     for shape, trials in by_shape.items():
         fit = max(1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))
         slots[shape] = [f"slot-{uuid.uuid4().hex[:8]}" for _ in range(min(len(trials), fit))]
-    specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in unfinished]
-    dispatcher = (
-        ray.remote(num_cpus=0)(Dispatcher).options(name=dispatcher_name(plan.name)).remote(specs, run_dir, slots)
-    )
-    task = ray.remote(num_cpus=0, max_retries=0)(run_slot)
-    launches = []
-    for shape, trials in by_shape.items():
         restarts = sum(t.config.max_failures + 1 for t in trials)  # every attempt of every trial may restart it
-        launches += [
-            functools.partial(
-                task.remote, trials[0].config.model_dump(), shape, slot, dispatcher, run_dir / ".slots", restarts
-            )
-            for slot in slots[shape]
-        ]
-    return StartedSlots(dispatcher, launches, max_concurrent)
+        launches += [(trials[0].config.model_dump(), shape, slot, restarts) for slot in slots[shape]]
+    specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in untrained]
+    return SlotPlan(plan.name, run_dir, specs, slots, launches, max_concurrent)
 
 
 def dispatcher_name(run_name: str) -> str:
@@ -352,8 +383,8 @@ def thin_trial(tune_config: dict) -> None:
     from ray import tune
 
     spec, run_dir = tune_config["trial"], tune_config["run_dir"]
-    if runlog.read_json(run_dir / spec["name"] / runlog.TRIAL_FILE).get("status") in runlog.FINAL_STATUSES:
-        return  # finished before the driver died; Tune's saved state may lag behind our log
+    if runlog.read_json(run_dir / spec["name"] / runlog.TRIAL_FILE).get("status") in runlog.TRAINED_STATUSES:
+        return  # trained before the driver died; Tune's saved state may lag behind our log
     dispatcher = ray.get_actor(dispatcher_name(run_dir.name))
     seen = 0
     while True:

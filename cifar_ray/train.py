@@ -259,19 +259,16 @@ def allreduce_wait_per_step(model: nn.Module) -> float:
 
 
 def train_epoch(
-    model: nn.Module,
+    training: Training,
     steps: Iterable[list[tuple[torch.Tensor, torch.Tensor]]],
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-    scaler: torch.amp.GradScaler,
-    criterion: nn.Module,
     cfg: TrainConfig,
     device: torch.device,
     timer: PhaseTimer | None = None,
 ) -> torch.Tensor:
-    """One pass over this rank's steps. Returns this rank's [loss sum, correct, samples, skipped
-    steps] as a device tensor: no .item() per step, one host sync per epoch. `timer` (optional)
+    """One pass of `training` over this rank's steps. Returns this rank's [loss sum, correct, samples,
+    skipped steps] as a device tensor: no .item() per step, one host sync per epoch. `timer` (optional)
     splits the time into data, forward+backward and optimizer phases."""
+    model, optimizer, scaler = training.model, training.optimizer, training.scaler
     model.train()
     totals = torch.zeros(4, device=device, dtype=torch.float64)
     autocast = amp_autocast(cfg, device)
@@ -286,7 +283,7 @@ def train_epoch(
             with sync:
                 with autocast:
                     logits = model(images)
-                    loss = criterion(logits, labels)
+                    loss = training.criterion(logits, labels)
                 scaler.scale(loss / len(micro_batches)).backward()
             totals[0] += loss.detach().double() * len(labels)
             totals[1] += (logits.argmax(1) == labels).sum()
@@ -303,8 +300,7 @@ def train_epoch(
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
+        training.scheduler.step()
         timer.lap("optimizer")
     return totals
 
@@ -371,23 +367,17 @@ def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int
 
 
 def save_checkpoint(
-    folder: Path,
-    epoch: int,
-    model: nn.Module,
-    optimizer,
-    scheduler,
-    scaler,
-    comm_states=None,
-    rng_states: list[dict] | None = None,
+    folder: Path, epoch: int, training: Training, comm_states=None, rng_states: list[dict] | None = None
 ) -> None:
-    """Everything needed to continue after `epoch` as if never stopped. `comm_states` and `rng_states`
-    hold every rank's PowerSGD and random state (gathered to rank 0; one process: None takes its own)."""
+    """Everything needed to continue `training` after `epoch` as if never stopped. `comm_states` and
+    `rng_states` hold every rank's PowerSGD and random state (gathered to rank 0; one process: None takes
+    its own)."""
     state = {
         "epoch": epoch,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
+        "model": training.raw_model.state_dict(),
+        "optimizer": training.optimizer.state_dict(),
+        "scheduler": training.scheduler.state_dict(),
+        "scaler": training.scaler.state_dict(),
         "rng": rng_states if rng_states is not None else [rng_state(torch.device("cpu"))],
         "comm": comm_states,  # PowerSGD state of every rank (comm.gather_hook_state), else None
     }
@@ -395,19 +385,11 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    folder: Path,
-    model: nn.Module,
-    optimizer,
-    scheduler,
-    scaler,
-    device: torch.device,
-    comm_state=None,
-    rank: int = 0,
-    world: int = 1,
-    seed: int = 0,
+    folder: Path, training: Training, device: torch.device, rank: int = 0, world: int = 1, seed: int = 0
 ) -> int:
-    """Restore a save_checkpoint folder; returns the last finished epoch. weights_only: a checkpoint in
-    shared storage is data, never code (torch refuses anything but tensors and plain containers)."""
+    """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one);
+    returns the last finished epoch. weights_only: a checkpoint in shared storage is data, never code
+    (torch refuses anything but tensors and plain containers)."""
     try:
         state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -416,11 +398,11 @@ def load_checkpoint(
             f"refused to load checkpoint {folder / CHECKPOINT_FILE}: it holds more than tensors "
             f"and plain data ({first})"
         ) from None
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    comm.restore_hook_state(comm_state, state.get("comm"), rank, world, device)
+    training.raw_model.load_state_dict(state["model"])
+    training.optimizer.load_state_dict(state["optimizer"])
+    training.scheduler.load_state_dict(state["scheduler"])
+    training.scaler.load_state_dict(state["scaler"])
+    comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
     restore_rng_state(state.get("rng"), rank, world, seed, device)
     return state["epoch"]
 
@@ -515,23 +497,13 @@ def run_trial(
     train, test = (split.to(device) for split in loaded_splits(cfg))
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
     train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
-    model = build_model(cfg).to(device, memory_format=memory_format(device))
+    raw_model = build_model(cfg).to(device, memory_format=memory_format(device))
     steps_per_epoch = len(train) // cfg.effective_batch
-    parts = build_training(cfg, model, steps_per_epoch, device, world, rank=rank, devices=devices)
-    raw_model, model, optimizer, scheduler, scaler, criterion = (
-        parts.raw_model,
-        parts.model,
-        parts.optimizer,
-        parts.scheduler,
-        parts.scaler,
-        parts.criterion,
-    )
+    training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
     last_done = 0
     if resume_from is not None:
-        last_done = load_checkpoint(
-            resume_from, raw_model, optimizer, scheduler, scaler, device, comm.hook_state(model), rank, world, cfg.seed
-        )
+        last_done = load_checkpoint(resume_from, training, device, rank, world, cfg.seed)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
         # Where a trial's time goes outside the epochs (read by `cifar-ray bench`).
@@ -541,14 +513,12 @@ def run_trial(
         )
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
-        lr = optimizer.param_groups[0]["lr"]
+        lr = training.optimizer.param_groups[0]["lr"]
         reset_peak_memory(devices)
         started = time.perf_counter()
         steps = iterate_train(train, cfg, epoch, rank, world, memory_format(device))
         timer = PhaseTimer(device)
-        train_totals = reduce_train_totals(
-            train_epoch(model, steps, optimizer, scheduler, scaler, criterion, cfg, device, timer)
-        )
+        train_totals = reduce_train_totals(train_epoch(training, steps, cfg, device, timer))
         phases = timer.seconds()  # synchronises CUDA once
         train_time = time.perf_counter() - started
         broadcast_buffers(raw_model)
@@ -557,7 +527,7 @@ def run_trial(
             train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, device, rank, world))
             evaluated |= evaluation_metrics("train_eval", train_eval_totals)
         eval_time = time.perf_counter() - started - train_time
-        allreduce = min(allreduce_wait_per_step(model) * steps_per_epoch, phases.get("forward_backward", 0.0))
+        allreduce = min(allreduce_wait_per_step(training.model) * steps_per_epoch, phases.get("forward_backward", 0.0))
         breakdown = torch.tensor(
             [
                 phases.get("data", 0.0),
@@ -598,12 +568,12 @@ def run_trial(
         if rank == 0:
             runlog.append_epoch(trial_dir, metrics)
         if not diverged:  # collectives: every rank's PowerSGD and random state, gathered on rank 0
-            comm_states = comm.gather_hook_state(comm.hook_state(model), device)
+            comm_states = comm.gather_hook_state(comm.hook_state(training.model), device)
             rng_states = comm.gather_on_rank0(rng_state(device), device)
         with tempfile.TemporaryDirectory() as folder:
             saved = rank == 0 and not diverged
             if saved:
-                save_checkpoint(Path(folder), epoch, raw_model, optimizer, scheduler, scaler, comm_states, rng_states)
+                save_checkpoint(Path(folder), epoch, training, comm_states, rng_states)
             report(metrics, Path(folder) if saved else None)
         if diverged:
             break

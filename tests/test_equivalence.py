@@ -29,7 +29,7 @@ import torch
 from cifar_ray import check
 from cifar_ray.data import iterate_train
 from cifar_ray.models import build_model
-from cifar_ray.train import train_epoch, wrap_model
+from cifar_ray.train import build_training, train_epoch, wrap_model
 
 CPU = torch.device("cpu")
 
@@ -134,12 +134,12 @@ def test_grad_scaler_count_over_an_epoch_with_two_bad_steps():
     next(model.parameters()).register_hook(hook)
     train, _ = check.cached_splits(cfg)
     steps = list(iterate_train(train, cfg, 1, 0, 1))[:4]
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", enabled=True, init_scale=1024.0)
+    training = build_training(cfg, model, len(steps), CPU, 1, scaler)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model: one thread is fastest on a busy machine
     try:
-        totals = train_epoch(model, steps, optimizer, None, scaler, torch.nn.CrossEntropyLoss(), cfg, CPU)
+        totals = train_epoch(training, steps, cfg, CPU)
     finally:
         torch.set_num_threads(threads)
     assert totals[3].item() == 2 and totals[2].item() == 4 * 32

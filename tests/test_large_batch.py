@@ -221,19 +221,23 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
         "powersgd_start_iter": 2,
     }
 
-    def build(cfg: TrainConfig, seed: int):
+    def build(cfg: TrainConfig, seed: int) -> train.Training:
         torch.manual_seed(seed)
-        raw = build_model(cfg)
-        model = train.wrap_model(raw, cfg, cpu, world)
-        optimizer = build_optimizer(model.parameters(), cfg)
-        scheduler = build_scheduler(optimizer, cfg, steps_per_epoch=3)
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
-        return raw, model, optimizer, scheduler, scaler
+        return train.build_training(cfg, build_model(cfg), 3, cpu, world, rank=rank)
 
-    def run(parts, cfg, steps: range) -> None:
-        raw, model, optimizer, scheduler, scaler = parts
-        batches = (_micro_batches(step, rank, cfg.accum_steps) for step in steps)
-        train.train_epoch(model, batches, optimizer, scheduler, scaler, nn.CrossEntropyLoss(), cfg, cpu)
+    def run(training: train.Training, cfg: TrainConfig, steps: range) -> None:
+        train.train_epoch(training, (_micro_batches(step, rank, cfg.accum_steps) for step in steps), cfg, cpu)
+
+    def resumed_equals_continuous(
+        cfg: TrainConfig, checkpoint: Path, continuous: list[torch.Tensor], as_saved: bool = False
+    ) -> bool:
+        """Steps 3-5 after resuming from `checkpoint` equal the uninterrupted run's."""
+        training = build(cfg, seed=123)  # other initial weights: everything must come from the checkpoint
+        train.load_checkpoint(checkpoint, training, cpu, rank, world)
+        if as_saved:  # no layout record: bucket memories are used as they are, like torch's own load
+            comm.hook_state(training.model).layouts = {}
+        run(training, cfg, range(3, 6))
+        return all(torch.equal(a, b.detach()) for a, b in zip(continuous, training.raw_model.parameters()))
 
     def same_on_all_ranks(raw) -> bool:
         flat = torch.cat([p.detach().flatten() for p in raw.parameters()])
@@ -243,20 +247,21 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
 
     for compression in ("fp16", "bf16", "powersgd"):
         cfg = TrainConfig(**base, grad_compression=compression)
-        parts = build(cfg, seed=0)
+        training = build(cfg, seed=0)
         sent.clear()
-        run(parts, cfg, range(5))  # 5 optimizer steps of 2 micro-batches each
+        run(training, cfg, range(5))  # 5 optimizer steps of 2 micro-batches each
+        state = comm.hook_state(training.model)
         findings[compression] = {
-            "hook": type(comm.hook_state(parts[1])).__name__ if comm.hook_state(parts[1]) else None,
+            "hook": type(state).__name__ if state else None,
             "measured": sum(sent) / 5,
-            "computed": comm.allreduce_bytes_per_step(parts[0], cfg, world, first_step=0, steps=5),
-            "in_sync": same_on_all_ranks(parts[0]),
-            "finite": all(torch.isfinite(p).all().item() for p in parts[0].parameters()),
+            "computed": comm.allreduce_bytes_per_step(training.raw_model, cfg, world, first_step=0, steps=5),
+            "in_sync": same_on_all_ranks(training.raw_model),
+            "finite": all(torch.isfinite(p).all().item() for p in training.raw_model.parameters()),
         }
 
     # PowerSGD checkpoint after 3 steps (2 warm-up + 1 compressed), then 3 more steps: continuously,
-    # after a resume with the PowerSGD state, without it, and with torch's memories put back as
-    # they were saved (per bucket index). A new DDP starts with all parameters in one bucket in
+    # after a resume with the PowerSGD state, from a checkpoint without it, and with torch's memories put
+    # back as they were saved (per bucket index). A new DDP starts with all parameters in one bucket in
     # registration order and rebuilds its buckets after the first iteration in gradient-ready
     # order: with one bucket (bucket_cap_mb=25) the parameters are reordered, with tiny buckets
     # (bucket_cap_mb=0.01) they also move between buckets.
@@ -264,31 +269,22 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
         cfg = TrainConfig(**base, grad_compression="powersgd", bucket_cap_mb=bucket_cap_mb)
         first = build(cfg, seed=0)
         run(first, cfg, range(3))
-        states = comm.gather_hook_state(comm.hook_state(first[1]))
+        states = comm.gather_hook_state(comm.hook_state(first.model))
+        full, without_state = Path(folder) / f"full-{bucket_cap_mb}", Path(folder) / f"without-{bucket_cap_mb}"
         if rank == 0:
             assert states is not None and len(states) == world
-            train.save_checkpoint(Path(folder), 1, first[0], *first[2:], comm_states=states)
+            full.mkdir()
+            without_state.mkdir()
+            train.save_checkpoint(full, 1, first, comm_states=states)
+            train.save_checkpoint(without_state, 1, first)  # the control: no PowerSGD state saved
         dist.barrier()
-        saved = torch.load(Path(folder) / train.CHECKPOINT_FILE, weights_only=False)["comm"]
+        saved = torch.load(full / train.CHECKPOINT_FILE, weights_only=False)["comm"]
         run(first, cfg, range(3, 6))
-        continuous = [p.detach().clone() for p in first[0].parameters()]
-
-        def resumed_equals_continuous(restore: str) -> bool:
-            parts = build(cfg, seed=123)  # other initial weights: everything must come from the checkpoint
-            state = comm.hook_state(parts[1])
-            train.load_checkpoint(
-                Path(folder), parts[0], *parts[2:], cpu, state if restore != "none" else None, rank, world
-            )
-            if restore == "as_saved":
-                state.layouts = {}  # no layout record: bucket memories are used as they are, like torch's own load
-            run(parts, cfg, range(3, 6))
-            return all(torch.equal(a, b.detach()) for a, b in zip(continuous, parts[0].parameters()))
+        continuous = [p.detach().clone() for p in first.raw_model.parameters()]
 
         resumed = build(cfg, seed=123)
-        epoch = train.load_checkpoint(
-            Path(folder), resumed[0], *resumed[2:], cpu, comm.hook_state(resumed[1]), rank, world
-        )
-        state = comm.hook_state(resumed[1])
+        epoch = train.load_checkpoint(full, resumed, cpu, rank, world)
+        state = comm.hook_state(resumed.model)
         findings[f"resume_{bucket_cap_mb}"] = {
             "epoch": epoch,
             "iter": state.iter,
@@ -304,11 +300,13 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
                 torch.equal(state.q_memory_dict[k], saved[rank]["q_memory_dict"][k])
                 for k in saved[rank]["q_memory_dict"]
             ),
-            "equal_to_continuous": resumed_equals_continuous("full"),
-            "without_state_equal": resumed_equals_continuous("none"),
+            "equal_to_continuous": resumed_equals_continuous(cfg, full, continuous),
+            "without_state_equal": resumed_equals_continuous(cfg, without_state, continuous),
             # torch's memories used as saved: with one bucket the error of each parameter lands on
             # another one, silently; with several, the first compressed step fails on a size mismatch
-            "as_saved_equal": resumed_equals_continuous("as_saved") if bucket_cap_mb == 25 else None,
+            "as_saved_equal": resumed_equals_continuous(cfg, full, continuous, as_saved=True)
+            if bucket_cap_mb == 25
+            else None,
         }
         dist.barrier()
 

@@ -1,6 +1,7 @@
 """Warm worker slots (the default; `--isolate` gives each trial its own Ray Train run) on real Ray: trials one
 after another in one worker group give the metrics of fresh runs; a diverged trial does not end its slot; a
-worker killed during a slot's second trial continues that trial from its own checkpoint."""
+worker killed during a slot's second trial continues that trial from its own checkpoint; --resume trains a
+failed trial again, as with --isolate; no slot outlives a sweep that fails before Tuner.fit."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from test_reliability import wait_for
 
 from cifar_ray import runlog
 from cifar_ray.cli import main
+from cifar_ray.slots import CHECKPOINTS, dispatcher_name
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -112,3 +114,83 @@ def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoin
         assert [row["epoch"] for row in trial.epochs] == [1, 2, 3, 4], trial.name  # each epoch once, in order
     assert run.trials[1].epochs[0] == killed[0]  # continued from its checkpoint, not trained again from scratch
     assert run.trials[0].meta["slot"] == run.trials[1].meta["slot"]
+
+
+def test_resume_trains_a_failed_trial_again_from_its_checkpoint_as_isolate_does(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text("name: retry\ngrid:\n  seed: [0, 1]\n")
+    run_dir = tmp_path / "runs" / "retry"
+    sweep = ["sweep", str(tmp_path / "s.yaml"), "--max-concurrent", "1", "--storage", str(tmp_path / "runs")]
+    sweep += ["--json", "--set", *TINY, "max_failures=0"]
+    # A file where the second trial's epoch-2 checkpoint folder goes: storing that checkpoint fails (as on a full
+    # disk), so the trial fails after its epoch-1 checkpoint; gone on resume.
+    blocker = run_dir / "t001-seed=1" / CHECKPOINTS / "epoch-0002"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("")
+    code = main(sweep)
+    assert code == 1, capsys.readouterr().err
+    run = runlog.load_run(run_dir)
+    assert [t.status for t in run.trials] == ["finished", "failed"]
+    assert "epoch-0002" in run.trials[1].meta["error"]
+    finished_log = (run_dir / run.trials[0].name / runlog.EPOCHS_FILE).read_text()
+    first_epoch = run.trials[1].epochs[0]
+
+    blocker.unlink()
+    code = main([*sweep, "--resume"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [r["status"] for r in json.loads(out.strip().splitlines()[-1])] == ["finished", "finished"]
+    run = runlog.load_run(run_dir)
+    assert (run_dir / run.trials[0].name / runlog.EPOCHS_FILE).read_text() == finished_log  # not trained again
+    assert [row["epoch"] for row in run.trials[1].epochs] == [1, 2]  # epoch 2 redone, each epoch logged once
+    assert run.trials[1].epochs[0] == first_epoch  # continued from its checkpoint, not trained from scratch
+
+
+class TunerNotBuilt(RuntimeError):
+    pass
+
+
+@pytest.fixture
+def cap_packing_without_a_tuner(monkeypatch):
+    """A cluster without cifar_ray_cpu resources (cap packing), and a Tuner that fails to build: a sweep prints
+    its first lines, then raises before Tuner.fit."""
+    from ray import tune
+
+    from cifar_ray import orchestrate, placement
+
+    def tuner(*args, **kwargs):
+        raise TunerNotBuilt("no Tuner")
+
+    monkeypatch.setattr(orchestrate, "cluster_capacity", lambda: placement.cluster_capacity() | {"packing": "cap"})
+    monkeypatch.setattr(tune, "Tuner", tuner)
+
+
+@pytest.mark.usefixtures("cap_packing_without_a_tuner")
+@pytest.mark.parametrize("isolate", [False, True])
+def test_the_cap_packing_line_is_printed_only_for_isolated_trials(tmp_path, capsys, isolate):
+    """Tune's cap bounds isolated trials; warm slots pack by the real CPU and GPU resources."""
+    (tmp_path / "s.yaml").write_text("name: cap\ngrid:\n  seed: [0, 1]\n")
+    sweep = ["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs"), "--set", *TINY]
+    with pytest.raises(TunerNotBuilt):
+        main([*sweep, "--isolate"] if isolate else sweep)
+    out, err = capsys.readouterr()
+    assert ("packing:" in out + err) is isolate, out + err
+
+
+@pytest.mark.usefixtures("cap_packing_without_a_tuner")
+def test_no_slot_outlives_a_sweep_whose_tuner_fails_to_build(tmp_path):
+    import ray
+
+    (tmp_path / "s.yaml").write_text("name: no-tuner\ngrid:\n  seed: [0, 1]\n")
+    with pytest.raises(TunerNotBuilt):
+        main(["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs"), "--set", *TINY])
+
+    def dispatcher_gone() -> bool:
+        try:
+            ray.get_actor(dispatcher_name("no-tuner"))
+        except ValueError:
+            return True
+        return False
+
+    wait_for(dispatcher_gone, 30, "the run's Dispatcher (and with it its slots) to end")
+    run = runlog.load_run(tmp_path / "runs" / "no-tuner")
+    assert [t.status for t in run.trials] == ["pending", "pending"]

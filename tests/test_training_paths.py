@@ -59,22 +59,13 @@ def _powersgd_after_overflow(rank: int, world: int) -> dict:
             )
         )
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=True)
-    parts = train.build_training(cfg, model, STEPS, cpu, world, scaler, rank)
+    training = train.build_training(cfg, model, STEPS, cpu, world, scaler, rank)
     moved, local = [], torch.zeros(4, dtype=torch.float64)
     for step in range(STEPS):
         before = _flat(model)
-        local += train.train_epoch(
-            parts.model,
-            [_batches(step, rank)],
-            parts.optimizer,
-            parts.scheduler,
-            parts.scaler,
-            parts.criterion,
-            cfg,
-            cpu,
-        )
+        local += train.train_epoch(training, [_batches(step, rank)], cfg, cpu)
         moved.append((_flat(model) - before).abs().max().item())
-    state = comm.hook_state(parts.model)
+    state = comm.hook_state(training.model)
     totals = train.reduce_train_totals(local)
     return {
         "moved": moved,
@@ -123,17 +114,15 @@ def _rank_rng_resume(rank: int, world: int, folder: Path) -> dict:
     cfg = make_config(workers=world, batch_size=16 * world)
     cpu = torch.device("cpu")
     model = build_model(cfg)
-    parts = train.build_training(cfg, model, 4, cpu, world, rank=rank)
+    training = train.build_training(cfg, model, 4, cpu, world, rank=rank)
     torch.rand(rank + 3)  # advance each rank's stream by a different amount
     states = comm.gather_on_rank0(train.rng_state(cpu))
     if rank == 0:
-        train.save_checkpoint(folder, 1, model, parts.optimizer, parts.scheduler, parts.scaler, rng_states=states)
+        train.save_checkpoint(folder, 1, training, rng_states=states)
     dist.barrier()
     expected = torch.rand(4)
     torch.manual_seed(12345)  # lose the state
-    train.load_checkpoint(
-        folder, model, parts.optimizer, parts.scheduler, parts.scaler, cpu, rank=rank, world=world, seed=cfg.seed
-    )
+    train.load_checkpoint(folder, training, cpu, rank=rank, world=world, seed=cfg.seed)
     return {"resumed_draw_equals_own": torch.equal(torch.rand(4), expected), "draw": expected.tolist()}
 
 
@@ -301,21 +290,12 @@ def test_an_epoch_makes_no_host_sync_on_cuda():
     cfg = make_config(use_gpu="true", backend="nccl", augment="flip_crop_cutout", batch_size=32, dropout=0.1)
     split = data.synthetic_cifar(256, split_seed=1).to(device)
     model = build_model(cfg).to(device, memory_format=torch.channels_last)
-    parts = train.build_training(cfg, model, 8, device, 1)
+    training = train.build_training(cfg, model, 8, device, 1)
     list(data.iterate_train(split, cfg, 1, 0, 1, torch.channels_last))  # warm-up: constants, kernels
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        train.train_epoch(
-            parts.model,
-            data.iterate_train(split, cfg, 2, 0, 1, torch.channels_last),
-            parts.optimizer,
-            parts.scheduler,
-            parts.scaler,
-            parts.criterion,
-            cfg,
-            device,
-        )
+        train.train_epoch(training, data.iterate_train(split, cfg, 2, 0, 1, torch.channels_last), cfg, device)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -336,9 +316,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(tmp_path):
     torch.save({"epoch": 1, "model": _Exploit(marker)}, tmp_path / train.CHECKPOINT_FILE)
     cfg = make_config()
     model = build_model(cfg)
-    parts = train.build_training(cfg, model, 4, torch.device("cpu"), 1)
+    training = train.build_training(cfg, model, 4, torch.device("cpu"), 1)
     with pytest.raises(train.CheckpointError) as error:
-        train.load_checkpoint(tmp_path, model, parts.optimizer, parts.scheduler, parts.scaler, torch.device("cpu"))
+        train.load_checkpoint(tmp_path, training, torch.device("cpu"))
     message = str(error.value)
     assert "\n" not in message and str(tmp_path / train.CHECKPOINT_FILE) in message
     assert not marker.exists(), "loading the checkpoint ran code"
@@ -348,13 +328,9 @@ def test_a_real_checkpoint_loads_with_weights_only(tmp_path):
     cfg = make_config(dropout=0.1)
     cpu = torch.device("cpu")
     model = build_model(cfg)
-    parts = train.build_training(cfg, model, 4, cpu, 1)
-    train.save_checkpoint(tmp_path, 3, model, parts.optimizer, parts.scheduler, parts.scaler)
+    train.save_checkpoint(tmp_path, 3, train.build_training(cfg, model, 4, cpu, 1))
     expected = torch.rand(3)
-    other = build_model(make_config(dropout=0.1, seed=5))
-    other_parts = train.build_training(make_config(dropout=0.1, seed=5), other, 4, cpu, 1)
-    assert (
-        train.load_checkpoint(tmp_path, other, other_parts.optimizer, other_parts.scheduler, other_parts.scaler, cpu)
-        == 3
-    )
+    other_cfg = make_config(dropout=0.1, seed=5)
+    other = build_model(other_cfg)
+    assert train.load_checkpoint(tmp_path, train.build_training(other_cfg, other, 4, cpu, 1), cpu) == 3
     assert torch.equal(_flat(other), _flat(model)) and torch.equal(torch.rand(3), expected)
