@@ -18,8 +18,9 @@ from typing import Any
 
 from . import runlog
 from .config import ConfigError, parse_overrides
-from .datasets import DataError
+from .errors import UserError
 from .storage import StoragePath, redact
+from .viewers import TARGETS
 
 PROG = "cifar-ray"
 USAGE_ERROR = 2
@@ -192,6 +193,15 @@ def build_parser() -> Parser:
     )
     check.add_argument("--address", default=None, help="Ray cluster to use (default: start a local Ray)")
     check.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
+    export = commands.add_parser("export", help="write a run folder into TensorBoard logs or an MLflow experiment")
+    export.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
+    export.add_argument("--to", required=True, choices=TARGETS, help="the viewer to write for")
+    export.add_argument(
+        "--out",
+        default=None,
+        help="tensorboard: a folder (default: RUN_DIR/tensorboard); mlflow: a tracking URI such as "
+        "http://host:5000 or file:/path/mlruns (default: sqlite:///RUN_DIR/mlflow.db); required for a run at a URI",
+    )
     return parser
 
 
@@ -298,6 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print_line=lambda line: print(line, flush=True),
             )
             return 1 if any(r.status == "FAIL" for r in results) else 0
+        if args.command == "export":
+            from .viewers import export_run
+
+            print(export_run(args.run_dir, args.to, args.out))
+            return 0
         if args.command == "bench":
             from .bench import run_bench
 
@@ -323,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"{error.prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
-    except (ConfigError, DataError, FileNotFoundError) as error:
+    except (UserError, FileNotFoundError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
