@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import runlog
 from .errors import UserError
 from .storage import StoragePath, redact
+from .viewers import TARGETS  # viewers.py imports its viewer packages only when it writes
 
 if TYPE_CHECKING:
     from .sweep import SweepPlan
@@ -269,6 +270,17 @@ EXAMPLES = {
         ),
         ("the same as one JSON object, for scripts", "cifar-ray status runs/quickstart --json"),
     ),
+    "export": (
+        (
+            "TensorBoard logs in runs/quickstart/tensorboard (open: tensorboard --logdir runs/quickstart/tensorboard)",
+            "cifar-ray export runs/quickstart --to tensorboard",
+        ),
+        (
+            "an MLflow experiment in runs/quickstart/mlflow.db (SQLite, offline)",
+            "cifar-ray export runs/quickstart --to mlflow",
+        ),
+        ("to an MLflow tracking server", "cifar-ray export runs/quickstart --to mlflow --out http://localhost:5000"),
+    ),
     "keys": (
         ("every key --set and sweep files take: type, allowed values, default, meaning", "cifar-ray keys"),
         ("the same as the Markdown table in README.md", "cifar-ray keys --markdown"),
@@ -344,6 +356,15 @@ def build_parser() -> Parser:
     )
     check.add_argument("--address", default=None, help="Ray cluster to use (default: start a local Ray)")
     check.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
+    export = add_command("export", "write a run folder into TensorBoard logs or an MLflow experiment")
+    export.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
+    export.add_argument("--to", required=True, choices=TARGETS, help="the viewer to write for")
+    export.add_argument(
+        "--out",
+        default=None,
+        help="tensorboard: a folder (default: RUN_DIR/tensorboard); mlflow: a tracking URI such as "
+        "http://host:5000 or file:/path/mlruns (default: sqlite:///RUN_DIR/mlflow.db); required for a run at a URI",
+    )
     return parser
 
 
@@ -448,6 +469,13 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_export(args: argparse.Namespace) -> int:
+    from .viewers import export_run
+
+    print(export_run(args.run_dir, args.to, args.out))
+    return 0
+
+
 def run_keys(args: argparse.Namespace) -> int:
     from .config import format_keys_text, key_rows, markdown_keys_table
 
@@ -508,6 +536,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "sweep": run_sweep,
     "report": run_report,
     "status": run_status,
+    "export": run_export,
     "keys": run_keys,
     "check": run_check,
     "bench": run_bench,

@@ -61,7 +61,7 @@ def make_factorial(run_dir: Path, grid: dict = GRID, accuracy=None, loss=None, s
     for i, swept in enumerate(combos):
         acc = (accuracy or (lambda s: 0.70 + 0.10 * (s.get("optimizer") == "adam") + 0.01 * (s["workers"] == 2)))(swept)
         acc += rng.gauss(0.0, NOISE)
-        final_loss = (loss or (lambda s: 1.0 - acc))(swept)
+        final_loss = loss(swept) if loss else 1.0 - acc
         epoch_time = 10.0 / swept["workers"] + 0.01 * swept["seed"]
         finals[i] = acc
         write_trial(

@@ -1,0 +1,312 @@
+"""`cifar-ray export`: a run folder written into the viewers people already use, TensorBoard and MLflow.
+
+Both read the run with runlog.load_run (each epoch once, however often a trial restarted) and write the same things:
+every numeric epoch metric at step = epoch with the epoch's end as its time, the trial's config as hyper-parameters,
+and its status and error.
+
+- TensorBoard: one log dir per trial, `<out>/<trial name>` (default out: RUN_DIR/tensorboard): scalars, the config
+  in the HPARAMS view (with the final objectives as its metrics and the trial's status as the session's), and the
+  status and error as text. Written with torch.utils.tensorboard (torch is a dependency anyway); the `tensorboard`
+  package is needed to write and to view.
+- MLflow: one experiment named after the sweep, one run per trial, found again by its tag `cifar_ray.trial`.
+  The default store is a SQLite file, RUN_DIR/mlflow.db: MLflow 3 refuses its ./mlruns file store unless
+  MLFLOW_ALLOW_FILE_STORE=true ("maintenance mode"), and recommends SQLite; a file store is still written when
+  --out names one (file:/path or a plain folder), opting in for this process.
+
+Exporting again gives the same content, not a second copy: a trial's TensorBoard dir is deleted and written anew;
+its MLflow runs from an earlier export are deleted once the new run is logged (MLflow keeps deleted runs restorable
+until `mlflow gc`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import shlex
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from . import runlog
+from .errors import UserError
+from .storage import URI, redact
+
+TARGETS = ("tensorboard", "mlflow")
+TRIAL_TAG = "cifar_ray.trial"
+# Not plotted: the step itself, the epoch's time stamp (each point's time instead) and the divergence flag (the
+# trial's status says it).
+NOT_PLOTTED = ("epoch", "end_unix", "diverged")
+TENSORBOARD_STATUS = {
+    "finished": "STATUS_SUCCESS",
+    "diverged": "STATUS_FAILURE",
+    "failed": "STATUS_FAILURE",
+    "oom": "STATUS_FAILURE",
+    "running": "STATUS_RUNNING",
+    "pending": "STATUS_UNKNOWN",
+}
+MLFLOW_STATUS = {
+    "finished": "FINISHED",
+    "diverged": "FAILED",
+    "failed": "FAILED",
+    "oom": "FAILED",
+    "running": "RUNNING",
+    "pending": "SCHEDULED",
+}
+assert set(TENSORBOARD_STATUS) == set(MLFLOW_STATUS) == set(runlog.STATUSES)
+# MLflow's own loggers and the database migrations it runs: a few INFO lines per export that say nothing to a user.
+QUIETED_LOGGERS = ("mlflow", "alembic")
+
+
+class ViewerError(UserError):
+    """The export cannot run: a viewer's package is missing, or --out does not fit the viewer."""
+
+
+def export_run(run_dir: runlog.Where, to: str, out: str | os.PathLike | None = None) -> str:
+    """Export the run at `run_dir` (a folder or URI) to `to` (tensorboard or mlflow); returns what was written where
+    and the command that opens it, in a few lines."""
+    if to not in TARGETS:
+        raise ViewerError(f"cannot export to '{to}'; allowed: {', '.join(TARGETS)}")
+    run = runlog.load_run(run_dir)
+    return export_tensorboard(run, out) if to == "tensorboard" else export_mlflow(run, out)
+
+
+def epoch_scalars(row: dict) -> dict[str, float]:
+    """The numbers of one metrics.jsonl line that a viewer plots, in runlog.EPOCH_METRICS order."""
+    return {key: row[key] for key in runlog.EPOCH_METRICS if key not in NOT_PLOTTED and _is_number(row.get(key))}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_text(value: Any) -> str:
+    """A config value as trial.json writes it: strings as they are, the rest as JSON (false, null, 0.05)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _epoch_unix(trial: runlog.TrialLog, row: dict) -> float:
+    """When the epoch ended; a line without end_unix falls back to the trial's start, so exports stay identical."""
+    return row.get("end_unix") or trial.meta.get("started_unix") or 0.0
+
+
+def _require(to: str, *modules: str) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ViewerError(f'export --to {to} needs {module}: pip install -e ".[{to}]"') from None
+
+
+def _summary_counts(run: runlog.RunLog, values: int) -> str:
+    epochs = sum(len(trial.epochs) for trial in run.trials)
+    return f"{len(run.trials)} trials, {epochs} epochs, {values} metric values"
+
+
+def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None) -> str:
+    _require("tensorboard", "tensorboard")
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    logdir = _tensorboard_dir(run, out)
+    values = 0
+    for trial in run.trials:
+        trial_dir = logdir / trial.name
+        if trial_dir.exists():
+            shutil.rmtree(trial_dir)
+        started = trial.meta.get("started_unix")
+        with SummaryWriter(trial_dir) as writer:
+            for row in trial.epochs:
+                for key, value in epoch_scalars(row).items():
+                    writer.add_scalar(key, value, global_step=row["epoch"], walltime=_epoch_unix(trial, row))
+                    values += 1
+            # The HPARAMS view's metric columns show each tag's last value: the final epoch's.
+            logged = {key for row in trial.epochs for key in epoch_scalars(row)}
+            objectives = dict.fromkeys(key for key in runlog.OBJECTIVES if key in logged)
+            experiment, session_start, _ = hparams({k: _hparam(v) for k, v in trial.config.items()}, objectives)
+            # torch marks every session a success; the trial's own status goes in instead.
+            session_end = plugin_data_pb2.HParamsPluginData(
+                session_end_info=plugin_data_pb2.SessionEndInfo(
+                    status=api_pb2.Status.Value(TENSORBOARD_STATUS.get(trial.status, "STATUS_UNKNOWN")),
+                    end_time_secs=trial.meta.get("finished_unix") or 0.0,
+                )
+            )
+            end_summary = Summary(
+                value=[
+                    Summary.Value(
+                        tag=metadata.SESSION_END_INFO_TAG, metadata=metadata.create_summary_metadata(session_end)
+                    )
+                ]
+            )
+            for summary in (experiment, session_start, end_summary):
+                writer.file_writer.add_summary(summary, walltime=started)
+            writer.add_text("status", trial.status, walltime=started)
+            if trial.meta.get("error"):
+                writer.add_text("error", trial.meta["error"], walltime=started)
+    return (
+        f"tensorboard: {_summary_counts(run, values)} written to {logdir}\n"
+        f"open it: tensorboard --logdir {shlex.quote(str(logdir))}"
+    )
+
+
+def _tensorboard_dir(run: runlog.RunLog, out: str | os.PathLike | None) -> Path:
+    if out is None:
+        if not run.path.is_local:
+            raise ViewerError(
+                f"export --to tensorboard of a run at {redact(str(run.path))} needs --out, a local folder"
+            )
+        return Path(run.path.path) / "tensorboard"
+    if URI.match(os.fspath(out)):
+        raise ViewerError(f"export --to tensorboard writes to a local folder; got --out {redact(os.fspath(out))}")
+    return Path(out).expanduser().resolve()
+
+
+def _hparam(value: Any) -> float | str:
+    """Numbers stay numbers (sortable, plotted on an axis); everything else is shown as trial.json writes it."""
+    return value if _is_number(value) else _as_text(value)
+
+
+def export_mlflow(run: runlog.RunLog, out: str | os.PathLike | None = None) -> str:
+    uri, file_store = _tracking_uri(run, out)
+    _require("mlflow", "mlflow", *(("sqlalchemy", "alembic") if uri.startswith("sqlite:") else ()))
+    # For this export only, and a user's own setting wins: no usage data sent to MLflow's servers; no "View run"
+    # line per trial from a tracking server (ours names the experiment); a server that does not answer fails in
+    # ~10 s, not minutes (with MLflow's default 7 retries still retrying after 200 s, measured); a file store in
+    # --out is the user's choice over MLflow's refusal.
+    defaults = {
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    }
+    if file_store:
+        defaults["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    with _environ_defaults(defaults):
+        return _log_to_mlflow(run, uri, file_store)
+
+
+@contextmanager
+def _environ_defaults(defaults: dict[str, str]) -> Iterator[None]:
+    added = {name: value for name, value in defaults.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _log_to_mlflow(run: runlog.RunLog, uri: str, file_store: bool) -> str:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VAL_LENGTH
+
+    for name in QUIETED_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    experiment_name = run.sweep.get("name") or run.path.name
+    shown = redact(uri)
+    try:  # where an unusable URI shows: an unknown scheme, a database without its driver, no server
+        client = MlflowClient(uri)
+        experiment_id = _experiment_id(client, experiment_name, run.sweep.get("description", ""))
+    except MlflowException as error:
+        reason = next((line.strip() for line in error.message.splitlines() if line.strip()), type(error).__name__)
+        raise ViewerError(f"mlflow at {shown}: {redact(reason)[:300]}") from None
+    except ImportError as error:
+        raise ViewerError(f"mlflow at {shown} needs {error.name}: pip install {error.name}") from None
+    earlier = _runs_by_trial(client, experiment_id)
+    values = 0
+    for trial in run.trials:
+        tags = {
+            TRIAL_TAG: trial.name,
+            "cifar_ray.status": trial.status,
+            "cifar_ray.run_dir": redact(str(run.path)),
+            "mlflow.source.git.commit": run.sweep.get("git_revision", "unknown"),
+        }
+        if trial.meta.get("error"):
+            tags["cifar_ray.error"] = trial.meta["error"][:MAX_TAG_VAL_LENGTH]
+        run_id = client.create_run(
+            experiment_id, start_time=_ms(trial.meta.get("started_unix")), tags=tags, run_name=trial.name
+        ).info.run_id
+        params = [Param(key, _as_text(value)) for key, value in trial.config.items()]
+        metrics = [
+            Metric(key, float(value), _ms(_epoch_unix(trial, row)), row["epoch"])
+            for row in trial.epochs
+            for key, value in epoch_scalars(row).items()
+        ]
+        for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
+            client.log_batch(run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            client.log_batch(run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
+        values += len(metrics)
+        status = MLFLOW_STATUS.get(trial.status, "RUNNING")
+        if trial.status in runlog.FINAL_STATUSES:
+            client.set_terminated(run_id, status, end_time=_ms(trial.meta.get("finished_unix")))
+        else:
+            client.update_run(run_id, status=status)
+        for earlier_id in earlier.get(trial.name, []):  # only once the new run is complete
+            client.delete_run(earlier_id)
+    replaced = sum(len(earlier.get(trial.name, [])) for trial in run.trials)
+    if urlparse(uri).scheme in ("http", "https"):
+        opener = f"{shown.rstrip('/')}/#/experiments/{experiment_id}"
+    else:
+        opener = f"mlflow ui --backend-store-uri {shlex.quote(shown)}"
+        if file_store:
+            opener = f"MLFLOW_ALLOW_FILE_STORE=true {opener}"
+    written = (
+        f"mlflow: {_summary_counts(run, values)} logged to experiment '{experiment_name}' (id {experiment_id}) "
+        f"at {shown}, one run per trial"
+    )
+    if replaced:
+        written += f"; {replaced} runs of an earlier export deleted"
+    return f"{written}\nopen it: {opener}"
+
+
+def _tracking_uri(run: runlog.RunLog, out: str | os.PathLike | None) -> tuple[str, bool]:
+    """The tracking URI to log to, and whether it is a file store."""
+    if out is None:
+        if not run.path.is_local:
+            raise ViewerError(
+                f"export --to mlflow of a run at {redact(str(run.path))} needs --out, a tracking URI "
+                "(http://host:5000, sqlite:///path/mlflow.db, file:/path/mlruns)"
+            )
+        return f"sqlite:///{Path(run.path.path) / 'mlflow.db'}", False
+    text = os.fspath(out)
+    scheme = urlparse(text).scheme
+    if not scheme:  # a folder, as MLflow reads a bare path: a file store
+        return Path(text).expanduser().resolve().as_uri(), True
+    return text, scheme == "file"
+
+
+def _ms(unix: float | None) -> int | None:
+    return None if unix is None else int(unix * 1000)
+
+
+def _experiment_id(client, name: str, description: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return client.create_experiment(name, tags={"mlflow.note.content": description})
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    client.set_experiment_tag(experiment.experiment_id, "mlflow.note.content", description)
+    return experiment.experiment_id
+
+
+def _runs_by_trial(client, experiment_id: str) -> dict[str, list[str]]:
+    """The active runs of the experiment that an export logged, by trial name."""
+    found: dict[str, list[str]] = {}
+    page_token = None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=page_token)
+        for mlflow_run in page:
+            trial = mlflow_run.data.tags.get(TRIAL_TAG)
+            if trial:
+                found.setdefault(trial, []).append(mlflow_run.info.run_id)
+        page_token = page.token
+        if not page_token:
+            return found
