@@ -60,8 +60,8 @@ EPOCH_METRICS = {
     "peak_mem_total_mb": "peak memory summed over every worker (and every GPU of a dp worker) (MB)",
     "lr": "the scheduled learning rate at the epoch's last step",
     "peak_lr": "the learning rate after lr_scaling, before the schedule",
-    "allreduce_bytes_per_step": "bytes each worker sends to the gradient all-reduce per optimizer step",
     "amp_skipped_steps": "optimizer steps the fp16 grad scaler skipped (inf/NaN gradients)",
+    "allreduce_bytes_per_step": "bytes each worker sends to the gradient all-reduce per optimizer step",
     "end_unix": "when the epoch ended (Unix time)",
     "diverged": "the training loss was not finite: the trial stops",
 }

@@ -557,10 +557,10 @@ def run_trial(
             "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
             "lr": lr,
             "peak_lr": peak_lr(cfg),  # lr after lr_scaling
+            "amp_skipped_steps": int(skipped),
             "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(
                 raw_model, cfg, world, (epoch - 1) * steps_per_epoch, steps_per_epoch
             ),
-            "amp_skipped_steps": int(skipped),
             "end_unix": time.time(),
         }
         diverged = not math.isfinite(metrics["train_loss"])

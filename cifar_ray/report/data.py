@@ -29,12 +29,10 @@ from ..config import ConfigError
 from ..runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, Where, load_run
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
-# breakdown (its columns follow, those logged) and what the report does not read (_UNREAD); the two in _LAST close the
-# list in the order the epochs.csv files have always had (runlog lists them the other way round).
+# breakdown (its columns follow, those logged) and what the report does not read (_UNREAD).
 _UNREAD = ("epoch", "train_time_s", "train_samples", "end_unix", "diverged", *BREAKDOWN_KEYS)
-_LAST = ("amp_skipped_steps", "allreduce_bytes_per_step")
-assert set(_UNREAD + _LAST) <= set(EPOCH_METRICS)
-EPOCH_KEYS = tuple(key for key in EPOCH_METRICS if key not in _UNREAD + _LAST) + _LAST
+assert set(_UNREAD) <= set(EPOCH_METRICS)
+EPOCH_KEYS = tuple(key for key in EPOCH_METRICS if key not in _UNREAD)
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
 
 OVERFIT_RISE = 0.02
