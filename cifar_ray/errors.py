@@ -17,3 +17,7 @@ class ClusterError(UserError):
 class StorageError(UserError):
     """The run storage (--storage) cannot be used: a URI no filesystem opens, or a folder or bucket that not
     every node of the cluster reaches."""
+
+
+class RunFolderError(UserError, FileNotFoundError):
+    """A folder or URI given as RUN_DIR holds no run (no sweep.json)."""

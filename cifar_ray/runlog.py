@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import RunFolderError
 from .storage import StoragePath
 
 Where = str | os.PathLike | StoragePath
@@ -186,7 +187,7 @@ def load_run(run_dir: Where) -> RunLog:
     """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last)."""
     run_dir = StoragePath.of(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"no run folder at {run_dir}")
+        raise RunFolderError(f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} (<storage>/<name>)")
     sweep = read_json(run_dir / SWEEP_FILE)
     listed = list(sweep.get("trials", []))
     found = [name for name in run_dir.subfolders() if (run_dir / name / TRIAL_FILE).exists()]

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from . import runlog
-from .errors import UserError
+from .errors import RunFolderError
 from .storage import StoragePath
 
 STALE_EPOCHS = 3
@@ -39,10 +39,6 @@ STATES = ("finished", "running", "stalled", "pending", "failed", "diverged", "oo
 UNFINISHED = ("running", "stalled", "pending")
 # The config keys that decide a trial's resources (placement.worker_resources), so which trials share slots.
 SHAPE_KEYS = ("workers", "cpus_per_worker", "use_gpu", "gpus_per_worker", "strategy")
-
-
-class RunFolderError(UserError, FileNotFoundError):
-    """RUN_DIR holds no run."""
 
 
 @dataclass
