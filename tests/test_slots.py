@@ -11,6 +11,7 @@ import threading
 import psutil
 import pytest
 from test_reliability import wait_for
+from test_warm_process import COMPUTED  # what a trial computes: equal run to run
 
 from cifar_ray import runlog
 from cifar_ray.cli import main
@@ -18,19 +19,6 @@ from cifar_ray.slots import CHECKPOINTS, dispatcher_name
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
-# What a trial computes; times, timestamps and memory differ from run to run by nature.
-COMPUTED = (
-    "epoch",
-    "train_loss",
-    "train_acc",
-    "test_loss",
-    "test_acc",
-    "train_eval_loss",
-    "train_eval_acc",
-    "train_samples",
-    "lr",
-    "diverged",
-)
 TINY = (
     "dataset=synthetic",
     "train_subset=512",
