@@ -16,6 +16,8 @@ from cifar_ray import runlog
 from cifar_ray.cli import main
 from cifar_ray.config import ConfigError
 from cifar_ray.report import RUN_MATCH_RULE, build_report, write_report
+from cifar_ray.report.data import run_labels
+from cifar_ray.storage import StoragePath
 
 SEEDS = [0, 1]
 
@@ -205,6 +207,16 @@ def test_runs_of_the_same_name_are_labelled_with_their_parent(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert main(["report", "here/quickstart", "there/quickstart", "--format", "json"]) == 0
     assert Path("reports/here-quickstart-vs-there-quickstart/report.json").is_file()
+
+
+def test_labels_are_folder_names_with_as_much_of_the_path_as_tells_them_apart():
+    def local(path: str) -> StoragePath:
+        return StoragePath(None, path)
+
+    bucket = StoragePath(None, "bucket/runs/quickstart", "s3", "endpoint_override=localhost:9000")
+    assert run_labels([local("/w/runs/a"), local("/w/runs/b")]) == ["a", "b"]
+    assert run_labels([local("/w/runs/quickstart"), bucket]) == ["w/runs/quickstart", "bucket/runs/quickstart"]
+    assert run_labels([local("/x/runs/q"), local("/y/runs/q"), local("/y/runs/r")]) == ["x/runs/q", "y/runs/q", "r"]
 
 
 @pytest.mark.usefixtures("ray_cluster")

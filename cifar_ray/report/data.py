@@ -175,7 +175,7 @@ def load(run_dir: Where) -> RunLog:
 
 def run_labels(paths: Sequence[StoragePath]) -> list[str]:
     """Each run's folder name; where two share a name, the parent folder too (then more of the path, as needed)."""
-    parts = [[part for part in str(path).split("/") if part] for path in paths]
+    parts = [[part for part in path.path.split("/") if part] for path in paths]  # no scheme, no URI options
     depth = [1] * len(paths)
     while True:
         labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
