@@ -258,6 +258,11 @@ EXAMPLES = {
             "cifar-ray report runs/batch-size --baseline batch_size=128 --out runs/batch-size-report",
         ),
         ("the aggregated tables as CSV files in reports/batch-size", "cifar-ray report runs/batch-size --format csv"),
+        (
+            "the quickstart run here vs the same sweep run on a GPU box (its run folder copied into gpu-runs/): "
+            "one more factor, run; -> reports/runs-quickstart-vs-gpu-runs-quickstart",
+            "cifar-ray report runs/quickstart gpu-runs/quickstart",
+        ),
     ),
     "check": (
         ("every check, on the GPU when torch sees one", "cifar-ray check"),
@@ -323,14 +328,25 @@ def build_parser() -> Parser:
     bench.add_argument(
         "--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)"
     )
-    report = add_command("report", "write a Markdown report (with plots) from a run folder")
-    report.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
-    report.add_argument("--out", default=None, help="output folder (default: reports/<name>)")
+    report = add_command("report", "write a Markdown report (with plots) from a run folder, or compare several")
+    report.add_argument(
+        "run_dir",
+        nargs="+",
+        help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart; several: the runs become one "
+        "more factor, run (labelled by folder name), their trials paired where their configs agree on every key but "
+        "the run-level ones (constant within each run, different between runs)",
+    )
+    report.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: reports/<sweep name>; for several runs reports/<label>-vs-<label>...)",
+    )
     report.add_argument(
         "--baseline",
         default=None,
         metavar="KEY=VALUE",
-        help="grid value the deltas are measured against (default: each factor's first value)",
+        help="grid value the deltas are measured against (default: each factor's first value; for several runs, "
+        "run=LABEL picks the run, default the first)",
     )
     report.add_argument(
         "--format",
@@ -458,7 +474,8 @@ def run_report(args: argparse.Namespace) -> int:
         if not sep:
             raise UsageError(f"--baseline expects KEY=VALUE, got '{args.baseline}'")
         baseline = {key.strip(): parse_value(value.strip())}
-    print(write_report(args.run_dir, out_dir=args.out, baseline=baseline, fmt=args.format))
+    runs = args.run_dir if len(args.run_dir) > 1 else args.run_dir[0]
+    print(write_report(runs, out_dir=args.out, baseline=baseline, fmt=args.format))
     return 0
 
 

@@ -284,9 +284,10 @@ def test_every_help_example_parses_and_names_real_sweeps_and_runs(capsys, monkey
             if command == "sweep":  # the file exists and the --set values fit it
                 assert main([*words[1:], "--dry-run"]) == 0, capsys.readouterr().err
                 capsys.readouterr()
-            if command == "report":  # runs/<name of a sweep in sweeps/>, its baseline a value of that sweep's grid
-                folder, name = args.run_dir.split("/")
-                assert folder == "runs" and name in sweeps, args.run_dir
+            if command == "report":  # <...>runs/<name of a sweep in sweeps/>, its baseline a value of that sweep's grid
+                for run_dir in args.run_dir:
+                    folder, name = run_dir.split("/")
+                    assert folder.endswith("runs") and name in sweeps, run_dir
                 if args.baseline:
                     key, _, value = args.baseline.partition("=")
                     assert parse_value(value) in sweeps[name].grid[key], args.baseline

@@ -3,6 +3,7 @@
     write_report(run_dir)                 -> reports/<sweep name>/README.md (+ *.png beside it)
     write_report(run_dir, fmt="csv")      -> reports/<sweep name>/trials.csv (+ factor_<key>.csv, effect_<key>.csv, ...)
     write_report(run_dir, fmt="json")     -> reports/<sweep name>/report.json
+    write_report([run_a, run_b])          -> reports/<a>-vs-<b>/README.md: the runs compared, one more factor `run`
 
 One concern per module: data (the logs as frames, statistics), text (formatting, findings, Markdown),
 plots (what each plot shows, and drawing it), export (the files).
@@ -13,6 +14,8 @@ from .data import (
     MEMORY_MEASURES,
     OBJECTIVES,
     OVERFIT_RULE,
+    RUN_FACTOR,
+    RUN_MATCH_RULE,
     Metric,
     Overfit,
     Report,
@@ -33,6 +36,8 @@ __all__ = [
     "MEMORY_MEASURES",
     "OBJECTIVES",
     "OVERFIT_RULE",
+    "RUN_FACTOR",
+    "RUN_MATCH_RULE",
     "Metric",
     "Overfit",
     "Report",

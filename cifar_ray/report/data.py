@@ -8,6 +8,8 @@ out-of-memory and unfinished trials appear in the trial table and are listed wit
 A factor's effect is measured on matched pairs (trials that differ only in that factor, seed included)
 with a Student-t 95 % interval; per-value means pool the other factors and are shown as means only.
 "Best" follows the sweep file's metric and mode.
+Several runs (folders) make one report: the runs become one more factor, `run`, first of the factors (RUN_MATCH_RULE
+says which trials of different runs are paired; load_runs, combine_runs).
 Peak memory comes twice: per worker (the largest peak of one worker process, or one GPU: what must fit on one device)
 and total over workers (the sum of every worker's peak: what a configuration occupies); "least memory" uses the total.
 The train/test gap, overfitting and the train loss curve read the training subset evaluated like the test set
@@ -18,15 +20,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
-from ..runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, Where, load_run
+from ..runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, TrialLog, Where, load_run
+from ..storage import StoragePath
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
 # breakdown (its columns follow, those logged) and what the report does not read (_UNREAD).
@@ -83,6 +87,36 @@ OBJECTIVES = {
 }
 
 
+# Several runs in one report: the factor that tells them apart, and which of their trials are compared.
+RUN_FACTOR = "run"
+IGNORED_KEYS = ("data_dir",)  # where a machine keeps the data: never a difference between runs
+RUN_MATCH_RULE = (
+    "A trial of one run is paired with the trial of the baseline run whose config is equal on every key except "
+    "the run-level ones. A run-level key is constant within each run but not the same in all runs (say epochs=1 "
+    "in one, epochs=2 in the other): it is part of the run factor, so the run effect includes it with everything "
+    "else the runs differ in (code, hardware, software). Every other key must be equal: the swept keys and the seed "
+    "(keys constant in every run are equal anyway); data_dir is ignored. Runs with no such pair are refused."
+)
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """One run of a report: its label (its folder name; with the parent folder where two runs share a name) and its
+    logs."""
+
+    label: str
+    log: RunLog
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """How the runs of a report with several differ: the run-level keys (RUN_MATCH_RULE) with each run's value, and
+    the keys a pair must agree on (those that vary within some run)."""
+
+    run_level: dict[str, dict[str, Any]]  # key -> run label -> its value in that run
+    matched: list[str]
+
+
 @dataclass(frozen=True)
 class Overfit:
     min_epoch: int
@@ -113,6 +147,8 @@ class Report:
     effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
     noise: tuple[float, int]  # seed_noise() of final test accuracy: (pooled std, configurations behind it)
     memory_measure: str  # what peak memory per worker measures on these trials' devices
+    sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
+    comparison: RunComparison | None = None  # None for one run
 
     def trial_label(self, row: pd.Series) -> str:
         """A trial row named by its label_keys' values, or by the trial's name when there are none."""
@@ -135,6 +171,32 @@ def load(run_dir: Where) -> RunLog:
         what = f"{SWEEP_FILE} lists {listed} trial(s) but none has started" if run.sweep else f"no {SWEEP_FILE} either"
         raise ConfigError(f"no trials in {run.path}: no <trial>/{TRIAL_FILE} found ({what}); nothing to report")
     return run
+
+
+def run_labels(paths: Sequence[StoragePath]) -> list[str]:
+    """Each run's folder name; where two share a name, the parent folder too (then more of the path, as needed)."""
+    parts = [[part for part in path.path.split("/") if part] for path in paths]  # no scheme, no URI options
+    depth = [1] * len(paths)
+    while True:
+        labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+        clashes = {label for label in labels if labels.count(label) > 1}
+        grow = [i for i, label in enumerate(labels) if label in clashes and depth[i] < len(parts[i])]
+        if not grow:
+            return labels
+        for i in grow:
+            depth[i] += 1
+
+
+def load_runs(run_dirs: Where | Sequence[Where]) -> list[RunSource]:
+    """The runs' logs with their labels; ConfigError for a folder twice (the same run cannot be compared with
+    itself)."""
+    many = not isinstance(run_dirs, (str, os.PathLike, StoragePath))
+    paths = [StoragePath.of(where) for where in (run_dirs if many else [run_dirs])]
+    seen = [str(path) for path in paths]
+    twice = sorted({where for where in seen if seen.count(where) > 1})
+    if twice:
+        raise ConfigError(f"run folder given twice: {', '.join(twice)}; pass each run once")
+    return [RunSource(label, load(path)) for label, path in zip(run_labels(paths), paths)]
 
 
 def fmt_value(value: Any) -> str:
@@ -243,11 +305,16 @@ def _device(system: dict) -> str:
     return f"CPU ({name})" if name else "CPU"
 
 
+def trial_value(trial: TrialLog, key: str) -> Any:
+    """A trial's value of `key`: its swept value (a grid label such as "adam (lr=0.002)"), else its config's."""
+    return trial.swept.get(key, trial.config.get(key))
+
+
 def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str], over: Overfit | None) -> dict:
     cfg = trial.config
     row: dict[str, Any] = {"trial": trial.name, "status": trial.status}
     for key in keys:
-        row[key] = trial.swept.get(key, cfg.get(key))
+        row[key] = trial_value(trial, key)
     row["workers"] = cfg.get("workers")
     batch, accum = cfg.get("batch_size"), cfg.get("accum_steps", 1)
     row["effective_batch"] = batch * accum if isinstance(batch, int) and isinstance(accum, int) else None
@@ -440,14 +507,21 @@ def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
 
 
 def paired_effects(
-    trials: pd.DataFrame, key: str, factors: Sequence[str], grid: dict[str, list], baseline: Any, column: str
+    trials: pd.DataFrame,
+    key: str,
+    factors: Sequence[str],
+    grid: dict[str, list],
+    baseline: Any,
+    column: str,
+    match: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Effect of each non-baseline value of `key` on `column`, from matched pairs: a finished trial with that
-    value and one with the baseline value that differ in nothing else (other factors and seed equal; several
-    trials in one cell are averaged). One row per value: n_pairs, mean_diff and std_diff of the differences
-    (value − baseline), the Student-t 95 % CI of their mean, and conclusive (the CI excludes 0)."""
+    value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
+    `match` names; several trials in one cell are averaged). One row per value: n_pairs, mean_diff and std_diff of
+    the differences (value − baseline), the Student-t 95 % CI of their mean, and conclusive (the CI excludes 0)."""
     done = trials[trials["status"] == "finished"]
-    match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
+    if match is None:
+        match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
     base = _cells(rows_with(done, key, baseline), match, column).mean()
     rows = []
     for value in grid[key]:
@@ -483,25 +557,126 @@ def seed_noise(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tup
     return math.sqrt(float((dof * var[dof.index]).sum() / dof.sum())), len(dof)
 
 
-def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
-    """Everything the Markdown, CSV and JSON outputs need, computed once from the logs."""
-    run = load(run_dir)
+def sweep_grid(sweep: dict) -> dict[str, list]:
+    """The sweep's grid: key -> its values (a single value as a list of one)."""
+    raw = sweep.get("grid") or {}
+    return {key: list(values) if isinstance(values, list) else [values] for key, values in raw.items()}
+
+
+def compare_runs(sources: Sequence[RunSource]) -> RunComparison:
+    """Which config keys are run-level and which a pair must agree on (RUN_MATCH_RULE), over every trial."""
+    keys = dict.fromkeys(k for s in sources for t in s.log.trials for k in t.config if k not in IGNORED_KEYS)
+    run_level, matched = {}, []
+    for key in keys:
+        per_run = [[t.config.get(key) for t in s.log.trials] for s in sources]
+        if any(len({fmt_value(v) for v in values}) > 1 for values in per_run):
+            matched.append(key)
+        elif len({fmt_value(values[0]) for values in per_run}) > 1:
+            run_level[key] = {s.label: values[0] for s, values in zip(sources, per_run)}
+    return RunComparison(run_level, matched)
+
+
+def paired_config(trial: TrialLog, comparison: RunComparison) -> str:
+    """What a trial of one run must share with its pair in another: its values of the matched keys."""
+    return ", ".join(f"{k}={fmt_value(trial.config.get(k))}" for k in comparison.matched)
+
+
+def refuse_unpaired(sources: Sequence[RunSource], comparison: RunComparison, baseline: Any) -> None:
+    """ConfigError naming the keys that differ when a run has no trial to pair with one of the baseline run."""
+    base = next(s for s in sources if _same(s.label, baseline))
+    base_configs = {paired_config(t, comparison) for t in base.log.trials}
+    for source in sources:
+        if source is base or base_configs & {paired_config(t, comparison) for t in source.log.trials}:
+            continue
+
+        def values(run: RunSource, key: str) -> list[str]:
+            return list(dict.fromkeys(fmt_value(t.config.get(key)) for t in run.log.trials))
+
+        differ = [k for k in comparison.matched if set(values(base, k)) != set(values(source, k))]
+        what = (
+            "; ".join(
+                f"{k}: {', '.join(values(base, k))} in {base.label}, {', '.join(values(source, k))} in {source.label}"
+                for k in differ
+            )
+            or f"no combination of {', '.join(comparison.matched)} in common"
+        )
+        raise ConfigError(
+            f"runs {base.label} and {source.label} have no trials to compare: a pair needs equal values of the keys "
+            f"that vary within a run, and they differ ({what}); compare runs of one sweep file (other --set values "
+            "are fine), or measure against another run with --baseline run=LABEL"
+        )
+
+
+def combine_runs(sources: Sequence[RunSource]) -> RunLog:
+    """The runs as one: each trial named <label>/<trial> with its run as the swept `run`; the grid is run (the labels),
+    then every run's swept keys with the values of all runs (a run that does not sweep a key adds its trials' values);
+    metric and mode are the first run's."""
+    grids = [sweep_grid(s.log.sweep) for s in sources]
+    if any(RUN_FACTOR in grid for grid in grids):
+        raise ConfigError(f"a sweep's grid has a key named '{RUN_FACTOR}': its runs cannot be compared by run")
+    grid: dict[str, list] = {RUN_FACTOR: [s.label for s in sources]}
+    for key in dict.fromkeys(k for g in grids for k in g):
+        values: list = []
+        for source, own in zip(sources, grids):
+            for value in own[key] if key in own else [trial_value(t, key) for t in source.log.trials]:
+                if not any(_same(value, known) for known in values):
+                    values.append(value)
+        grid[key] = values
+    trials = [
+        TrialLog(f"{s.label}/{t.name}", t.meta | {"swept": {RUN_FACTOR: s.label} | t.swept}, t.epochs)
+        for s in sources
+        for t in s.log.trials
+    ]
+    repeats = [s.log.sweep.get("repeats", 1) for s in sources]
+    first = sources[0].log.sweep
+    sweep = {
+        "name": "-vs-".join(s.label.replace("/", "-") for s in sources),
+        "metric": first.get("metric", "test_acc"),
+        "mode": first.get("mode", "max"),
+        "grid": grid,
+        "repeats": max(r for r in repeats if isinstance(r, int)) if any(isinstance(r, int) for r in repeats) else 1,
+    }
+    return RunLog(sources[0].log.path, sweep, trials)
+
+
+def build_report(run_dirs: Where | Sequence[Where], baseline: dict | None = None) -> Report:
+    """Everything the Markdown, CSV and JSON outputs need, computed once from the logs of one run or several
+    (ConfigError for runs with nothing to pair: RUN_MATCH_RULE)."""
+    sources = load_runs(run_dirs)
+    comparison = compare_runs(sources) if len(sources) > 1 else None
+    run = combine_runs(sources) if comparison else sources[0].log
     sweep = run.sweep
-    raw_grid = sweep.get("grid") or {}
-    grid = {key: list(values) if isinstance(values, list) else [values] for key, values in raw_grid.items()}
+    grid = sweep_grid(sweep)
     factors = [key for key in grid if key != "seed" and grid[key]]
     chosen = resolve_baseline(sweep, factors, grid, baseline)
+    if comparison:
+        refuse_unpaired(sources, comparison, chosen[RUN_FACTOR])
     seed_column = "seed" in grid or any("seed" in t.swept for t in run.trials)
     breakdown = _breakdown_keys(run)
     epochs = epochs_frame(run, breakdown)
     label_keys = factors + (["seed"] if seed_column else [])
     trials, overfits = trial_frame(run, epochs, label_keys, breakdown)
+    if comparison:
+        epochs.insert(1, RUN_FACTOR, epochs["trial"].map(dict(zip(trials["trial"], trials[RUN_FACTOR]))))
     objective, note = resolve_objective(sweep, trials)
     metrics = table_metrics(objective)
     groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown, metrics) for key in factors}
     configs = config_frame(trials, factors, grid, breakdown, metrics)
+    # Runs pair on their configs (RUN_MATCH_RULE), not on grid labels: one run's label may be another's config value.
+    paired = trials.assign(paired_config=[paired_config(t, comparison) for t in run.trials]) if comparison else trials
     effects = {
-        key: {m.column: paired_effects(trials, key, factors, grid, chosen[key], m.column) for m in PAIRED_METRICS}
+        key: {
+            m.column: paired_effects(
+                paired,
+                key,
+                factors,
+                grid,
+                chosen[key],
+                m.column,
+                ["paired_config"] if comparison and key == RUN_FACTOR else None,
+            )
+            for m in PAIRED_METRICS
+        }
         for key in factors
     }
     noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
@@ -525,6 +700,8 @@ def build_report(run_dir: Where, baseline: dict | None = None) -> Report:
         effects,
         noise,
         memory_measure(run),
+        sources,
+        comparison,
     )
 
 

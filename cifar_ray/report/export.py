@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +86,17 @@ def export_markdown(report: Report, out_dir: Path) -> Path:
 
 
 def write_report(
-    run_dir: Where, out_dir: str | Path | None = None, baseline: dict | None = None, fmt: str = "md"
+    run_dir: Where | Sequence[Where],
+    out_dir: str | Path | None = None,
+    baseline: dict | None = None,
+    fmt: str = "md",
 ) -> Path:
-    """Write the report of the run at `run_dir`; returns the main file (README.md, trials.csv or report.json).
+    """Write the report of the run at `run_dir`, or of several runs compared (a list: the runs become the factor
+    `run`); returns the main file (README.md, trials.csv or report.json).
 
-    `out_dir` defaults to reports/<sweep name>; `baseline` ({key: grid value}) picks the reference value
-    of a factor for the Δ columns (default: its first grid value). Raises ConfigError on bad input.
+    `out_dir` defaults to reports/<sweep name>, for several runs reports/<label>-vs-<label>...; `baseline`
+    ({key: grid value}, {"run": label} among them) picks the reference value of a factor for the Δ columns
+    (default: its first grid value, the first run). Raises ConfigError on bad input.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")

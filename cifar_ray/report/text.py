@@ -11,12 +11,16 @@ from typing import Any
 
 import pandas as pd
 
+from ..runlog import RunLog
 from .data import (
     FACTOR_METRICS,
     OVERFIT_RULE,
     PAIRED_METRICS,
+    RUN_FACTOR,
+    RUN_MATCH_RULE,
     Metric,
     Report,
+    RunSource,
     fmt_value,
     values_label,
 )
@@ -180,11 +184,11 @@ def _wall_time(sweep: dict) -> tuple[float | None, str]:
         return None, "not finished (no finished_at in sweep.json)" if sweep else "unknown (no sweep.json)"
 
 
-def hardware(report: Report) -> str:
+def hardware(run: RunLog) -> str:
     """GPU model and count from the trials' system info, else the host's CPU model and cores."""
-    sweep = report.run.sweep
+    sweep = run.sweep
     host, cluster = sweep.get("host") or {}, sweep.get("cluster") or {}
-    systems = [t.meta.get("system") or {} for t in report.run.trials]
+    systems = [t.meta.get("system") or {} for t in run.trials]
     gpus = sorted({s.get("device_name", "GPU") for s in systems if s.get("device_type") == "cuda"})
     nodes = cluster.get("nodes")
     where = f" on {nodes} node{'s' if nodes != 1 else ''}" if isinstance(nodes, int) else ""
@@ -216,9 +220,14 @@ def _trials_line(report: Report) -> str:
         if isinstance(repeats, int) and repeats > 1
         else ""
     )
+    return f"{n} run{'s' if n != 1 else ''}{shape}: " + _statuses(counts)
+
+
+def _statuses(counts: dict[str, int]) -> str:
+    """`3 finished, 1 failed, 0 diverged, 0 oom` (running and pending only when there are some)."""
     parts = [f"{counts[s]} {s}" for s in ("finished", "failed", "diverged", "oom")]
     parts += [f"{counts[s]} {s}" for s in ("running", "pending") if counts[s]]
-    return f"{n} run{'s' if n != 1 else ''}{shape}: " + ", ".join(parts)
+    return ", ".join(parts)
 
 
 def _fixed_settings(report: Report) -> str:
@@ -230,21 +239,57 @@ def _fixed_settings(report: Report) -> str:
     return ", ".join(f"{k}={fmt_value(configs[0][k])}" for k in same) or "—"
 
 
-def header_info(report: Report) -> dict:
-    sweep = report.run.sweep
+def _run_fields(run: RunLog) -> dict:
+    """What one run's sweep.json and trials say about where and how it ran; "command" (what re-runs it) only where
+    sweep.json recorded one."""
+    sweep = run.sweep
     versions = sweep.get("versions") or {}
     wall_s, wall = _wall_time(sweep)
-    metric, mode = sweep.get("metric", "test_acc"), sweep.get("mode", "max")
+    command = sweep.get("command")
     return {
-        "name": report.name,
         "description": sweep.get("description", ""),
         "date": _date(sweep.get("started_at")),
         "started_at": sweep.get("started_at"),
         "git_revision": sweep.get("git_revision", "unknown"),
-        "hardware": hardware(report),
+        **({"command": command} if command else {}),
+        "hardware": hardware(run),
         "versions": {k: versions.get(k, "unknown") for k in ("python", "torch", "ray", "cuda")},
         "wall_time_s": wall_s,
         "wall_time": wall,
+    }
+
+
+def _compared_run(report: Report, source: RunSource) -> dict:
+    trials = report.trials[report.trials[RUN_FACTOR] == source.label]
+    sweep = source.log.sweep
+    return {
+        "label": source.label,
+        "path": str(source.log.path),
+        "sweep": str(sweep.get("name") or source.log.path.name),
+        **_run_fields(source.log),
+        "trials": len(trials),
+        "status_counts": _status_counts(trials),
+    }
+
+
+def header_info(report: Report) -> dict:
+    """The header's facts (report.json's "sweep"); with several runs, each run's under "compared_runs", the
+    run-level keys and the pairing rule."""
+    sweep = report.run.sweep
+    metric, mode = sweep.get("metric", "test_acc"), sweep.get("mode", "max")
+    comparison = report.comparison
+    runs = (
+        {
+            "compared_runs": [_compared_run(report, source) for source in report.sources],
+            "run_level_keys": comparison.run_level,
+            "pairing_rule": RUN_MATCH_RULE,
+        }
+        if comparison
+        else _run_fields(report.run)
+    )
+    return {
+        "name": report.name,
+        **runs,
         "runs": len(report.trials),
         "status_counts": _status_counts(report.trials),
         "metric": metric,
@@ -260,18 +305,27 @@ def header_info(report: Report) -> dict:
     }
 
 
+def _software(versions: dict) -> str:
+    return f"Python {versions['python']}, torch {versions['torch']}, Ray {versions['ray']}, CUDA {versions['cuda']}"
+
+
+def _grid_text(report: Report) -> str:
+    return "; ".join(f"{k}: {', '.join(fmt_value(x) for x in vals)}" for k, vals in report.grid.items()) or "—"
+
+
 def _header_md(report: Report) -> list[str]:
+    if report.comparison:
+        return _runs_header_md(report)
     info = header_info(report)
-    v = info["versions"]
-    grid = "; ".join(f"{k}: {', '.join(fmt_value(x) for x in vals)}" for k, vals in report.grid.items()) or "—"
     rows = [
         ("Date", info["date"]),
         ("Git revision", f"`{info['git_revision']}`"),
+        *([("Re-run with", f"`{info['command']}`")] if "command" in info else []),
         ("Hardware", info["hardware"]),
-        ("Software", f"Python {v['python']}, torch {v['torch']}, Ray {v['ray']}, CUDA {v['cuda']}"),
+        ("Software", _software(info["versions"])),
         ("Wall time", info["wall_time"]),
         ("Trials", _trials_line(report)),
-        ("Grid", grid),
+        ("Grid", _grid_text(report)),
         ("Fixed settings", _fixed_settings(report)),
         ("Best means", info["best"]),
     ]
@@ -280,6 +334,58 @@ def _header_md(report: Report) -> list[str]:
         lines += [f"> {line}" for line in str(info["description"]).splitlines()] + [""]
     lines += [markdown_table(["", ""], rows), ""]
     return lines
+
+
+def run_level_text(report: Report) -> str:
+    """`epochs: 1 in a, 2 in b; ...`: the run-level keys (RUN_MATCH_RULE) with each run's value."""
+    return "; ".join(
+        f"{key}: " + ", ".join(f"{fmt_value(value)} in {label}" for label, value in values.items())
+        for key, values in report.comparison.run_level.items()
+    )
+
+
+def _runs_header_md(report: Report) -> list[str]:
+    """The header of a report on several runs: a row per run (where, how and what re-runs it), then what they share."""
+    info = header_info(report)
+    runs = info["compared_runs"]
+    lines = [f"# {' vs '.join(run['label'] for run in runs)}", ""]
+    descriptions = {run["label"]: str(run["description"]) for run in runs if run["description"]}
+    if len(set(descriptions.values())) == 1:
+        lines += [f"> {line}" for line in next(iter(descriptions.values())).splitlines()] + [""]
+    elif descriptions:
+        lines += [f"> **{label}**: {text}" for label, text in descriptions.items()] + [""]
+    n = len(report.trials)
+    lines += [
+        f"{len(runs)} runs compared as one more factor, `{RUN_FACTOR}` (the label is each run's folder name):",
+        "",
+        markdown_table(
+            ["run", "date", "git revision", "hardware", "software", "wall time", "trials", "re-run with"],
+            [
+                [
+                    run["label"],
+                    run["date"],
+                    f"`{run['git_revision']}`",
+                    run["hardware"],
+                    _software(run["versions"]),
+                    run["wall_time"],
+                    f"{run['trials']}: {_statuses(run['status_counts'])}",
+                    f"`{run['command']}`" if "command" in run else "— (not recorded)",
+                ]
+                for run in runs
+            ],
+            "lllllrll",
+        ),
+        "",
+    ]
+    run_level = run_level_text(report) or "none: the runs' configs differ only in keys that vary within a run"
+    rows = [
+        ("Trials", f"{n} trial{'s' if n != 1 else ''} in {len(runs)} runs: {_statuses(info['status_counts'])}"),
+        ("Grid", _grid_text(report)),
+        ("Run-level keys", run_level),
+        ("Fixed settings", _fixed_settings(report)),
+        ("Best means", info["best"]),
+    ]
+    return lines + [markdown_table(["", ""], rows), "", f"**Pairing across runs.** {RUN_MATCH_RULE}", ""]
 
 
 # -------------------------------------------------------------------------------------- findings
@@ -384,27 +490,42 @@ def _paired_text(metric: Metric, row: pd.Series, unit: str) -> str:
     return f"{mean} {unit} (95 % CI {low} to {high} {unit}, {n} pairs)" if n > 1 else f"{mean} {unit} (1 pair)"
 
 
+def _partner(report: Report, key: str, swept: str) -> str:
+    """The trial a trial with another value of `key` is paired with: `swept` (the words for a swept key), or for the
+    run factor the trial of the baseline run with an equal config apart from the run-level keys (RUN_MATCH_RULE)."""
+    if report.comparison and key == RUN_FACTOR:
+        return f"trial of run {fmt_value(report.baseline[key])} with an equal config apart from the run-level keys"
+    return swept
+
+
+def _run_level_note(report: Report, key: str) -> str:
+    """For the run factor, the run-level keys its effect includes; "" otherwise."""
+    if not (report.comparison and key == RUN_FACTOR and report.comparison.run_level):
+        return ""
+    return f" The runs also differ in run-level keys, part of this effect: {run_level_text(report)}."
+
+
 def _factor_finding(report: Report, key: str) -> list[str]:
     acc, time = (report.effects[key][m.column] for m in PAIRED_METRICS)
     if not len(acc):  # a single grid value: nothing to compare
         return []
     base = fmt_value(report.baseline[key])
+    partner = _partner(report, key, f"trial with {key}={base} and the same other keys and seed")
     parts = []
     for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows()):
         part = f"{key}={fmt_value(a[key])}: "
         if a["n_pairs"] == 0:
-            parts.append(
-                part + f"no matched pairs (no finished trial with {key}={base} and the same other keys "
-                "and seed), so no effect is estimated"
-            )
+            parts.append(part + f"no matched pairs (no finished {partner}), so no effect is estimated")
             continue
         part += f"final test accuracy {_paired_text(PAIRED_METRICS[0], a, 'pp')}, {_verdict(a)}"
         if t["n_pairs"]:
             part += f"; time/epoch {_paired_text(PAIRED_METRICS[1], t, 's')}"
         parts.append(part)
     line = (
-        f"**{key}** (baseline {base}; paired differences vs the trial with {key}={base} and the same other keys "
-        "and seed): " + ". ".join(parts) + "."
+        f"**{key}** (baseline {base}; paired differences vs the {partner}): "
+        + ". ".join(parts)
+        + "."
+        + _run_level_note(report, key)
     )
     std, configs = report.noise
     if configs:
@@ -653,12 +774,13 @@ def render_markdown(report: Report, plots: dict[str, list[tuple[str, str]]]) -> 
         best = "highest" if report.objective.better == "max" else "lowest"
         lines += [f"## Effect of `{key}`", ""]
         if len(report.effects[key][PAIRED_METRICS[0].column]):
+            partner = _partner(report, key, f"trial that has {base} and the same other keys and seed")
             lines += [
                 f"Paired effect vs the baseline {base}: each finished trial with another {key} value is paired "
-                f"with the finished trial that has {base} and the same other keys and seed; the table gives the "
+                f"with the finished {partner}; the table gives the "
                 "mean of the differences (value − baseline) and a Student-t 95 % confidence interval over the "
                 "pairs. An interval that excludes 0 is a real effect; its width covers seed noise and any "
-                "change of the effect across the other keys' values.",
+                f"change of the effect across the other keys' values.{_run_level_note(report, key)}",
                 "",
                 _paired_table(report, key),
                 "",
