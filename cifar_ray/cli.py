@@ -379,7 +379,9 @@ def build_parser() -> Parser:
         "--out",
         default=None,
         help="tensorboard: a folder (default: RUN_DIR/tensorboard); mlflow: a tracking URI such as "
-        "http://host:5000 or file:/path/mlruns (default: sqlite:///RUN_DIR/mlflow.db); required for a run at a URI",
+        "http://host:5000 or file:/path/mlruns (default: sqlite:///RUN_DIR/mlflow.db); required for a run at a URI. "
+        "A local --out inside, holding or being a run folder is refused: only the defaults, which export makes, lie "
+        "in one. Exporting again replaces only what an export of the same run wrote (marked; MLflow: tagged)",
     )
     return parser
 

@@ -7,15 +7,20 @@ and its status and error.
 - TensorBoard: one log dir per trial, `<out>/<trial name>` (default out: RUN_DIR/tensorboard): scalars, the config
   in the HPARAMS view (with the final objectives as its metrics and the trial's status as the session's), and the
   status and error as text. Written with torch.utils.tensorboard (torch is a dependency anyway); the `tensorboard`
-  package is needed to write and to view.
-- MLflow: one experiment named after the sweep, one run per trial, found again by its tag `cifar_ray.trial`.
-  The default store is a SQLite file, RUN_DIR/mlflow.db: MLflow 3 refuses its ./mlruns file store unless
-  MLFLOW_ALLOW_FILE_STORE=true ("maintenance mode"), and recommends SQLite; a file store is still written when
-  --out names one (file:/path or a plain folder), opting in for this process.
+  package is needed to write and to view. Each log dir carries a mark, EXPORT_MARK, naming the run it came from.
+- MLflow: one experiment named after the sweep, one run per trial, found again by its tags: the trial and the run
+  (TRIAL_TAG, RUN_DIR_TAG, RUN_STARTED_TAG). The default store is a SQLite file, RUN_DIR/mlflow.db: MLflow 3
+  refuses its ./mlruns file store unless MLFLOW_ALLOW_FILE_STORE=true ("maintenance mode"), and recommends SQLite;
+  a file store is still written when --out names one (file:/path or a plain folder), opting in for this process.
 
-Exporting again gives the same content, not a second copy: a trial's TensorBoard dir is deleted and written anew;
-its MLflow runs from an earlier export are deleted once the new run is logged (MLflow keeps deleted runs restorable
-until `mlflow gc`).
+Exporting again gives the same content, not a second copy: a trial's TensorBoard dir is deleted and written anew,
+only if it carries the mark of this same run (a folder without it is refused, never deleted); its MLflow runs from
+an earlier export of this same run are deleted once the new run is logged (MLflow keeps deleted runs restorable
+until `mlflow gc`); another run's, with the same sweep and trial names, stay.
+
+A run's data is never in reach: a local --out inside a run folder, holding one, or being one is refused before
+anything is written. The defaults, RUN_DIR/tensorboard and RUN_DIR/mlflow.db, are the one exception: names no run
+file takes, made by export itself, so that the export travels with the run.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from . import runlog
 from .errors import UserError
@@ -38,6 +44,14 @@ from .storage import URI, redact
 
 TARGETS = ("tensorboard", "mlflow")
 TRIAL_TAG = "cifar_ray.trial"
+# Which run an export came from: its folder (a URI without credentials) and when its sweep started (a new sweep in
+# the same folder, after the old one was removed, is another run). MLflow tags, and the TensorBoard mark's keys.
+RUN_DIR_TAG, RUN_STARTED_TAG = "cifar_ray.run_dir", "cifar_ray.run_started_at"
+# In each TensorBoard log dir an export writes: {RUN_DIR_TAG: ..., RUN_STARTED_TAG: ..., TRIAL_TAG: ...}.
+EXPORT_MARK = "cifar-ray-export.json"
+# The default outputs in RUN_DIR, by viewer: the one place inside a run folder that an export writes to.
+DEFAULT_OUT = {"tensorboard": "tensorboard", "mlflow": "mlflow.db"}
+RUN_FILES = (runlog.SWEEP_FILE, runlog.TRIAL_FILE)
 # Not plotted: the step itself, the epoch's time stamp (each point's time instead) and the divergence flag (the
 # trial's status says it).
 NOT_PLOTTED = ("epoch", "end_unix", "diverged")
@@ -102,6 +116,67 @@ def _require(to: str, *modules: str) -> None:
             raise ViewerError(f'export --to {to} needs {module}: pip install -e ".[{to}]"') from None
 
 
+def run_identity(run: runlog.RunLog) -> dict[str, str]:
+    """What tells this run from another of the same sweep and trial names: its folder and when its sweep started."""
+    return {RUN_DIR_TAG: redact(str(run.path)), RUN_STARTED_TAG: str(run.sweep.get("started_at", ""))}
+
+
+def _export_mark(run: runlog.RunLog, trial_name: str) -> dict[str, str]:
+    """What EXPORT_MARK holds in the log dir of `trial_name` exported from `run`."""
+    return run_identity(run) | {TRIAL_TAG: trial_name}
+
+
+def _check_out(out: Path, run: runlog.RunLog, to: str) -> None:
+    """Refuse a local output that reaches run data: inside a run folder (this run's own default output aside), a
+    run folder itself, or a folder holding one. A run folder: sweep.json or trial.json in it."""
+    allowed = f"pass an --out outside every run folder, or none for the default RUN_DIR/{DEFAULT_OUT[to]}"
+    own_default = Path(run.path.path) / DEFAULT_OUT[to] if run.path.is_local else None
+    try:
+        for folder in out.parents:
+            found = next((name for name in RUN_FILES if (folder / name).exists()), None)
+            if found and not (out == own_default and folder == own_default.parent):
+                raise ViewerError(f"export --out {out} is inside a run folder, {folder} ({found} there); {allowed}")
+        if out.is_dir():
+            for folder, _, files in os.walk(out, onerror=_raise):
+                found = next((name for name in RUN_FILES if name in files), None)
+                if found:
+                    what = "is a run folder" if Path(folder) == out else f"holds a run folder, {folder}"
+                    raise ViewerError(f"export --out {out} {what} ({found} there); {allowed}")
+    except OSError as error:  # unreadable: it may hold run data
+        raise ViewerError(
+            f"export --out {out}: cannot tell whether {error.filename or out} holds run data ({error.strerror}); "
+            + allowed
+        ) from None
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _replaced_dirs(logdir: Path, run: runlog.RunLog) -> list[Path]:
+    """The trials' log dirs already in `logdir`: each must carry the mark of this run's export, or it is refused."""
+    replaced = []
+    for trial in run.trials:
+        trial_dir = logdir / trial.name
+        if not os.path.lexists(trial_dir):
+            continue
+        if trial_dir.is_symlink() or not trial_dir.is_dir() or _mark(trial_dir) != _export_mark(run, trial.name):
+            raise ViewerError(
+                f"export --out {logdir}: {trial_dir} is there but holds no {EXPORT_MARK} naming this run, and export "
+                "deletes only what it wrote for the same run: remove it yourself or pass another --out"
+            )
+        replaced.append(trial_dir)
+    return replaced
+
+
+def _mark(trial_dir: Path) -> dict | None:
+    """The export mark in `trial_dir`; None when absent or unreadable (then the folder is never deleted)."""
+    try:
+        return json.loads((trial_dir / EXPORT_MARK).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _summary_counts(run: runlog.RunLog, values: int) -> str:
     epochs = sum(len(trial.epochs) for trial in run.trials)
     return f"{len(run.trials)} trials, {epochs} epochs, {values} metric values"
@@ -115,11 +190,16 @@ def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None)
     from torch.utils.tensorboard.summary import hparams
 
     logdir = _tensorboard_dir(run, out)
+    _check_out(logdir, run, "tensorboard")
+    replaced = _replaced_dirs(logdir, run)  # every refusal comes before the first write
     values = 0
     for trial in run.trials:
         trial_dir = logdir / trial.name
-        if trial_dir.exists():
+        if trial_dir in replaced:
             shutil.rmtree(trial_dir)
+        trial_dir.mkdir(parents=True)
+        # Marked first: a folder left by an export that broke off is still replaced by the next one.
+        (trial_dir / EXPORT_MARK).write_text(json.dumps(_export_mark(run, trial.name)) + "\n")
         started = trial.meta.get("started_unix")
         with SummaryWriter(trial_dir) as writer:
             for row in trial.epochs:
@@ -161,10 +241,14 @@ def _tensorboard_dir(run: runlog.RunLog, out: str | os.PathLike | None) -> Path:
             raise ViewerError(
                 f"export --to tensorboard of a run at {redact(str(run.path))} needs --out, a local folder"
             )
-        return Path(run.path.path) / "tensorboard"
-    if URI.match(os.fspath(out)):
+        logdir = (Path(run.path.path) / DEFAULT_OUT["tensorboard"]).resolve()
+    elif URI.match(os.fspath(out)):
         raise ViewerError(f"export --to tensorboard writes to a local folder; got --out {redact(os.fspath(out))}")
-    return Path(out).expanduser().resolve()
+    else:
+        logdir = Path(out).expanduser().resolve()
+    if logdir.exists() and not logdir.is_dir():
+        raise ViewerError(f"export --to tensorboard writes to a folder; --out {logdir} is a file")
+    return logdir
 
 
 def _hparam(value: Any) -> float | str:
@@ -174,6 +258,9 @@ def _hparam(value: Any) -> float | str:
 
 def export_mlflow(run: runlog.RunLog, out: str | os.PathLike | None = None) -> str:
     uri, file_store = _tracking_uri(run, out)
+    store = _local_store(uri)
+    if store is not None:
+        _check_out(store, run, "mlflow")
     _require("mlflow", "mlflow", *(("sqlalchemy", "alembic") if uri.startswith("sqlite:") else ()))
     # For this export only, and a user's own setting wins: no usage data sent to MLflow's servers; no "View run"
     # line per trial from a tracking server (ours names the experiment); a server that does not answer fails in
@@ -219,13 +306,13 @@ def _log_to_mlflow(run: runlog.RunLog, uri: str, file_store: bool) -> str:
         raise ViewerError(f"mlflow at {shown}: {redact(reason)[:300]}") from None
     except ImportError as error:
         raise ViewerError(f"mlflow at {shown} needs {error.name}: pip install {error.name}") from None
-    earlier = _runs_by_trial(client, experiment_id)
+    identity = run_identity(run)
+    earlier = _runs_by_trial(client, experiment_id, identity)
     values = 0
     for trial in run.trials:
-        tags = {
+        tags = identity | {
             TRIAL_TAG: trial.name,
             "cifar_ray.status": trial.status,
-            "cifar_ray.run_dir": redact(str(run.path)),
             "mlflow.source.git.commit": run.sweep.get("git_revision", "unknown"),
         }
         if trial.meta.get("error"):
@@ -275,12 +362,24 @@ def _tracking_uri(run: runlog.RunLog, out: str | os.PathLike | None) -> tuple[st
                 f"export --to mlflow of a run at {redact(str(run.path))} needs --out, a tracking URI "
                 "(http://host:5000, sqlite:///path/mlflow.db, file:/path/mlruns)"
             )
-        return f"sqlite:///{Path(run.path.path) / 'mlflow.db'}", False
+        return f"sqlite:///{Path(run.path.path) / DEFAULT_OUT['mlflow']}", False
     text = os.fspath(out)
     scheme = urlparse(text).scheme
     if not scheme:  # a folder, as MLflow reads a bare path: a file store
         return Path(text).expanduser().resolve().as_uri(), True
     return text, scheme == "file"
+
+
+def _local_store(uri: str) -> Path | None:
+    """The local file or folder a tracking URI writes to: a SQLite database or a file store; None for a server
+    or an in-memory database."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path)).expanduser().resolve()
+    if parsed.scheme.partition("+")[0] == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db
+        database = uri.partition(":///")[2].partition("?")[0]
+        return Path(database).expanduser().resolve() if database and database != ":memory:" else None
+    return None
 
 
 def _ms(unix: float | None) -> int | None:
@@ -297,15 +396,16 @@ def _experiment_id(client, name: str, description: str) -> str:
     return experiment.experiment_id
 
 
-def _runs_by_trial(client, experiment_id: str) -> dict[str, list[str]]:
-    """The active runs of the experiment that an export logged, by trial name."""
+def _runs_by_trial(client, experiment_id: str, identity: dict[str, str]) -> dict[str, list[str]]:
+    """The active runs of the experiment that an export of this same run logged, by trial name."""
     found: dict[str, list[str]] = {}
     page_token = None
     while True:
         page = client.search_runs([experiment_id], max_results=1000, page_token=page_token)
         for mlflow_run in page:
-            trial = mlflow_run.data.tags.get(TRIAL_TAG)
-            if trial:
+            tags = mlflow_run.data.tags
+            trial = tags.get(TRIAL_TAG)
+            if trial and all(tags.get(key) == value for key, value in identity.items()):
                 found.setdefault(trial, []).append(mlflow_run.info.run_id)
         page_token = page.token
         if not page_token:

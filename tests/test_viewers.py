@@ -19,7 +19,7 @@ import pytest
 
 from cifar_ray import runlog
 from cifar_ray.cli import main
-from cifar_ray.viewers import ViewerError, export_run
+from cifar_ray.viewers import DEFAULT_OUT, EXPORT_MARK, RUN_STARTED_TAG, ViewerError, export_run
 
 QUICKSTART_LOGS = Path(__file__).resolve().parent.parent / "reports" / "quickstart" / "logs"
 FAILED, PENDING = "t004-restarted-then-failed", "t005-pending"
@@ -127,7 +127,8 @@ def read_tensorboard(logdir: Path) -> dict:
         "hparam_metrics": [info.name.tag for info in experiment.metric_infos],
         "session_status": end.status,
         "texts": texts,
-        "event_files": sorted(path.name for path in logdir.iterdir()),
+        "event_files": sorted(path.name for path in logdir.iterdir() if "tfevents" in path.name),
+        "mark": json.loads((logdir / EXPORT_MARK).read_text()),
     }
 
 
@@ -154,6 +155,11 @@ def test_tensorboard_holds_every_epoch_metric_the_config_and_the_status(run_dir,
         assert seen["hparam_metrics"] == [key for key in runlog.OBJECTIVES if key in expected]
         assert seen["texts"]["status"] == [meta["status"]]
         assert seen["texts"].get("error") == ([meta["error"]] if meta["error"] else None)
+        assert seen["mark"] == {
+            "cifar_ray.run_dir": str(run_dir),
+            RUN_STARTED_TAG: runlog.read_json(run_dir / runlog.SWEEP_FILE)["started_at"],
+            "cifar_ray.trial": trial_dir.name,
+        }
     assert first[FAILED]["session_status"] == api_pb2.STATUS_FAILURE
     assert first[PENDING]["session_status"] == api_pb2.STATUS_UNKNOWN and first[PENDING]["scalars"] == {}
     assert all(first[d.name]["session_status"] == api_pb2.STATUS_SUCCESS for d in trial_dirs(QUICKSTART_LOGS))
@@ -166,6 +172,96 @@ def test_tensorboard_holds_every_epoch_metric_the_config_and_the_status(run_dir,
         name: {k: v for k, v in seen.items() if k != "event_files"} for name, seen in first.items()
     }
     assert sorted(path.name for path in logdir.iterdir()) == sorted(first)
+
+
+def files_under(folder: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every folder (None) under `folder`, by relative path."""
+    return {str(path.relative_to(folder)): None if path.is_dir() else path.read_bytes() for path in folder.rglob("*")}
+
+
+@pytest.fixture
+def other_run(run_dir) -> Path:
+    """Another run of the same sweep: the same sweep name and trial names, in another storage."""
+    other = run_dir.parent / "other-storage" / run_dir.name
+    shutil.copytree(run_dir, other)
+    return other
+
+
+REFUSED_OUTS = {  # (viewer, --out from (run_dir, other_run), what the refusal says of it)
+    "tb-the-run": ("tensorboard", lambda run, other: run, lambda run, other: "is a run folder (sweep.json there)"),
+    "tb-in-a-trial": (
+        "tensorboard",
+        lambda run, other: next(run.glob("t000-*")) / "tb",
+        lambda run, other: f"is inside a run folder, {next(run.glob('t000-*'))} (trial.json there)",
+    ),
+    "tb-another-run": (
+        "tensorboard",
+        lambda run, other: other,
+        lambda run, other: "is a run folder (sweep.json there)",
+    ),
+    "tb-another-runs-default": (
+        "tensorboard",
+        lambda run, other: other / "tensorboard",
+        lambda run, other: f"is inside a run folder, {other} (sweep.json there)",
+    ),
+    "tb-a-storage-of-runs": (
+        "tensorboard",
+        lambda run, other: other.parent,
+        lambda run, other: f"holds a run folder, {other} (sweep.json there)",
+    ),
+    "mlflow-file-store-the-run": (
+        "mlflow",
+        lambda run, other: run,
+        lambda run, other: "is a run folder (sweep.json there)",
+    ),
+    "mlflow-sqlite-in-a-trial": (
+        "mlflow",
+        lambda run, other: f"sqlite:///{next(run.glob('t000-*')) / 'mlflow.db'}",
+        lambda run, other: f"is inside a run folder, {next(run.glob('t000-*'))} (trial.json there)",
+    ),
+    "mlflow-another-runs-default": (
+        "mlflow",
+        lambda run, other: f"sqlite:///{other / 'mlflow.db'}",
+        lambda run, other: f"is inside a run folder, {other} (sweep.json there)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_OUTS)
+def test_an_out_reaching_a_run_folder_is_refused_and_nothing_is_touched(run_dir, other_run, case, capsys):
+    viewer, out_of, what_of = REFUSED_OUTS[case]
+    out = out_of(run_dir, other_run)
+    before = files_under(run_dir.parent)
+    assert main(["export", str(run_dir), "--to", viewer, "--out", str(out)]) == 2
+    shown_out = out if isinstance(out, Path) else Path(out.removeprefix("sqlite:///"))
+    assert capsys.readouterr().err == (
+        f"cifar-ray: error: export --out {shown_out} {what_of(run_dir, other_run)}; pass an --out outside every run "
+        f"folder, or none for the default RUN_DIR/{DEFAULT_OUT[viewer]}\n"
+    )
+    assert files_under(run_dir.parent) == before  # every run file byte for byte, and nothing new anywhere
+
+
+def test_a_folder_export_did_not_mark_is_never_deleted(run_dir, tmp_path, capsys):
+    out = tmp_path / "tb"
+    kept = out / trial_dirs(run_dir)[-1].name / "notes.txt"  # the user's own folder, named as a trial
+    kept.parent.mkdir(parents=True)
+    kept.write_text("mine")
+    assert main(["export", str(run_dir), "--to", "tensorboard", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"cifar-ray: error: export --out {out}: {kept.parent} is there but holds no {EXPORT_MARK} naming this run, "
+        "and export deletes only what it wrote for the same run: remove it yourself or pass another --out\n"
+    )
+    assert files_under(out) == {kept.parent.name: None, str(kept.relative_to(out)): b"mine"}  # nothing written
+
+
+def test_another_runs_export_of_the_same_trial_names_is_never_deleted(run_dir, other_run, tmp_path, capsys):
+    out = tmp_path / "tb"
+    assert main(["export", str(other_run), "--to", "tensorboard", "--out", str(out)]) == 0
+    exported = files_under(out)
+    assert main(["export", str(run_dir), "--to", "tensorboard", "--out", str(out)]) == 2
+    assert f"holds no {EXPORT_MARK} naming this run" in capsys.readouterr().err
+    assert files_under(out) == exported
+    assert main(["export", str(other_run), "--to", "tensorboard", "--out", str(out)]) == 0  # its own: replaced
 
 
 def read_mlflow(uri: str, experiment_name: str) -> dict:
@@ -209,7 +305,7 @@ def test_mlflow_holds_every_epoch_metric_the_config_and_the_status(run_dir, caps
     assert out[1:] == [f"open it: mlflow ui --backend-store-uri {uri}"]
     assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # nor left behind
     first = read_mlflow(uri, "quickstart")
-    revision = runlog.read_json(run_dir / runlog.SWEEP_FILE)["git_revision"]
+    sweep = runlog.read_json(run_dir / runlog.SWEEP_FILE)
     assert sorted(first) == [d.name for d in trial_dirs(run_dir)]
     for trial_dir in trial_dirs(run_dir):
         meta = runlog.read_json(trial_dir / runlog.TRIAL_FILE)
@@ -222,7 +318,8 @@ def test_mlflow_holds_every_epoch_metric_the_config_and_the_status(run_dir, caps
         assert seen["tags"] == {
             "cifar_ray.trial": trial_dir.name,
             "cifar_ray.run_dir": str(run_dir),
-            "mlflow.source.git.commit": revision,
+            RUN_STARTED_TAG: sweep["started_at"],
+            "mlflow.source.git.commit": sweep["git_revision"],
             **status_tags,
         }
         expected = {
@@ -237,6 +334,37 @@ def test_mlflow_holds_every_epoch_metric_the_config_and_the_status(run_dir, caps
     assert main(["export", str(run_dir), "--to", "mlflow", "--out", uri]) == 0
     assert "6 runs of an earlier export deleted" in capsys.readouterr().out
     assert read_mlflow(uri, "quickstart") == first
+
+
+def test_mlflow_re_export_replaces_only_the_runs_of_the_same_run_folder(run_dir, other_run, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    for run in (run_dir, other_run):  # the same sweep name and trial names, into one store
+        assert main(["export", str(run), "--to", "mlflow", "--out", uri]) == 0
+    both = runs_by_folder(uri)
+    assert sorted(both) == sorted([str(run_dir), str(other_run)]) and all(len(runs) == 6 for runs in both.values())
+    capsys.readouterr()
+
+    assert main(["export", str(run_dir), "--to", "mlflow", "--out", uri]) == 0
+    assert "6 runs of an earlier export deleted" in capsys.readouterr().out
+    assert runs_by_folder(uri) == both
+
+    # A new sweep in the same folder (its old run removed) is another run: the old one's MLflow runs stay.
+    sweep = runlog.read_json(run_dir / runlog.SWEEP_FILE)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, sweep | {"started_at": "2026-11-23T09:00:00+0000"})
+    assert main(["export", str(run_dir), "--to", "mlflow", "--out", uri]) == 0
+    assert "deleted" not in capsys.readouterr().out
+    assert all(len(runs) == 3 for runs in read_mlflow(uri, "quickstart").values())
+
+
+def runs_by_folder(uri: str) -> dict[str, dict[str, dict]]:
+    """{run folder: {trial: its one MLflow run}}, from the tag naming the run folder."""
+    by_folder: dict[str, dict[str, dict]] = {}
+    for trial, runs in read_mlflow(uri, "quickstart").items():
+        for mlflow_run in runs:
+            folder = by_folder.setdefault(mlflow_run["tags"]["cifar_ray.run_dir"], {})
+            assert trial not in folder, f"two runs of {trial} from one run folder"
+            folder[trial] = mlflow_run
+    return by_folder
 
 
 def test_mlflow_file_store_when_out_names_one(run_dir, capsys, monkeypatch):
