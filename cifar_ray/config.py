@@ -42,9 +42,10 @@ Amp = Literal["off", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
 LrScaling = Literal["none", "linear", "sqrt"]
 
-# The largest seed: data.py and train.py derive per-epoch and per-rank seeds from it, up to about
-# seed x 1e8 + epoch x 1e3 + rank, and torch's generators take seeds below 2**64 only.
+# The largest seed and epoch count: data.py and train.py derive per-epoch and per-rank seeds from them, up to
+# about seed x 1e8 + epoch x 1e3 + rank, and torch's generators take seeds below 2**64 only.
 SEED_MAX = 2**32 - 1
+EPOCHS_MAX = 10**6
 # norm=group puts this many channels in each group (at least one group): models.NORMS builds it.
 GROUP_NORM_CHANNELS = 8
 WIDTH_MAX = 1024
@@ -122,7 +123,7 @@ class TrainConfig(BaseModel):
         "layer (one group of all channels), instance, none",
     )
     # --- optimisation
-    epochs: int = Field(10, ge=1, description="passes over the training set")
+    epochs: int = Field(10, ge=1, le=EPOCHS_MAX, description="passes over the training set")
     batch_size: int = Field(
         128, ge=1, description="GLOBAL micro-batch of one forward/backward step, split evenly across workers"
     )

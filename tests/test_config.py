@@ -75,6 +75,7 @@ def test_bad_override_syntax(items, expected):
             "larger than the 50000 training images (cifar10, train_subset=80000)",
         ),
         ({"seed": -1}, "seed=-1: should be greater than or equal to 0"),
+        ({"epochs": 10**6 + 1}, "epochs=1000001: should be less than or equal to 1000000"),
         (
             {"seed": config.SEED_MAX + 1},
             f"seed={config.SEED_MAX + 1}: should be less than or equal to {config.SEED_MAX}",
@@ -226,7 +227,7 @@ def test_float_keys_are_the_ones_expected():
 
 def test_seeds_up_to_seed_max_seed_every_generator_and_beyond_do_not():
     """SEED_MAX is where the seeds data.py and train.py derive (per epoch, per rank) still fit torch's generators:
-    at it the last epoch of a long run on 1024 ranks seeds fine; beyond it they overflow, in the worker."""
+    at it the last epoch of the longest run on 1024 ranks seeds fine; beyond it they overflow, in the worker."""
     import torch
 
     split = data.synthetic_cifar(1024, split_seed=0)
@@ -235,9 +236,9 @@ def test_seeds_up_to_seed_max_seed_every_generator_and_beyond_do_not():
     def seed_everything(seed: int) -> None:
         cfg = TrainConfig.model_construct(**(TrainConfig().model_dump() | {"seed": seed, "batch_size": world}))
         torch.manual_seed(train.rank_seed(seed, world - 1))
-        next(data.iterate_train(split, cfg, 10**6, world - 1, world))  # seeds by epoch and rank
+        next(data.iterate_train(split, cfg, config.EPOCHS_MAX, world - 1, world))  # seeds by epoch and rank
 
-    seed_everything(TrainConfig(seed=SEED_MAX).seed)
+    seed_everything(TrainConfig(seed=SEED_MAX, epochs=config.EPOCHS_MAX).seed)
     with pytest.raises((ValueError, RuntimeError)):
         seed_everything(SEED_MAX * 2**20)
 
