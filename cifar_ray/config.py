@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import textwrap
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
@@ -15,6 +16,7 @@ from typing import Any, Literal, NamedTuple, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .datasets import DATASET_SIZES
 from .errors import UserError
 
 
@@ -40,11 +42,37 @@ Amp = Literal["off", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
 LrScaling = Literal["none", "linear", "sqrt"]
 
+# The largest seed and epoch count: data.py and train.py derive per-epoch and per-rank seeds from them, up to
+# about seed x 1e8 + epoch x 1e3 + rank, and torch's generators take seeds below 2**64 only.
+SEED_MAX = 2**32 - 1
+EPOCHS_MAX = 10**6
+# norm=group puts this many channels in each group (at least one group): models.NORMS builds it.
+GROUP_NORM_CHANNELS = 8
+WIDTH_MAX = 1024
+
+
+def group_norm_groups(channels: int) -> int:
+    """The number of groups norm=group splits a layer of `channels` channels into."""
+    return max(1, channels // GROUP_NORM_CHANNELS)
+
+
+def normalised_channels(model: str, width: int, depth: int) -> list[int]:
+    """The channel counts of the normalised layers models.py builds for `model` at `width` (and `depth`)."""
+    if model == "resnet9":
+        return [width, 2 * width, 4 * width, 8 * width]
+    return [width * 2**block for block in range(depth)]
+
+
+def group_norm_builds(model: str, width: int, depth: int) -> bool:
+    """Whether every normalised layer's channels split evenly into norm=group's groups."""
+    return all(channels % group_norm_groups(channels) == 0 for channels in normalised_channels(model, width, depth))
+
 
 class TrainConfig(BaseModel):
     """One training run. `batch_size` is the global micro-batch of one forward/backward step."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # inf and nan are refused for every float key: they pass the bounds (lr > 0) and fail only in training.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
     # --- data
     dataset: Dataset = Field(
@@ -79,7 +107,10 @@ class TrainConfig(BaseModel):
         "or resnet9 (airbench-style residual net)",
     )
     width: int = Field(
-        32, ge=1, le=1024, description="channels of the first block; each later block (resnet9: stage) doubles them"
+        32,
+        ge=1,
+        le=WIDTH_MAX,
+        description="channels of the first block; each later block (resnet9: stage) doubles them",
     )
     depth: int = Field(
         3, ge=1, le=5, description="simple_cnn only: number of blocks (each halves the resolution); resnet9 ignores it"
@@ -87,11 +118,12 @@ class TrainConfig(BaseModel):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the classifier layers")
     norm: Norm = Field(
         "batch",
-        description="normalisation layer after each conv: batch, group (8 channels per group), "
+        description="normalisation layer after each conv: batch, group (8 channels per group: every layer's "
+        "channels must split evenly, as they do for a width that is a multiple of 8), "
         "layer (one group of all channels), instance, none",
     )
     # --- optimisation
-    epochs: int = Field(10, ge=1, description="passes over the training set")
+    epochs: int = Field(10, ge=1, le=EPOCHS_MAX, description="passes over the training set")
     batch_size: int = Field(
         128, ge=1, description="GLOBAL micro-batch of one forward/backward step, split evenly across workers"
     )
@@ -135,7 +167,7 @@ class TrainConfig(BaseModel):
     )
     warmup_epochs: float = Field(0.0, ge=0.0, description="linear LR warm-up from 0, in epochs (may be fractional)")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="cross-entropy label smoothing")
-    seed: int = Field(0, ge=0, description="seeds weights, data order, augmentation and dropout")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seeds weights, data order, augmentation and dropout")
     # --- distribution
     workers: int = Field(1, ge=1, description="Ray Train workers (ddp: processes; dp: GPUs of the one worker)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU cores reserved per worker; also its torch thread count")
@@ -233,17 +265,45 @@ class TrainConfig(BaseModel):
                 f"static_graph=true does not work with accum_steps={self.accum_steps} "
                 "(DDP no_sync fails with a static graph); use static_graph=false"
             )
-        if self.train_subset and self.train_subset < self.effective_batch:
+        images = self.train_images
+        if images < self.effective_batch:
+            subset = f"train_subset={self.train_subset}" if self.train_subset else "train_subset=0: all"
             raise ValueError(
-                f"train_subset={self.train_subset} is smaller than the effective batch "
-                f"{self.effective_batch} (batch_size x accum_steps): not one optimizer step per epoch"
+                f"the effective batch {self.effective_batch} (batch_size x accum_steps) is larger than the "
+                f"{images} training images ({self.dataset}, {subset}): not one optimizer step per epoch; "
+                f"allowed: an effective batch <= {images}"
             )
+        if self.norm == "group" and not group_norm_builds(self.model, self.width, self.depth):
+            raise ValueError(self._group_norm_refusal())
         return self
+
+    def _group_norm_refusal(self) -> str:
+        channels = normalised_channels(self.model, self.width, self.depth)
+        bad = next(c for c in channels if c % group_norm_groups(c))
+        # a multiple of GROUP_NORM_CHANNELS always builds, so the nearest widths that build are this close
+        below = range(self.width - 1, max(0, self.width - GROUP_NORM_CHANNELS - 1), -1)
+        above = range(self.width + 1, min(WIDTH_MAX, self.width + GROUP_NORM_CHANNELS) + 1)
+        below, above = (
+            next((w for w in ws if group_norm_builds(self.model, w, self.depth)), None) for ws in (below, above)
+        )
+        near = ", ".join(str(w) for w in (below, above) if w is not None)
+        shape = f"model={self.model} width={self.width}" + (f" depth={self.depth}" if self.model != "resnet9" else "")
+        return (
+            f"norm=group cannot split {bad} channels into {group_norm_groups(bad)} groups of about "
+            f"{GROUP_NORM_CHANNELS} ({shape} has layers of {', '.join(map(str, channels))} channels); "
+            f"allowed: a width whose layers split evenly, e.g. {near} (any multiple of {GROUP_NORM_CHANNELS})"
+        )
 
     @property
     def effective_batch(self) -> int:
         """Samples per optimizer step, over all workers and accumulation steps."""
         return self.batch_size * self.accum_steps
+
+    @property
+    def train_images(self) -> int:
+        """Training images of the run: the dataset's, or the first train_subset of them."""
+        full = DATASET_SIZES[self.dataset][0]
+        return min(self.train_subset or full, full)
 
     @property
     def ray_workers(self) -> int:
@@ -301,6 +361,10 @@ SHOWN_DEFAULTS = {"data_dir": "~/.cache/cifar-ray/data"}
 _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
+def _bound(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"  # :g writes 2**32 - 1 as 4.29497e+09
+
+
 def _shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -315,7 +379,7 @@ def key_rows() -> list[KeyRow]:
         else:
             kind = field.annotation.__name__
             bounds = [
-                f"{symbol} {getattr(rule, name):g}"
+                f"{symbol} {_bound(getattr(rule, name))}"
                 for rule in field.metadata
                 for name, symbol in _BOUNDS
                 if hasattr(rule, name)
@@ -379,10 +443,74 @@ def parse_config(values: dict[str, Any], where: str = "") -> TrainConfig:
         raise ConfigError(_one_line(error, where)) from None
 
 
+class YamlValueError(ConfigError):
+    """YAML that StrictLoader refuses: the message names the value or key; `line` (from 1) says where."""
+
+    def __init__(self, message: str, line: int) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+_BOOL_TAG, _INT_TAG, _LEADING_ZERO_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:cifar-ray:leading-zero"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """Safe YAML (Python object tags refused) read as a config means it, for sweep files and --set alike:
+    true/false are the only booleans (YAML 1.1 reads off/on/yes/no as booleans: `amp: off` would be False;
+    a bool key still takes them, as pydantic reads "off" as false), an integer with a leading zero is refused
+    (YAML 1.1 reads 010 as octal 8), 1:30 is text (not YAML 1.1's sexagesimal 90), and a mapping may not
+    repeat a key (YAML keeps the last one silently)."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                if key in first_line:
+                    raise YamlValueError(
+                        f"duplicate key {key!r} (first at line {first_line[key]}); allowed: each key once", line
+                    )
+                first_line[key] = line
+            except TypeError:  # an unhashable key: the base constructor refuses it
+                break
+        return super().construct_mapping(node, deep)
+
+    def construct_leading_zero(self, node: yaml.ScalarNode) -> None:
+        digits = node.value.replace("_", "").lstrip("+-").lstrip("0") or "0"
+        raise YamlValueError(
+            f"{node.value} is an integer written with a leading zero (YAML 1.1 reads it as octal); "
+            f"allowed: {digits}, or '{node.value}' in quotes for text",
+            node.start_mark.line + 1,
+        )
+
+
+StrictLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+StrictLoader.add_implicit_resolver(
+    _INT_TAG, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0b[01_]+|0x[0-9a-fA-F_]+)$"), list("-+0123456789")
+)
+StrictLoader.add_implicit_resolver(_LEADING_ZERO_TAG, re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
+StrictLoader.add_constructor(_LEADING_ZERO_TAG, StrictLoader.construct_leading_zero)
+
+
+def load_yaml(text: str) -> Any:
+    """`text` read by StrictLoader; raises YamlValueError for what it refuses, yaml.YAMLError for bad YAML."""
+    return yaml.load(text, Loader=StrictLoader)  # safe: StrictLoader is a SafeLoader
+
+
 def parse_value(text: str) -> Any:
-    """A --set value, read as a YAML scalar so `lr=0.1` is a number and `use_gpu=true` a bool."""
+    """A --set value, read as a YAML scalar (as a sweep file reads it) so `lr=0.1` is a number, `use_gpu=true`
+    a bool and `amp=off` the string off; raises YamlValueError for an integer written with a leading zero."""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
+    except YamlValueError:
+        raise
     except yaml.YAMLError:
         return text
     return value if isinstance(value, (str, int, float, bool)) else text
@@ -398,7 +526,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         if key not in KEYS:
             raise ConfigError(unknown_key_message(key, "--set: "))
-        overrides[key] = parse_value(text.strip())
+        try:
+            overrides[key] = parse_value(text.strip())
+        except YamlValueError as error:
+            raise ConfigError(f"--set: {key}: {error}") from None
     return overrides
 
 

@@ -7,16 +7,17 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .config import TrainConfig
+from .config import TrainConfig, group_norm_groups
 
 NUM_CLASSES = 10
 
 
 # Normalisation after a conv, by name: channels -> layer. group uses 8 channels per group (Wu & He
-# 2018 found 16-32 groups best; 8 channels keeps small widths valid); layer = one group over C,H,W.
+# 2018 found 16-32 groups best; 8 channels keeps small widths valid; config.group_norm_groups, which
+# TrainConfig checks); layer = one group over C,H,W.
 NORMS: dict[str, Callable[[int], nn.Module]] = {
     "batch": lambda channels: nn.BatchNorm2d(channels),
-    "group": lambda channels: nn.GroupNorm(max(1, channels // 8), channels),
+    "group": lambda channels: nn.GroupNorm(group_norm_groups(channels), channels),
     "layer": lambda channels: nn.GroupNorm(1, channels),
     "instance": lambda channels: nn.InstanceNorm2d(channels, affine=True),
     "none": lambda channels: nn.Identity(),

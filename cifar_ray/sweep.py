@@ -30,23 +30,54 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .config import KEYS, ConfigError, TrainConfig, absolute_paths, parse_config, unknown_key_message
+from .config import (
+    KEYS,
+    ConfigError,
+    TrainConfig,
+    YamlValueError,
+    absolute_paths,
+    load_yaml,
+    parse_config,
+    unknown_key_message,
+)
 from .datasets import DATASET_SIZES
 from .runlog import OBJECTIVES
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# Run names (--name, a sweep file's name) and bundle factor names become folder, CSV and PNG names: one path
+# component that stays inside its folder (no /, no leading dot, so no .. either). Trial names match it too.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$"
+NAME_MAX = 80
+TRIAL_NAME_MAX = 120
+
+
+def name_refusal(name: Any) -> str | None:
+    """Why `name` cannot name a run or a factor, or None when it can."""
+    if isinstance(name, str) and re.fullmatch(NAME_PATTERN, name) and len(name) <= NAME_MAX:
+        return None
+    return (
+        f"{name!r} is not a name; allowed: up to {NAME_MAX} letters, digits and . _ = + -, starting with a letter "
+        f"or digit ({NAME_PATTERN}), as it names a folder or file"
+    )
 
 
 class SweepFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=NAME_PATTERN, max_length=80)
+    name: str
     description: str = ""
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     repeats: int = Field(1, ge=1, le=100)
     metric: Literal[OBJECTIVES] = "test_acc"  # type: ignore[valid-type]
     mode: Literal["max", "min"] = "max"
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_name(cls, name: str) -> str:
+        refusal = name_refusal(name)
+        if refusal:
+            raise ValueError(refusal)
+        return name
 
     @field_validator("grid")
     @classmethod
@@ -59,6 +90,9 @@ class SweepFile(BaseModel):
             bundles = [isinstance(value, dict) for value in values]
             if any(bundles) and not all(bundles):
                 raise ValueError(f"grid.{key} mixes mappings and plain values; use one or the other")
+            refusal = name_refusal(key) if all(bundles) else None
+            if refusal:  # a bundle factor's name is free: it goes into trial, CSV and PNG names
+                raise ValueError(f"factor {refusal}")
         return grid
 
 
@@ -107,7 +141,7 @@ def trial_name(index: int, swept: dict[str, Any]) -> str:
     """Deterministic folder-safe name: t003-batch_size=64-seed=1 (no timestamps, so a restored
     sweep finds its trials again)."""
     parts = [f"{key}={_slug(value)}" for key, value in swept.items()]
-    return "-".join([f"t{index:03d}", *parts])[:120]
+    return "-".join([f"t{index:03d}", *parts])[:TRIAL_NAME_MAX]
 
 
 def bundle_label(factor: str, bundle: dict[str, Any]) -> str:
@@ -133,6 +167,9 @@ def build_plan(
     """Validate a parsed sweep document and expand it; `overrides` replace base keys for every
     trial (and win over the grid, which then collapses to the overridden value)."""
     where = f"{source}: "
+    refusal = name_refusal(name) if name is not None else None
+    if refusal:
+        raise ConfigError(f"--name {refusal}")
     if not isinstance(data, dict):
         raise ConfigError(f"{where}a sweep file is a YAML mapping with keys {', '.join(SweepFile.model_fields)}")
     try:
@@ -191,7 +228,9 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
     except OSError as error:
         raise ConfigError(f"cannot read sweep file {path}: {error.strerror or error}") from None
     try:
-        data = yaml.safe_load(text)  # safe: Python object tags are refused, never constructed
+        data = load_yaml(text)  # safe: Python object tags are refused, never constructed
+    except YamlValueError as error:
+        raise ConfigError(f"{path}: line {error.line}: {error}") from None
     except yaml.constructor.ConstructorError as error:
         tag = error.problem.split()[-1] if error.problem else ""
         raise ConfigError(f"{path}: refused YAML tag {tag} (only plain YAML is allowed)") from None
@@ -222,8 +261,8 @@ class TrialWork:
 
 
 def trial_work(config: TrainConfig) -> TrialWork:
-    full_train, full_test = DATASET_SIZES[config.dataset]
-    train = min(config.train_subset or full_train, full_train)
+    full_test = DATASET_SIZES[config.dataset][1]
+    train = config.train_images
     test = min(config.test_subset or full_test, full_test)
     # an epoch is floor(n / effective_batch) optimizer steps; the rest is skipped (data.train_step_indices)
     per_epoch = train // config.effective_batch * config.effective_batch

@@ -326,3 +326,40 @@ def test_an_unfinished_train_folder_is_not_offered_resume(tmp_path, capsys, ray_
         f"cifar-ray: error: {run_dir} already holds an unfinished run of 'mine': "
         "pass --name NEW to start another, or delete the folder\n"
     )
+
+
+# Values that used to fail only inside a worker after Ray started, and names that would leave the storage: each is
+# one line and exit 2 from `sweep`, `sweep --dry-run` and `train`, before Ray starts and before anything is written.
+LATE_FAILURES = [
+    (["--name", "../x"], "--name '../x' is not a name; allowed: up to 80 letters, digits and . _ = + -"),
+    (["--name", "/tmp/abs"], "--name '/tmp/abs' is not a name; allowed: "),
+    (["--name", "a/b"], "--name 'a/b' is not a name; allowed: "),
+    (["--set", "lr=inf"], "--set: lr='inf': should be a finite number; allowed: a number"),
+    (["--set", "warmup_epochs=nan"], "warmup_epochs='nan': should be a finite number; allowed: a number"),
+    (["--set", "seed=4294967296"], "seed=4294967296: should be less than or equal to 4294967295"),
+    (["--set", "norm=group", "width=17"], "norm=group cannot split 17 channels into 2 groups of about 8"),
+    (["--set", "batch_size=2000"], "the effective batch 2000 (batch_size x accum_steps) is larger than the 1000"),
+    (["--set", "epochs=010"], "--set: epochs: 010 is an integer written with a leading zero"),
+]
+
+
+@pytest.mark.parametrize("words, message", LATE_FAILURES, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_values_that_fail_late_are_one_line_before_ray_starts(words, message, tmp_path, capsys, ray_start):
+    sweep_file = tmp_path / "tiny.yaml"
+    sweep_file.write_text("name: tiny\nbase: {dataset: synthetic, train_subset: 1000, batch_size: 64}\n")
+    storage = tmp_path / "store" / "runs"
+    common = ["--storage", str(storage), *words, "--set", "dataset=synthetic", "train_subset=1000"]
+    argvs = [["sweep", str(sweep_file), *common, "--dry-run"], ["sweep", str(sweep_file), *common], ["train", *common]]
+    for argv in argvs:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("cifar-ray: error: ") and message in err and err.count("\n") == 1, (argv, err)
+    assert sorted(tmp_path.rglob("*")) == [sweep_file]  # no run folder, inside the storage or out of it
+    [(code, err)] = no_torch_nor_ray(argvs[0])
+    assert code == 2 and message in err
+
+
+def test_yaml_1_1_words_are_amps_strings_in_set(capsys):
+    assert main(["sweep", str(SWEEPS / "amp.yaml"), "--dry-run", "--json", "--set", "amp=off", "compile=no"]) == 0
+    trials = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert {(t["config"]["amp"], t["config"]["compile"]) for t in trials} == {("off", False)}

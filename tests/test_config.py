@@ -6,7 +6,16 @@ from typing import get_args
 import pytest
 
 from cifar_ray import comm, config, data, datasets, models, optim, placement, sweep, train
-from cifar_ray.config import KEYS, ConfigError, TrainConfig, key_rows, parse_config, parse_overrides
+from cifar_ray.config import (
+    KEYS,
+    SEED_MAX,
+    ConfigError,
+    TrainConfig,
+    key_rows,
+    load_yaml,
+    parse_config,
+    parse_overrides,
+)
 
 
 def test_defaults_are_valid_and_documented():
@@ -53,8 +62,31 @@ def test_bad_override_syntax(items, expected):
         ({"use_gpu": "false", "amp": "fp16"}, "amp=fp16 needs a GPU"),
         (
             {"train_subset": 100, "batch_size": 64, "accum_steps": 2},
-            "train_subset=100 is smaller than the effective batch 128",
+            "the effective batch 128 (batch_size x accum_steps) is larger than the 100 training images "
+            "(cifar10, train_subset=100): not one optimizer step per epoch; allowed: an effective batch <= 100",
         ),
+        (  # no subset: the dataset's size is the bound
+            {"dataset": "synthetic", "batch_size": 25_600, "accum_steps": 2},
+            "the effective batch 51200 (batch_size x accum_steps) is larger than the 50000 training images "
+            "(synthetic, train_subset=0: all)",
+        ),
+        (  # a subset beyond the data is capped at it (data.load_splits): the cap is the bound
+            {"train_subset": 80_000, "batch_size": 50_001},
+            "larger than the 50000 training images (cifar10, train_subset=80000)",
+        ),
+        ({"seed": -1}, "seed=-1: should be greater than or equal to 0"),
+        ({"epochs": 10**6 + 1}, "epochs=1000001: should be less than or equal to 1000000"),
+        (
+            {"seed": config.SEED_MAX + 1},
+            f"seed={config.SEED_MAX + 1}: should be less than or equal to {config.SEED_MAX}",
+        ),
+        (
+            {"norm": "group", "width": 17},
+            "norm=group cannot split 17 channels into 2 groups of about 8 (model=simple_cnn width=17 depth=3 has "
+            "layers of 17, 34, 68 channels); allowed: a width whose layers split evenly, e.g. 16, 18 "
+            "(any multiple of 8)",
+        ),
+        ({"norm": "group", "model": "resnet9", "width": 25}, "(model=resnet9 width=25 has layers of 25, 50, 100, 200"),
         ({"colour": 1}, "unknown config key 'colour'"),
     ],
 )
@@ -120,8 +152,9 @@ def test_fused_optimizers_are_registered_ones():
     assert set(optim.FUSED_ON_CUDA) <= set(optim.OPTIMIZERS)
 
 
-def test_config_imports_nothing_of_the_package_but_errors():
-    """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors)."""
+def test_config_imports_nothing_of_the_package_but_errors_and_datasets():
+    """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors); datasets.py
+    imports nothing but errors."""
     tree = ast.parse(Path(config.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
@@ -129,7 +162,7 @@ def test_config_imports_nothing_of_the_package_but_errors():
             imported.add(node.module or "")
         elif isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names if alias.name.startswith("cifar_ray")}
-    assert imported == {"errors"}
+    assert imported == {"errors", "datasets"}
 
 
 def test_resolve_plan_refuses_bf16_compression_where_torch_refuses_its_hook(monkeypatch):
@@ -174,3 +207,109 @@ def test_keys_text_aligns_columns_and_wraps_descriptions():
     wrapped = textwrap.wrap(description, 56)
     assert [line.strip() for line in lines[start : start + len(wrapped)]] == wrapped
     assert all(len(line) <= 60 for line in lines if line.startswith(" "))
+
+
+FLOAT_KEYS = [key for key, field in TrainConfig.model_fields.items() if field.annotation is float]
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", ".inf", "-.inf", ".nan", "Infinity"])
+def test_inf_and_nan_are_refused_for_every_float_key(key, text):
+    """inf passes lr > 0 and weight_decay >= 0 and nan fails only in training; --set and YAML read them alike."""
+    with pytest.raises(ConfigError) as error:
+        parse_config(parse_overrides([f"{key}={text}"]))
+    assert str(error.value).startswith(f"{key}=") and "should be a finite number; allowed: a number" in str(error.value)
+
+
+def test_float_keys_are_the_ones_expected():
+    assert {"lr", "weight_decay", "warmup_epochs", "momentum", "label_smoothing", "dropout"} <= set(FLOAT_KEYS)
+
+
+def test_seeds_up_to_seed_max_seed_every_generator_and_beyond_do_not():
+    """SEED_MAX is where the seeds data.py and train.py derive (per epoch, per rank) still fit torch's generators:
+    at it the last epoch of the longest run on 1024 ranks seeds fine; beyond it they overflow, in the worker."""
+    import torch
+
+    split = data.synthetic_cifar(1024, split_seed=0)
+    world = 1024
+
+    def seed_everything(seed: int) -> None:
+        cfg = TrainConfig.model_construct(**(TrainConfig().model_dump() | {"seed": seed, "batch_size": world}))
+        torch.manual_seed(train.rank_seed(seed, world - 1))
+        next(data.iterate_train(split, cfg, config.EPOCHS_MAX, world - 1, world))  # seeds by epoch and rank
+
+    seed_everything(TrainConfig(seed=SEED_MAX, epochs=config.EPOCHS_MAX).seed)
+    with pytest.raises((ValueError, RuntimeError)):
+        seed_everything(SEED_MAX * 2**20)
+
+
+def model_builds(values: dict) -> bool:
+    import torch
+
+    with torch.device("meta"):  # shapes only: no memory, no initialisation time
+        try:
+            models.build_model(TrainConfig.model_construct(**(TrainConfig().model_dump() | values)))
+        except ValueError:
+            return False
+    return True
+
+
+def config_accepts(values: dict) -> bool:
+    try:
+        parse_config(values)
+    except ConfigError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("model", get_args(config.ModelName))
+@pytest.mark.parametrize("norm", get_args(config.Norm))
+def test_the_config_accepts_a_norm_and_width_exactly_when_the_model_builds(model, norm):
+    depths = range(1, 6) if model == "simple_cnn" else [3]
+    cases = [{"model": model, "norm": norm, "width": w, "depth": d} for w in [*range(1, 66), 100, 1000] for d in depths]
+    disagree = [case for case in cases if config_accepts(case) != model_builds(case)]
+    assert not disagree
+    if norm == "group":  # the check is not vacuous: some widths cannot build
+        assert not all(map(config_accepts, cases))
+
+
+def test_yaml_reads_yes_no_on_off_as_text_and_true_false_as_bools():
+    """YAML 1.1 reads off/on/yes/no as booleans: amp: off would be False, which amp refuses."""
+    assert load_yaml("{amp: off, compile: yes, use_gpu: false, x: [on, no, True]}") == {
+        "amp": "off",
+        "compile": "yes",
+        "use_gpu": False,
+        "x": ["on", "no", True],
+    }
+    values = parse_overrides(["amp=off", "compile=yes", "static_graph=off", "use_gpu=false"])
+    assert values == {"amp": "off", "compile": "yes", "static_graph": "off", "use_gpu": False}
+    cfg = parse_config(values)
+    assert (cfg.amp, cfg.compile, cfg.static_graph, cfg.use_gpu) == ("off", True, False, "false")
+
+
+@pytest.mark.parametrize("text, digits", [("010", "10"), ("-07", "7"), ("00", "0"), ("0_1", "1")])
+def test_an_integer_with_a_leading_zero_is_refused_naming_it(text, digits):
+    """YAML 1.1 reads 010 as octal 8: epochs=010 would run 8 epochs."""
+    with pytest.raises(ConfigError) as error:
+        parse_overrides([f"epochs={text}"])
+    assert str(error.value) == (
+        f"--set: epochs: {text} is an integer written with a leading zero (YAML 1.1 reads it as octal); "
+        f"allowed: {digits}, or '{text}' in quotes for text"
+    )
+    assert load_yaml(f"'{text}'") == text and load_yaml("[0, 10, 0x10, 1_000, 0.5, 1:30]") == [
+        0,
+        10,
+        16,
+        1000,
+        0.5,
+        "1:30",
+    ]
+
+
+def test_a_mapping_that_repeats_a_key_is_refused_naming_it_and_its_lines():
+    with pytest.raises(config.YamlValueError) as error:
+        load_yaml("name: s\ngrid: {lr: [0.1]}\nbase: {}\ngrid: {lr: [0.2]}\n")
+    assert (str(error.value), error.value.line) == ("duplicate key 'grid' (first at line 2); allowed: each key once", 4)
+    with pytest.raises(config.YamlValueError, match="duplicate key 'lr' \\(first at line 1\\)"):
+        load_yaml("base: {lr: 0.1, epochs: 1, lr: 0.2}")
+    assert load_yaml("a: &x {k: 1}\nb: {<<: *x, k: 2}\n")["b"] == {"k": 2}  # a merge key is no repeat

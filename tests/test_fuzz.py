@@ -1,5 +1,6 @@
 """Bad input never yields a traceback: fuzzed --set items and sweep files parse or fail in one line."""
 
+import re
 import string
 
 import yaml
@@ -7,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cifar_ray.cli import main
-from cifar_ray.config import KEYS, ConfigError, parse_config, parse_overrides
-from cifar_ray.sweep import build_plan
+from cifar_ray.config import KEYS, ConfigError, load_yaml, parse_config, parse_overrides
+from cifar_ray.sweep import NAME_MAX, NAME_PATTERN, TRIAL_NAME_MAX, build_plan, trial_name
 
 scalars = st.one_of(
     st.none(),
@@ -93,3 +94,25 @@ def test_sweep_files_never_trace_back(tmp_path, capsys, text):
     if code == 2:
         lines = captured.err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("cifar-ray: error: ")
+
+
+names = st.from_regex(NAME_PATTERN, fullmatch=True).filter(lambda name: len(name) <= NAME_MAX)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**4), st.dictionaries(st.one_of(st.sampled_from(KEYS), names), scalars, max_size=4))
+def test_trial_names_are_one_name_whatever_the_values(index, swept):
+    """Values go into trial folder names (a data_dir with /, a bundle label with spaces): never a nested folder."""
+    name = trial_name(index, swept)
+    assert re.fullmatch(NAME_PATTERN, name) and len(name) <= TRIAL_NAME_MAX
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40))
+def test_yaml_text_loads_or_fails_as_bad_yaml_or_one_line(text):
+    try:
+        load_yaml(text)
+    except yaml.YAMLError:
+        pass
+    except ConfigError as error:
+        assert one_line(error)

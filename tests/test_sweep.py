@@ -1,13 +1,24 @@
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from cifar_ray.cli import main
 from cifar_ray.config import ConfigError, TrainConfig
-from cifar_ray.sweep import TrialWork, build_plan, load_sweep, trial_name, trial_work, work_summary
+from cifar_ray.sweep import (
+    NAME_MAX,
+    NAME_PATTERN,
+    TrialWork,
+    build_plan,
+    load_sweep,
+    trial_name,
+    trial_work,
+    work_summary,
+)
 
-SWEEPS = sorted((Path(__file__).parent.parent / "sweeps").glob("*.yaml"))
+ROOT = Path(__file__).parent.parent
+SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 
 
 def test_there_are_sweep_files():
@@ -123,6 +134,56 @@ def test_trial_names_are_folder_safe():
         trial_name(7, {"optimizer": "adam (lr=0.001)", "data_dir": "/a/b"})
         == "t007-optimizer=adam-lr-0.001-data_dir=a-b"
     )
+    assert trial_name(0, {"data_dir": "../.."}) == "t000-data_dir=..-..", "one path component, never .."
+
+
+def test_every_shipped_and_recorded_name_matches_the_name_pattern():
+    """The name pattern keeps what exists valid: the bundled sweeps' run and trial names, and the recorded run."""
+    names = []
+    for path in SWEEPS:
+        plan = load_sweep(path)
+        names += [plan.name, *(t.name for t in plan.trials), *plan.grid]
+    recorded = ROOT / "reports" / "quickstart" / "logs"
+    names += [folder.name for folder in recorded.iterdir() if folder.is_dir()]
+    assert len(names) > 100 and all(re.fullmatch(NAME_PATTERN, name) for name in names), names
+
+
+NAME_REFUSAL = (
+    "is not a name; allowed: up to 80 letters, digits and . _ = + -, starting with a letter or digit "
+    f"({NAME_PATTERN}), as it names a folder or file"
+)
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "/abs", "a/b", "..", ".hidden", "", "has space", "trailing\n", "x" * (NAME_MAX + 1)]
+)
+def test_a_name_that_is_no_single_folder_name_is_refused(name, tmp_path):
+    """--name, the file's name and a bundle factor's name become folder, CSV and PNG names."""
+    with pytest.raises(ConfigError) as error:
+        build_plan({"name": "ok"}, name=name)
+    assert str(error.value) == f"--name {name!r} {NAME_REFUSAL}"
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({"name": name}))
+    with pytest.raises(ConfigError) as error:
+        load_sweep(path)
+    assert str(error.value) == f"{path}: name: {name!r} {NAME_REFUSAL}"
+    path.write_text(json.dumps({"name": "ok", "grid": {name: [{"lr": 0.1}, {"lr": 0.2}]}}))
+    with pytest.raises(ConfigError) as error:
+        load_sweep(path)
+    assert str(error.value) == f"{path}: grid: factor {name!r} {NAME_REFUSAL}"
+
+
+def test_names_with_the_characters_trial_names_use_are_accepted():
+    plan = build_plan({"name": "a.b_c=d+e-f", "grid": {"my.factor=1": [{"lr": 0.1}]}}, name="Run-2.v=1+x")
+    assert plan.name == "Run-2.v=1+x" and plan.trials[0].name == "t000-my.factor=1=lr-0.1"
+
+
+def test_yaml_1_1_booleans_are_the_strings_amp_takes_and_bool_keys_still_read_them(tmp_path):
+    path = tmp_path / "amp.yaml"
+    path.write_text("name: amp\nbase: {amp: off, compile: no, dataset: synthetic}\ngrid: {amp: [off, bf16]}\n")
+    plan = load_sweep(path)
+    assert [(t.config.amp, t.config.compile) for t in plan.trials] == [("off", False), ("bf16", False)]
+    assert plan.trials[0].name == "t000-amp=off"
 
 
 @pytest.mark.parametrize(
@@ -147,11 +208,22 @@ def test_trial_names_are_folder_safe():
         ("name: x\ngrid: {seed: [1, 2]}\nrepeats: 2\n", "grid.seed and repeats=2 both vary the seed"),
         ("name: x\ngrid: {lr: [0.1, {lr: 0.2}]}\n", "grid.lr mixes mappings and plain values"),
         ("description: no name\n", "name: Field required"),
-        ("name: has space\n", "name: String should match pattern"),
+        ("name: has space\n", "name: 'has space' is not a name; allowed: up to 80 letters"),
         ("- just\n- a list\n", "a sweep file is a YAML mapping"),
         ("name: x\nbase: {lr: 0.1\n", "invalid YAML at line"),
         ("name: !!python/object/apply:os.system ['echo pwned']\n", "refused YAML tag"),
         ("name: x\nmetric: accuracy\n", "metric: Input should be"),
+        ("name: x\nbase: {epochs: 010}\n", "line 2: 010 is an integer written with a leading zero"),
+        (
+            "name: x\ngrid: {lr: [0.1]}\nrepeats: 2\ngrid: {lr: [0.2]}\n",
+            "line 4: duplicate key 'grid' (first at line 2); allowed: each key once",
+        ),
+        ("name: x\nbase:\n  lr: 0.1\n  lr: 0.2\n", "line 4: duplicate key 'lr' (first at line 3)"),
+        ("name: x\nbase: {lr: .inf}\n", "base: lr=inf: should be a finite number; allowed: a number"),
+        ("name: x\ngrid: {weight_decay: [0.1, .nan]}\n", "weight_decay=nan: should be a finite number"),
+        ("name: x\nbase: {seed: 4294967296}\n", "seed=4294967296: should be less than or equal to 4294967295"),
+        ("name: x\ngrid: {width: [16, 25]}\nbase: {norm: group}\n", "trial (width=25): norm=group cannot split 25"),
+        ("name: x\nbase: {batch_size: 40000, accum_steps: 2}\n", "the effective batch 80000 (batch_size x accum"),
     ],
 )
 def test_invalid_sweep_files_fail_with_one_line(tmp_path, capsys, text, expected):
