@@ -14,8 +14,9 @@ from test_reliability import wait_for
 from test_warm_process import COMPUTED  # what a trial computes: equal run to run
 
 from cifar_ray import runlog
+from cifar_ray.checkpoints import CHECKPOINTS
 from cifar_ray.cli import main
-from cifar_ray.slots import CHECKPOINTS, dispatcher_name
+from cifar_ray.slots import dispatcher_name
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
