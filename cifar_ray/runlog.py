@@ -6,7 +6,6 @@
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
       <trial>/error.txt         the traceback of a failed trial
-
       <trial>/checkpoints/      the trial's checkpoints (layout: checkpoints.py)
 
 Ray Tune writes its own files (result.json, progress.csv, ...) into the same trial folders; they are
