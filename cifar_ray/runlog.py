@@ -6,10 +6,18 @@
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
       <trial>/error.txt         the traceback of a failed trial
+      <trial>/checkpoints/      the trial's checkpoints (layout: checkpoints.py)
 
 Ray Tune writes its own files (result.json, progress.csv, ...) into the same trial folders; they are
 not read back: after a driver restore they may lag behind, while metrics.jsonl is written by the
 training itself as each epoch ends.
+
+Reads tell "absent" from "failed" (storage.read_retrying): a missing file is empty ({} or no epochs); a file
+that cannot be read or does not parse is read again, then raises StorageError naming it, so status and report
+say which file they cannot read instead of showing its trial as pending, and no file is rewritten from a failed
+read (update_json, append_epoch, truncate_epochs). In metrics.jsonl a last line cut short (no newline, not JSON:
+its writer was killed mid-write on a store without atomic writes) is an epoch never logged and is skipped; any
+other line that is not an epoch's JSON is corruption and raises.
 
 Epoch keys: EPOCH_METRICS below, each with what it measures (train.py writes exactly these).
 Trial status: pending | running | finished | failed | diverged | oom.
@@ -24,8 +32,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RunFolderError
-from .storage import StoragePath
+from .checkpoints import CHECKPOINTS
+from .errors import RunFolderError, StorageError
+from .storage import StoragePath, read_retrying
 
 Where = str | os.PathLike | StoragePath
 
@@ -94,36 +103,52 @@ def write_json(path: Where, data: dict) -> None:
     StoragePath.of(path).write_text(json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
 
 
+def _json_object(data: bytes) -> dict:
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"it holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def read_json(path: Where) -> dict:
-    try:
-        return json.loads(StoragePath.of(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-# Reads of a file update_json rewrites: a storage error is retried, never taken for an empty file.
-UPDATE_READ_TRIES = 5
+    """The JSON object in the file; {} when there is none; StorageError when it cannot be read or parsed."""
+    return read_retrying(StoragePath.of(path), _json_object, {})
 
 
 def update_json(path: Where, **fields: Any) -> dict:
-    """Set `fields` in a JSON file, keeping its other keys. A file that exists but cannot be read right now
-    (a storage timeout under load) is read again, then raises: taking it for {} would write `fields` alone and
-    drop every other key (a trial.json lost its config and system this way with S3 at load average 30)."""
+    """Set `fields` in a JSON file, keeping its other keys. A file that exists but cannot be read raises (after
+    read_json's tries): taking it for {} would write `fields` alone and drop every other key (a trial.json lost
+    its config and system this way with S3 at load average 30)."""
     path = StoragePath.of(path)
-    for attempt in range(UPDATE_READ_TRIES):
-        try:
-            data = json.loads(path.read_text())
-            break
-        except FileNotFoundError:
-            data = {}
-            break
-        except (OSError, json.JSONDecodeError):
-            if attempt == UPDATE_READ_TRIES - 1:
-                raise
-            time.sleep(0.1 * 2**attempt)
-    data |= fields
+    data = read_json(path) | fields
     write_json(path, data)
     return data
+
+
+def _epoch_rows(data: bytes) -> list[dict]:
+    """metrics.jsonl's epochs, a repeated epoch's last copy; ValueError for a line that is not an epoch's JSON,
+    except a last line cut short (see the module's docstring)."""
+    lines = data.decode().split("\n")  # the last item is "" when the file ends with its newline
+    by_epoch: dict[int, dict] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue
+            raise ValueError(f"line {number} is not JSON") from None
+        if not (isinstance(row, dict) and isinstance(row.get("epoch"), int)):
+            raise ValueError(f"line {number} is not an epoch's metrics (a JSON object with an integer epoch)")
+        by_epoch[row["epoch"]] = row
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def read_epochs(trial_dir: Where) -> list[dict]:
+    """Per-epoch metrics in epoch order; none when there is no metrics.jsonl; StorageError when it cannot be read
+    or holds a corrupt line."""
+    return read_retrying(StoragePath.of(trial_dir) / EPOCHS_FILE, _epoch_rows, [])
 
 
 def _write_epochs(trial_dir: Where, rows: list[dict]) -> None:
@@ -133,23 +158,6 @@ def _write_epochs(trial_dir: Where, rows: list[dict]) -> None:
 def append_epoch(trial_dir: Where, metrics: dict) -> None:
     """Rewrites the whole (small) file: object stores cannot append, and a rewrite is all or nothing."""
     _write_epochs(trial_dir, read_epochs(trial_dir) + [metrics])
-
-
-def read_epochs(trial_dir: Where) -> list[dict]:
-    """Per-epoch metrics; an unreadable line is skipped, a repeated epoch keeps its last copy."""
-    by_epoch: dict[int, dict] = {}
-    try:
-        lines = (StoragePath.of(trial_dir) / EPOCHS_FILE).read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("epoch"), int):
-            by_epoch[row["epoch"]] = row
-    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 def truncate_epochs(trial_dir: Where, last_kept_epoch: int) -> None:
@@ -184,7 +192,9 @@ class RunLog:
 
 
 def load_run(run_dir: Where) -> RunLog:
-    """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last)."""
+    """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last). A file that
+    cannot be read raises StorageError naming it: status and report say so in one line rather than show a
+    table with its trial as pending (another user's files of mode 0600 in a shared folder, a storage outage)."""
     run_dir = StoragePath.of(run_dir)
     if not run_dir.is_dir():
         raise RunFolderError(f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} (<storage>/<name>)")
@@ -196,16 +206,38 @@ def load_run(run_dir: Where) -> RunLog:
     return RunLog(run_dir, sweep, trials)
 
 
+def trial_folders(run_dir: Where) -> list[str]:
+    """The folders in `run_dir` that hold a trial's files (trial.json, metrics.jsonl or checkpoints)."""
+    run_dir = StoragePath.of(run_dir)
+    return [
+        name
+        for name in run_dir.subfolders()
+        if any((run_dir / name / held).exists() for held in (TRIAL_FILE, EPOCHS_FILE, CHECKPOINTS))
+    ]
+
+
 def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True) -> str | None:
-    """Why a new run of `plan_name` may not start in `run_dir`, in one line; None when the folder
-    holds no run (no readable sweep.json). A finished run is not offered --resume: it has nothing left;
-    nor is a run that cannot be resumed (`cifar-ray train` has no --resume)."""
+    """Why a new run of `plan_name` may not start in `run_dir`, in one line; None when the folder holds no run:
+    no sweep.json and no trial folder. A sweep.json that cannot be read is not "no run": a new run would adopt the
+    old one's trials and checkpoints. A finished run is not offered --resume: it has nothing left; nor is a run
+    that cannot be resumed (`cifar-ray train` has no --resume)."""
     import shlex
 
     run_dir = StoragePath.of(run_dir)
-    sweep = read_json(run_dir / SWEEP_FILE)
+    options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
+    try:
+        sweep = read_json(run_dir / SWEEP_FILE)
+    except StorageError as error:
+        return f"{error}; {run_dir} may hold a run: {options} to start another, or move the folder away"
     if not sweep:
-        return None
+        trials = trial_folders(run_dir)
+        if not trials:
+            return None
+        shown = ", ".join(trials[:3]) + (f" and {len(trials) - 3} more" if len(trials) > 3 else "")
+        return (
+            f"{run_dir} holds trial folders ({shown}) but no {SWEEP_FILE}: pass --name NEW to start another run, "
+            "or move the folder away"
+        )
     names = list(sweep.get("trials", []))
     if (
         "finished_at" in sweep
@@ -217,7 +249,6 @@ def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True)
             f"{run_dir} already holds a finished run of '{plan_name}' ({trials}): see it with `cifar-ray report "
             f"{shlex.quote(str(run_dir))}`; pass --name NEW to start another, or delete the folder"
         )
-    options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
     return (
         f"{run_dir} already holds an unfinished run of '{plan_name}': {options} to start another, or delete the folder"
     )

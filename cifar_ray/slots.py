@@ -16,7 +16,7 @@ LOOK_AHEAD. Every shape gets as many slots as copies of it fit the cluster; Ray 
 group when its resources are free (a placement group takes all its bundles or none), and a slot ends when
 its shape has no trial left, so shapes never deadlock each other.
 
-Failures: checkpoints are the trial's own (CHECKPOINTS in the trial folder). A worker that dies, or a
+Failures: checkpoints are the trial's own (in the trial folder: checkpoints.py). A worker that dies, or a
 trial that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same
 trial back from the Dispatcher and continues it from its last checkpoint, up to the trial's
 max_failures times; then the trial is failed and the slot goes on with the next. A diverged trial just
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runlog, sysinfo
+from .checkpoints import fetch_checkpoint, store_checkpoint
 from .config import TrainConfig
 from .placement import trial_bundles, trials_that_fit, worker_resources
 from .ray_session import error_line, failure_status
@@ -45,7 +46,6 @@ from .storage import StoragePath
 from .sweep import SweepPlan
 
 DISPATCHER = "cifar-ray-dispatcher"
-CHECKPOINTS = "checkpoints"  # <trial>/checkpoints/epoch-0003/state.pt: a slot's trials keep their own
 LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
 STARTED = "slot_started_after_epoch"  # the result a thin trial reports when its slot takes the trial
@@ -138,30 +138,6 @@ class Dispatcher:
             self.run_dir / spec["name"] / runlog.TRIAL_FILE, status=status, error=error, finished_at=runlog.now_iso()
         )
         await self._tell(spec["name"], {"failed": error, "status": status})
-
-
-# ------------------------------------------------------------------------------------ checkpoints
-
-
-def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int) -> None:
-    """The epoch's checkpoint (train.save_checkpoint's folder) into the trial's folder; the newest `keep` stay."""
-    from .train import CHECKPOINT_FILE
-
-    checkpoints = trial_dir / CHECKPOINTS
-    (checkpoints / f"epoch-{epoch:04d}" / CHECKPOINT_FILE).write_bytes((folder / CHECKPOINT_FILE).read_bytes())
-    for name in checkpoints.subfolders()[:-keep]:
-        (checkpoints / name).delete_dir()
-
-
-def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
-    """The trial's newest checkpoint as a train.load_checkpoint folder under `into`; None without one."""
-    from .train import CHECKPOINT_FILE
-
-    names = [name for name in (trial_dir / CHECKPOINTS).subfolders() if name.startswith("epoch-")]
-    if not names:
-        return None
-    (into / CHECKPOINT_FILE).write_bytes((trial_dir / CHECKPOINTS / names[-1] / CHECKPOINT_FILE).read_bytes())
-    return into
 
 
 # ------------------------------------------------------------------------------------- the slot

@@ -258,7 +258,7 @@ def load_state(run_dir: runlog.Where, now: float | None = None) -> SweepState:
     run_dir = StoragePath.of(run_dir)
     if not runlog.read_json(run_dir / runlog.SWEEP_FILE):
         raise RunFolderError(
-            f"{run_dir} holds no run: no readable {runlog.SWEEP_FILE} there; a run folder (--storage DIR --name NAME: "
+            f"{run_dir} holds no run: no {runlog.SWEEP_FILE} there; a run folder (--storage DIR --name NAME: "
             f"DIR/NAME) holds {runlog.SWEEP_FILE} and a folder per trial with {runlog.TRIAL_FILE} and "
             f"{runlog.EPOCHS_FILE}"
         )

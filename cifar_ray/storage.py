@@ -4,7 +4,14 @@ loop and the report share, so the same code writes `metrics.jsonl` to a disk or 
 Tune and Ray Train get the same filesystem (`storage_filesystem`) for their checkpoints and state.
 
 Object stores have no rename and no append: a write is one whole-object PUT, which readers see
-entirely or not at all; on local disk a write goes to a temp file and is renamed over the target.
+entirely or not at all; on local disk a write goes to a temp file and is renamed over the target. New files
+and folders get the modes a plain open() and mkdir() give (0o666 and 0o777 less the umask), so a run folder
+shared by a group is readable by the group.
+
+A read tells "absent" from "failed" (`read_retrying`): a missing file is the caller's empty value; any other
+error, or content that does not parse (a torn or corrupt file), is read again READ_TRIES times with a doubling
+pause, then raised as a StorageError naming the file and the reason. Nothing is ever taken for empty because a
+read failed: a file rewritten from such a read would lose what it held.
 Credentials and endpoints come from each node's environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL,
 GOOGLE_APPLICATION_CREDENTIALS, ...) or from the URI itself (`s3://bucket/runs?region=eu-west-1&
 endpoint_override=host:9000&scheme=http`); a StoragePath pickles with them, so Ray workers on any
@@ -22,9 +29,11 @@ import os
 import posixpath
 import re
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import StorageError
 
@@ -33,6 +42,9 @@ if TYPE_CHECKING:
 
 URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@?\s]*@")
+READ_TRIES = 5  # a failed read is tried again, READ_RETRY_S, then twice as long each time (1.5 s in all)
+READ_RETRY_S = 0.1
+Parsed = TypeVar("Parsed")
 ALLOWED = (
     "a folder, or a URI pyarrow opens: s3://bucket/path, gs://bucket/path, abfs://..., hdfs://host/path, file:///path"
 )
@@ -150,6 +162,7 @@ class StoragePath:
         if self.is_local:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=posixpath.dirname(self.path), prefix=self.name, suffix=".tmp")
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the file from the group
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
                 out.flush()
@@ -174,3 +187,35 @@ class StoragePath:
             self.filesystem.delete_file(self.path)
         except FileNotFoundError:
             pass
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it: a race with other threads)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc (macOS): set and restore
+    os.umask(mask)
+    return mask
+
+
+def read_retrying(path: StoragePath, parse: Callable[[bytes], Parsed], absent: Parsed) -> Parsed:
+    """`parse` of the file's content; `absent` when there is no file. A file that cannot be read or parsed right
+    now (a storage timeout, a file being replaced on a store without atomic writes) is read again, READ_TRIES
+    times in all, then StorageError names it and the reason. `parse` raises ValueError for content it refuses."""
+    attempt = 1
+    while True:
+        try:
+            return parse(path.read_bytes())
+        except FileNotFoundError:
+            return absent
+        except (OSError, ValueError) as error:
+            if attempt == READ_TRIES:
+                reason = (str(error).splitlines() or [""])[0].strip() or type(error).__name__
+                raise StorageError(f"cannot read {path} ({READ_TRIES} tries): {redact(reason)[:300]}") from error
+            time.sleep(READ_RETRY_S * 2 ** (attempt - 1))
+            attempt += 1

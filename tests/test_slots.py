@@ -14,8 +14,9 @@ from test_reliability import wait_for
 from test_warm_process import COMPUTED  # what a trial computes: equal run to run
 
 from cifar_ray import runlog
+from cifar_ray.checkpoints import CHECKPOINTS
 from cifar_ray.cli import main
-from cifar_ray.slots import CHECKPOINTS, dispatcher_name
+from cifar_ray.slots import dispatcher_name
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -110,11 +111,19 @@ def test_resume_trains_a_failed_trial_again_from_its_checkpoint_as_isolate_does(
     sweep = ["sweep", str(tmp_path / "s.yaml"), "--max-concurrent", "1", "--storage", str(tmp_path / "runs")]
     sweep += ["--json", "--set", *TINY, "max_failures=0"]
     # A file where the second trial's epoch-2 checkpoint folder goes: storing that checkpoint fails (as on a full
-    # disk), so the trial fails after its epoch-1 checkpoint; gone on resume.
+    # disk), so the trial fails after its epoch-1 checkpoint; gone on resume. Made once the sweep has started: a
+    # folder holding a trial's checkpoints and no sweep.json is refused as a run folder.
     blocker = run_dir / "t001-seed=1" / CHECKPOINTS / "epoch-0002"
-    blocker.parent.mkdir(parents=True)
-    blocker.write_text("")
+
+    def block() -> None:
+        wait_for(lambda: (run_dir / runlog.SWEEP_FILE).exists(), 240, "the sweep's start")
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_text("")
+
+    blocking = threading.Thread(target=block)
+    blocking.start()
     code = main(sweep)
+    blocking.join()
     assert code == 1, capsys.readouterr().err
     run = runlog.load_run(run_dir)
     assert [t.status for t in run.trials] == ["finished", "failed"]

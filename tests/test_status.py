@@ -4,6 +4,7 @@ run folders, then a real tiny sweep read back in a fresh Python that must import
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -255,3 +256,44 @@ def test_a_real_sweep_prints_where_it_stands_and_status_reads_it(ray_cluster, tm
     data = json.loads(status_in_fresh_python(str(run_dir), "--json"))
     assert data["counts"]["finished"] == 1 and data["counts"]["diverged"] == 1 and data["eta"] == ""
     assert [t["epochs_done"] for t in data["trials"]] == [len(t.epochs) for t in runlog.load_run(run_dir).trials]
+
+
+def deny_reads(monkeypatch, denied: Path) -> None:
+    """Reading `denied` fails as a file of another user's, mode 0600, does (a test as root reads anything)."""
+    from cifar_ray import storage
+    from cifar_ray.storage import StoragePath
+
+    real_read = StoragePath.read_bytes
+
+    def read_bytes(self: StoragePath) -> bytes:
+        if self.path == str(denied):
+            raise PermissionError(13, "Permission denied", self.path)
+        return real_read(self)
+
+    monkeypatch.setattr(StoragePath, "read_bytes", read_bytes)
+    monkeypatch.setattr(storage, "READ_RETRY_S", 0.0)
+
+
+@pytest.mark.parametrize("unreadable", ["t1/" + runlog.EPOCHS_FILE, "t2/" + runlog.TRIAL_FILE, runlog.SWEEP_FILE])
+@pytest.mark.parametrize("command", ["status", "report"])
+def test_an_unreadable_file_is_one_line_naming_it_not_a_pending_trial(
+    mixed_run, monkeypatch, capsys, command, unreadable
+):
+    deny_reads(monkeypatch, mixed_run / unreadable)
+    assert (
+        main([command, str(mixed_run), *(["--out", str(mixed_run.parent / "report")] if command == "report" else [])])
+        == 2
+    )
+    out, err = capsys.readouterr()
+    assert err.startswith(f"cifar-ray: error: cannot read {mixed_run / unreadable} (") and err.count("\n") == 1, err
+    assert "Permission denied" in err and "pending" not in out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
+def test_a_file_of_mode_000_is_one_line_naming_it(mixed_run, monkeypatch, capsys):
+    from cifar_ray import storage
+
+    monkeypatch.setattr(storage, "READ_RETRY_S", 0.0)
+    (mixed_run / "t1" / runlog.EPOCHS_FILE).chmod(0)
+    assert main(["status", str(mixed_run)]) == 2
+    assert capsys.readouterr().err.startswith(f"cifar-ray: error: cannot read {mixed_run / 't1' / runlog.EPOCHS_FILE}")

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import shlex
+import stat
 
 import pyarrow.fs as pafs
 import pytest
+from faults import FaultyFiles, faulty_storage
 
-from cifar_ray import runlog
+from cifar_ray import runlog, storage
+from cifar_ray.checkpoints import CHECKPOINTS
 from cifar_ray.cli import main
 from cifar_ray.errors import StorageError
 from cifar_ray.report import write_report
-from cifar_ray.slots import CHECKPOINTS
 from cifar_ray.storage import StoragePath
 
 
@@ -151,13 +154,46 @@ def test_update_json_never_takes_an_unreadable_file_for_an_empty_one(tmp_path, m
         return real_read(self)
 
     monkeypatch.setattr(StoragePath, "read_bytes", flaky_read)
-    monkeypatch.setattr(runlog.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(storage, "READ_RETRY_S", 0.0)
     runlog.update_json(trial_file, status="finished")
     assert runlog.read_json(trial_file) == {"config": {"seed": 1}, "system": {"world_size": 2}, "status": "finished"}
 
     trial_file.write_text("{not json")  # never readable: an error, not a file rewritten with `status` alone
-    with pytest.raises(json.JSONDecodeError):
+    with pytest.raises(StorageError, match=f"cannot read {trial_file} "):
         runlog.update_json(trial_file, status="failed")
     assert trial_file.read_text() == "{not json"
     runlog.update_json(StoragePath.of(str(tmp_path / "new.json")), status="pending")  # absent: created
     assert runlog.read_json(tmp_path / "new.json") == {"status": "pending"}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_new_files_and_folders_get_the_modes_open_and_mkdir_give(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        trial_file = StoragePath.of(tmp_path / "runs" / "t000" / runlog.TRIAL_FILE)
+        runlog.write_json(trial_file, {"status": "pending"})  # makes its folders too
+        (StoragePath.of(tmp_path) / "made").mkdir()
+        plain = tmp_path / "plain"
+        plain.write_text("")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(trial_file.path).st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o666 & ~umask
+    for folder in (tmp_path / "runs", tmp_path / "runs" / "t000", tmp_path / "made"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask, folder
+
+
+def test_a_pyarrow_filesystem_that_is_not_local_works_as_a_folder_does(tmp_path):
+    where = faulty_storage(tmp_path / "runs", FaultyFiles(tmp_path / "faults", share=0.0))
+    assert not where.is_local and not where.exists() and where.subfolders() == []
+    assert runlog.read_json(where / "r" / runlog.SWEEP_FILE) == {} and runlog.read_epochs(where / "r" / "a") == []
+    runlog.write_json(where / "r" / runlog.SWEEP_FILE, {"name": "r", "trials": ["a"]})
+    runlog.write_json(where / "r" / "a" / runlog.TRIAL_FILE, {"status": "running"})
+    runlog.append_epoch(where / "r" / "a", {"epoch": 1})
+    (where / "r" / "made").mkdir()
+    assert where.is_dir() and (where / "r").subfolders() == ["a", "made"]
+    run = runlog.load_run(pickle.loads(pickle.dumps(where / "r")))
+    assert [(t.name, t.status, len(t.epochs)) for t in run.trials] == [("a", "running", 1)]
+    (where / "r" / "a" / runlog.TRIAL_FILE).unlink()
+    (where / "r" / "made").delete_dir()
+    assert (where / "r").subfolders() == ["a"] and not (tmp_path / "runs" / "r" / "a" / runlog.TRIAL_FILE).exists()
+    assert where.ray_storage() == {"storage_path": str(tmp_path / "runs"), "storage_filesystem": where.fs}

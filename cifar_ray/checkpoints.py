@@ -1,0 +1,63 @@
+"""A trial's checkpoints in its own folder, on a disk or in a bucket:
+
+    <trial>/checkpoints/epoch-0003/state.pt     the state after epoch 3 (train.save_checkpoint's file)
+    <trial>/checkpoints/epoch-10000/state.pt    the number grows past four digits; it is read as a number
+
+state.pt is written whole or not at all (StoragePath.write_bytes: a temp file renamed over it on a disk, one PUT
+in an object store), so a checkpoint is complete when its folder holds state.pt. A worker killed while writing
+leaves `epoch-N/` with a temp file only: it is never chosen, and it is removed once a later epoch is stored. The
+newest complete checkpoint, by number, is the one a restart or `--resume` continues from.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .storage import StoragePath
+
+CHECKPOINTS = "checkpoints"  # in the trial's folder
+EPOCH_FOLDER = re.compile(r"epoch-(\d+)")  # only folders of this form are ours to choose or delete
+
+
+def epoch_folder(epoch: int) -> str:
+    return f"epoch-{epoch:04d}"
+
+
+def _epoch_folders(checkpoints: StoragePath) -> list[tuple[int, str, bool]]:
+    """(epoch, folder name, complete) of every checkpoint folder, oldest first by number."""
+    from .train import CHECKPOINT_FILE  # train imports torch: only a worker needs it
+
+    found = []
+    for name in checkpoints.subfolders():
+        match = EPOCH_FOLDER.fullmatch(name)
+        if match:
+            found.append((int(match.group(1)), name, (checkpoints / name / CHECKPOINT_FILE).exists()))
+    return sorted(found)
+
+
+def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int) -> None:
+    """The epoch's checkpoint (train.save_checkpoint's folder) into the trial's folder. Then the newest `keep`
+    complete ones stay; an incomplete folder of an earlier epoch (its writer was killed) goes, a later one stays
+    (epochs are stored in order: its writer may still come to it)."""
+    from .train import CHECKPOINT_FILE
+
+    checkpoints = trial_dir / CHECKPOINTS
+    (checkpoints / epoch_folder(epoch) / CHECKPOINT_FILE).write_bytes((folder / CHECKPOINT_FILE).read_bytes())
+    folders = _epoch_folders(checkpoints)
+    complete = [name for _, name, whole in folders if whole]
+    stale = complete[:-keep] + [name for number, name, whole in folders if not whole and number < epoch]
+    for name in stale:
+        (checkpoints / name).delete_dir()
+
+
+def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
+    """The trial's newest complete checkpoint as a train.load_checkpoint folder under `into`; None without one."""
+    from .train import CHECKPOINT_FILE
+
+    checkpoints = trial_dir / CHECKPOINTS
+    complete = [name for _, name, whole in _epoch_folders(checkpoints) if whole]
+    if not complete:
+        return None
+    (into / CHECKPOINT_FILE).write_bytes((checkpoints / complete[-1] / CHECKPOINT_FILE).read_bytes())
+    return into
