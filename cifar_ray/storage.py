@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -121,16 +122,27 @@ class StoragePath:
         """storage_path and storage_filesystem for ray.train.RunConfig and tune.RunConfig."""
         return {"storage_path": self.path, "storage_filesystem": self.ray_filesystem}
 
+    def _local_stat(self) -> os.stat_result | None:
+        """The local file's stat; None when there is none. Any other failure (a folder of another user, mode
+        0700) raises StorageError: os.path.exists would take it for absent and a trial would silently vanish."""
+        try:
+            return os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as error:
+            raise StorageError(f"cannot tell whether {self.path} exists: {error.strerror or error}") from error
+
     def exists(self) -> bool:
         if self.is_local:
-            return os.path.exists(self.path)
+            return self._local_stat() is not None
         import pyarrow.fs as pafs
 
         return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
 
     def is_dir(self) -> bool:
         if self.is_local:
-            return os.path.isdir(self.path)
+            found = self._local_stat()
+            return found is not None and stat.S_ISDIR(found.st_mode)
         import pyarrow.fs as pafs
 
         return self.fs.get_file_info(self.path).type == pafs.FileType.Directory

@@ -297,3 +297,20 @@ def test_a_file_of_mode_000_is_one_line_naming_it(mixed_run, monkeypatch, capsys
     (mixed_run / "t1" / runlog.EPOCHS_FILE).chmod(0)
     assert main(["status", str(mixed_run)]) == 2
     assert capsys.readouterr().err.startswith(f"cifar-ray: error: cannot read {mixed_run / 't1' / runlog.EPOCHS_FILE}")
+
+
+def test_a_trial_folder_that_cannot_be_looked_into_is_one_line_not_a_missing_trial(mixed_run, monkeypatch, capsys):
+    """A trial folder of another user (mode 0700) fails os.stat inside it with EACCES: os.path.exists said False
+    there, and status and report left the trial out without a word."""
+    hidden = str(mixed_run / "t2" / runlog.TRIAL_FILE)
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path) == hidden:
+            raise PermissionError(13, "Permission denied", hidden)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    assert main(["status", str(mixed_run)]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"cifar-ray: error: cannot tell whether {hidden} exists: Permission denied\n" and not out
