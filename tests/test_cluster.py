@@ -5,6 +5,7 @@ killing exactly the processes it started, never with `ray stop` (which stops eve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -79,11 +80,14 @@ class LocalCluster:
             *common,
         )
         assert head.returncode == 0, head.stderr[-3000:]
+        self.started_by_node = [self.processes()]  # what each node's `ray start` left running, in node order
         for _ in range(self.nodes - 1):
             node = self.ray(
                 "start", f"--address={self.address}", f"--dashboard-agent-listen-port={free_port()}", *common
             )
             assert node.returncode == 0, node.stderr[-3000:]
+            seen = {p.pid for started in self.started_by_node for p in started}
+            self.started_by_node.append([p for p in self.processes() if p.pid not in seen])
         deadline = time.monotonic() + 45
         while self.alive_nodes() < self.nodes:
             assert time.monotonic() < deadline, f"the cluster has {self.alive_nodes()} of {self.nodes} nodes after 45 s"
@@ -96,17 +100,69 @@ class LocalCluster:
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: its marker is in their environment (workers rename
-        themselves, so command lines do not tell), or its temp dir on their command line."""
+        themselves, so command lines do not tell), its temp dir on their command line, or a file of it
+        open (its logs): a raylet's agents renamed themselves over their environment (it reads empty), and
+        they outlive their raylet."""
         found = []
         for proc in psutil.process_iter():
             try:
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     continue
-                if proc.environ().get(MARKER) == self.temp_dir or any(self.temp_dir in part for part in proc.cmdline()):
+                if (
+                    proc.environ().get(MARKER) == self.temp_dir
+                    or any(self.temp_dir in part for part in proc.cmdline())
+                    or any(f.path.startswith(self.temp_dir + os.sep) for f in proc.open_files())
+                ):
                     found.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 pass
         return found
+
+    def raylets(self) -> dict[str, psutil.Process]:
+        """Node id -> the node's raylet (its command line has --node_id=<hex>, and --head on the head)."""
+        found = {}
+        for proc in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                flags = dict(part.split("=", 1) for part in proc.cmdline() if part.startswith("--node_id="))
+                if flags:
+                    found[flags["--node_id"]] = proc
+        return found
+
+    def head_node_id(self) -> str:
+        heads = [node for node, raylet in self.raylets().items() if "--head" in raylet.cmdline()]
+        assert len(heads) == 1, heads
+        return heads[0]
+
+    def kill_node(self, node_id: str, spare: psutil.Process) -> list[str]:
+        """SIGKILL one node as the loss of its machine would: its raylet, every process the raylet started, and
+        what its `ray start` left (the log monitor). The other nodes' processes and `spare` (a driver), with
+        their descendants, are kept. The raylet is frozen first so that it starts nothing while its tree is
+        read; its agents outlive it (NOTES: Scale and faults): the sweep repeats until a round finds nothing.
+        Returns what it killed: each process's title (a Ray worker's title names its actor or task)."""
+        raylets = self.raylets()
+        victim = raylets.pop(node_id)
+        victim.suspend()
+        kept = [spare, *raylets.values()]
+        kept += [p for started in self.started_by_node if victim not in started for p in started]
+        killed: dict[int, str] = {}
+        for _ in range(10):
+            found = self.processes()  # before the kept trees are read: a process they start meanwhile is theirs
+            spared = set()
+            for proc in kept:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    spared |= {proc.pid} | {child.pid for child in proc.children(recursive=True)}
+            targets = [p for p in found if p.pid not in spared]
+            if not targets and killed:
+                break
+            for proc in targets:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    title = " ".join(os.path.basename(part) for part in proc.cmdline()[:3])[:60]
+                    proc.kill()
+                    killed[proc.pid] = title
+            psutil.wait_procs(targets, timeout=5)
+            time.sleep(0.5)
+        assert victim.pid in killed and victim.pid not in {p.pid for p in self.processes()}, killed
+        return sorted(killed.values())
 
     def stop(self) -> list[psutil.Process]:
         """Terminate this cluster's processes (then kill stragglers); returns what is left alive."""
@@ -282,3 +338,103 @@ def test_slot_packing_on_a_cluster_spans_a_ddp_trial_over_both_nodes(tmp_path):
     by_workers = {w: [t.meta["system"]["nodes"] for t in run.trials if t.config["workers"] == w] for w in (1, 2)}
     assert {n for nodes in by_workers[1] for n in nodes} == cluster_nodes
     assert all(len(nodes) == 2 and set(nodes) == cluster_nodes for nodes in by_workers[2])
+
+
+def trial_progress(run_dir: Path) -> dict[str, tuple[dict, list[dict]]]:
+    """Trial name -> (its trial.json, its metrics.jsonl rows as written, repeats and all), while a sweep runs."""
+    found = {}
+    for trial_dir in sorted(run_dir.glob("*/")):
+        meta = runlog.read_json(trial_dir / runlog.TRIAL_FILE)
+        epochs_file = trial_dir / runlog.EPOCHS_FILE
+        rows = [json.loads(line) for line in epochs_file.read_text().splitlines()] if epochs_file.exists() else []
+        if meta:
+            found[trial_dir.name] = (meta, rows)
+    return found
+
+
+@pytest.mark.skipif(not os.environ.get("CIFAR_RAY_LONG_TESTS"), reason="~170 s; set CIFAR_RAY_LONG_TESTS=1")
+def test_a_sweep_that_loses_a_node_finishes_every_trial_with_every_epoch_once(tmp_path):
+    """Two nodes of 1 CPU with slot resources: a warm slot on each. Once a trial on the second node has
+    logged 2 epochs (so its epoch-1 checkpoint is stored), that node is SIGKILLed whole. The sweep must end
+    by itself: the lost trial continues from its checkpoint on the head node, and every trial finishes
+    with each of its epochs logged once."""
+    epochs = 4
+    (tmp_path / "sweep.yaml").write_text(
+        "name: node-lost\n"
+        f"base: {{dataset: synthetic, train_subset: 2048, test_subset: 128, width: 8, epochs: {epochs}, "
+        "batch_size: 64, workers: 1}\n"
+        "grid:\n  seed: [0, 1, 2, 3]\n"
+    )
+    storage = tmp_path / "shared"
+    run_dir = storage / "node-lost"
+    cluster = LocalCluster(nodes=2, cpus_per_node=1, resources={"cifar_ray_cpu": 1})
+    out, err = tmp_path / "sweep.out", tmp_path / "sweep.err"
+    sweep = None
+    try:
+        cluster.start()
+        head = cluster.head_node_id()
+        other = next(node for node in cluster.raylets() if node != head)
+        with out.open("w") as stdout, err.open("w") as stderr:  # the sweep holds its own copies
+            sweep = subprocess.Popen(
+                [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--address", cluster.address]
+                + ["--storage", str(storage), "--json"],
+                env=cluster.env,
+                cwd=tmp_path,
+                stdout=stdout,
+                stderr=stderr,
+            )
+        started = time.monotonic()
+        lost = None
+        while lost is None:
+            assert sweep.poll() is None, f"the sweep ended before a trial ran on {other}: {err_tail(err)}"
+            assert time.monotonic() < started + 180, f"no trial on {other} logged 2 epochs in 180 s: {err_tail(err)}"
+            time.sleep(0.2)
+            for name, (meta, rows) in trial_progress(run_dir).items():
+                on_other = meta.get("status") == "running" and (meta.get("system") or {}).get("nodes") == [other]
+                if on_other and 2 <= len(rows) < epochs:
+                    lost = name
+        killed = cluster.kill_node(other, spare=psutil.Process(sweep.pid))
+        killed_at = time.monotonic()
+        print("killed:", *killed, sep="\n  ")
+        assert {"raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= {title.split()[0] for title in killed}
+        before = trial_progress(run_dir)[lost][1]
+        assert len(before) < epochs, f"{lost} ended before its node was lost: {before}"
+        try:
+            returncode = sweep.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the sweep did not end in 240 s after {lost}'s node was lost: {report(run_dir, killed, err)}")
+        ended = time.monotonic() - killed_at
+        print(f"node lost {killed_at - started:.1f} s into the sweep, which ended {ended:.1f} s later")
+        nodes_left = cluster.alive_nodes()
+    finally:
+        if sweep is not None and sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+        left = cluster.stop()
+    assert not left, f"processes of the test cluster still alive: {[(p.pid, p.name()) for p in left]}"
+    assert returncode == 0, report(run_dir, killed, err)
+    assert nodes_left == 1
+    results = json.loads(out.read_text().strip().splitlines()[-1])
+    assert [(r["status"], r["epochs_done"]) for r in results] == [("finished", epochs)] * 4, results
+    run = runlog.load_run(run_dir)
+    progress = trial_progress(run_dir)
+    for trial in run.trials:
+        assert trial.status == "finished"
+        assert [row["epoch"] for row in progress[trial.name][1]] == list(range(1, epochs + 1)), trial.name
+    # continued, not redone: the epochs up to its stored checkpoint are the ones logged before the loss
+    assert run.trials[[t.name for t in run.trials].index(lost)].meta["system"]["nodes"] == [head]
+    assert progress[lost][1][: len(before) - 1] == before[:-1]
+
+
+def report(run_dir: Path, killed: list[str], err: Path) -> str:
+    """What a failure message shows: each trial's status, nodes and epochs, what the node's loss killed,
+    and the end of the sweep's stderr."""
+    states = {
+        name: (meta.get("status"), (meta.get("system") or {}).get("nodes"), [row["epoch"] for row in rows])
+        for name, (meta, rows) in trial_progress(run_dir).items()
+    }
+    return f"{states}\nkilled: {killed}\n{err_tail(err)}"
+
+
+def err_tail(err: Path) -> str:
+    return err.read_text()[-4000:]
