@@ -39,7 +39,7 @@ from .data import Split, iterate_train, load_splits
 from .models import build_model
 from .train import build_training, memory_format, reduce_train_totals, select_device, torch_threads, train_epoch
 
-# Tolerances (see README "Evidence"): float64 exactness, float32 repeatability, mixed precision.
+# Tolerances (see docs/semantics.md, "Evidence"): float64 exactness, float32 repeatability, mixed precision.
 TOL_FLOAT64 = 1e-9  # update rel diff of two float64 runs that should be the same computation
 TOL_METRIC64 = 1e-12  # relative difference of float64 loss sums
 BN_MIN_DIFF = 1e-4  # the batch-norm accumulation difference must exceed this (measured: 0.37)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 PROG = "cifar-ray"
 USAGE_ERROR = 2
 # train_acc: running mean over the epoch; train_eval_acc: training images evaluated like the test set.
-# peak_mem_mb: the largest worker's peak; peak_mem_total_mb: the sum over workers (README, "Semantics").
+# peak_mem_mb: the largest worker's peak; peak_mem_total_mb: the sum over workers (docs/semantics.md).
 SUMMARY_COLUMNS = (
     "trial",
     "status",
@@ -288,7 +288,7 @@ EXAMPLES = {
     ),
     "keys": (
         ("every key --set and sweep files take: type, allowed values, default, meaning", "cifar-ray keys"),
-        ("the same as the Markdown table in README.md", "cifar-ray keys --markdown"),
+        ("the same as the Markdown table in docs/config-keys.md", "cifar-ray keys --markdown"),
     ),
     "bench": (
         ("a smaller, faster run (what CI runs)", "cifar-ray bench --quick --out reports/bench-quick"),
@@ -355,7 +355,7 @@ def build_parser() -> Parser:
         help="md: README.md + PNG plots; csv/json: the aggregated tables",
     )
     keys = add_command("keys", "list every config key (--set, sweep files): type, allowed values, default, meaning")
-    keys.add_argument("--markdown", action="store_true", help="print README.md's Markdown table instead")
+    keys.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/config-keys.md instead")
     status = add_command("status", "where a sweep stands, from its run folder: a line per trial, totals, an ETA")
     status.add_argument("run_dir", help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart")
     status.add_argument("--json", action="store_true", help="print it as one JSON object")

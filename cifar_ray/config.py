@@ -347,7 +347,7 @@ def allowed_values(key: str) -> str:
 
 
 class KeyRow(NamedTuple):
-    """One config key as a table of keys shows it (README's "Config keys", `format_keys_text`)."""
+    """One config key as a table of keys shows it (docs/config-keys.md, `format_keys_text`)."""
 
     key: str
     type: str  # int, float, bool or str
@@ -391,7 +391,7 @@ def key_rows() -> list[KeyRow]:
 
 
 def markdown_keys_table(rows: list[KeyRow]) -> str:
-    """The rows as a Markdown table: README.md's "Config keys" (tests/test_readme.py keeps them equal)."""
+    """The rows as a Markdown table: docs/config-keys.md (tests/test_readme.py keeps them equal)."""
     lines = ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|"]
     for row in rows:
         cells = (f"`{row.key}`", row.type, row.allowed, f"`{row.default}`", row.description)

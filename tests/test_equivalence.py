@@ -1,4 +1,4 @@
-"""Proof that the training computes what the README says, on real code.
+"""Proof that the training computes what docs/semantics.md says, on real code.
 
 Each test calls a check of `cifar_ray.check` (the same functions `cifar-ray check` runs), asserts
 it passes, and adds lower-level assertions on what it measured. The checks build model, optimizer,

@@ -34,7 +34,7 @@ def test_every_shipped_sweep_dry_runs(path, capsys):
     assert len(trials) == len(plan.trials) > 0
     assert plan.description, f"{path.name} has no description (the question it answers)"
     assert out[-2] == work_summary(plan)
-    # and offline, as the README suggests for trying any sweep on a laptop
+    # and offline, as docs/sweep-files.md suggests for trying any sweep on a laptop
     assert main(["sweep", str(path), "--dry-run", "--set", "dataset=synthetic", "epochs=1"]) == 0
 
 
