@@ -7,7 +7,7 @@ import difflib
 import re
 from pathlib import Path
 
-from cifar_ray.config import key_rows, markdown_keys_table
+from cifar_ray.core.config import key_rows, markdown_keys_table
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
