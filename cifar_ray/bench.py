@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
-from . import runlog, sysinfo
-from .config import TrainConfig, parse_config
-from .data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits
-from .models import build_model
+from .core import runlog, sysinfo
+from .core.config import TrainConfig, parse_config
+from .core.storage import StoragePath
+from .core.sweep import build_plan
 from .report import markdown_table
-from .storage import StoragePath
-from .sweep import build_plan
-from .train import PhaseTimer, build_training, torch_threads, train_epoch
+from .training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits
+from .training.loop import PhaseTimer, build_training, torch_threads, train_epoch
+from .training.models import build_model
 
 GOALS = {
     "ray_vs_bare": 0.95,
@@ -163,7 +163,7 @@ def run_sweep(
     warm: bool = False,
 ) -> tuple[StoragePath, float]:
     """warm=False: each trial in a Ray Train run of its own (`--isolate`), whose start and stop sections 2-5 measure."""
-    from .orchestrate import run_plan
+    from .cluster.orchestrate import run_plan
 
     plan = build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})
     started = time.perf_counter()
@@ -227,8 +227,8 @@ def run_bench(
     """Runs every section, writes bench.json and README.md into out_dir, returns the README path."""
     import tempfile
 
-    from .placement import cluster_capacity
-    from .ray_session import init_ray
+    from .cluster.placement import cluster_capacity
+    from .cluster.session import init_ray
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import ConfigError, TrainConfig, parse_config
-from .data import Split, iterate_train, load_splits
-from .models import build_model
-from .train import build_training, memory_format, reduce_train_totals, select_device, torch_threads, train_epoch
+from .core.config import ConfigError, TrainConfig, parse_config
+from .training.data import Split, iterate_train, load_splits
+from .training.loop import build_training, memory_format, reduce_train_totals, select_device, torch_threads, train_epoch
+from .training.models import build_model
 
 # Tolerances (see docs/semantics.md, "Evidence"): float64 exactness, float32 repeatability, mixed precision.
 TOL_FLOAT64 = 1e-9  # update rel diff of two float64 runs that should be the same computation
@@ -428,7 +428,7 @@ def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from .placement import worker_resources
+    from .cluster.placement import worker_resources
 
     trainer = TorchTrainer(
         ddp_worker,
@@ -496,8 +496,8 @@ def run_checks(
     """All checks, one printed line each: the in-process ones, then the one DDP run on Ray Train.
     Ray is started locally (and shut down afterwards) if it is not running. Usage errors
     (ConfigError) are raised before any check runs."""
-    from .placement import cluster_capacity
-    from .ray_session import init_ray
+    from .cluster.placement import cluster_capacity
+    from .cluster.session import init_ray
 
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import runlog
-from .errors import UserError
-from .storage import StoragePath, redact
+from .core import runlog
+from .core.errors import UserError
+from .core.storage import StoragePath, redact
 from .viewers import TARGETS  # viewers.py imports its viewer packages only when it writes
 
 if TYPE_CHECKING:
-    from .sweep import SweepPlan
+    from .core.sweep import SweepPlan
 
 PROG = "cifar-ray"
 USAGE_ERROR = 2
@@ -392,16 +392,16 @@ def ensure_local_data(plan) -> None:
     offline). For the embedded Ray only: its workers read this machine's folders; a cluster node reads its own."""
     data_dirs = dict.fromkeys(t.config.data_dir for t in plan.trials if t.config.dataset == "cifar10")
     if data_dirs:
-        from .data import ensure_cifar10  # imports torch: only for a plan that needs CIFAR-10
+        from .training.data import ensure_cifar10  # imports torch: only for a plan that needs CIFAR-10
 
         for data_dir in data_dirs:
             ensure_cifar10(data_dir)
 
 
 def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
-    from .config import ConfigError
-    from .orchestrate import run_plan  # these import Ray inside their functions only
-    from .ray_session import cluster_address, init_ray
+    from .cluster.orchestrate import run_plan  # these import Ray inside their functions only
+    from .cluster.session import cluster_address, init_ray
+    from .core.config import ConfigError
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
@@ -467,7 +467,7 @@ def rerun_command(argv: Sequence[str]) -> str:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from .config import parse_value
+    from .core.config import parse_value
     from .report import write_report
 
     baseline = None
@@ -482,7 +482,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from .status import render
+    from .core.status import render
 
     print(render(args.run_dir, args.json))
     return 0
@@ -496,7 +496,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_keys(args: argparse.Namespace) -> int:
-    from .config import format_keys_text, key_rows, markdown_keys_table
+    from .core.config import format_keys_text, key_rows, markdown_keys_table
 
     rows = key_rows()
     text = markdown_keys_table(rows) if args.markdown else format_keys_text(rows, shutil.get_terminal_size().columns)
@@ -525,16 +525,16 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from .config import parse_overrides
-    from .sweep import single_run_plan
+    from .core.config import parse_overrides
+    from .core.sweep import single_run_plan
 
     plan = single_run_plan(parse_overrides(args.set), args.name or time.strftime("train-%Y%m%d-%H%M%S"))
     return run_plan_command(plan, args)
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from .config import parse_overrides
-    from .sweep import load_sweep, trial_table, work_summary
+    from .core.config import parse_overrides
+    from .core.sweep import load_sweep, trial_table, work_summary
 
     plan = load_sweep(args.file, parse_overrides(args.set), args.name)
     if not args.dry_run:

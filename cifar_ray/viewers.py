@@ -38,9 +38,9 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from . import runlog
-from .errors import UserError
-from .storage import URI, redact
+from .core import runlog
+from .core.errors import UserError
+from .core.storage import URI, redact
 
 TARGETS = ("tensorboard", "mlflow")
 TRIAL_TAG = "cifar_ray.trial"

@@ -45,7 +45,7 @@ def ray_cluster():
     """Ray started once per test session with 2 CPUs (like this machine), shut down at the end."""
     import ray
 
-    from cifar_ray.ray_session import init_ray
+    from cifar_ray.cluster.session import init_ray
 
     init_ray(num_cpus=2, num_gpus=0)
     yield

@@ -29,9 +29,9 @@ from pathlib import Path
 import pyarrow.fs as pafs
 from ray import cloudpickle
 
-from cifar_ray import runlog
-from cifar_ray.storage import StoragePath
-from cifar_ray.train import CHECKPOINT_FILE
+from cifar_ray.core import runlog
+from cifar_ray.core.checkpoints import CHECKPOINT_FILE
+from cifar_ray.core.storage import StoragePath
 
 # Ray pickles with cloudpickle: by value, this module travels with the handler and Ray workers need not find
 # tests/ on their path.

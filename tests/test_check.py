@@ -115,7 +115,7 @@ def test_use_gpu_true_without_cuda_is_a_usage_error(capsys):
 def test_check_shuts_down_only_the_ray_it_started(fast_checks, monkeypatch, capsys):
     import ray
 
-    from cifar_ray import ray_session
+    from cifar_ray.cluster import session as ray_session
 
     started, stopped = [], []
     monkeypatch.setattr(ray_session, "init_ray", lambda address=None, verbose=False: started.append(address) or True)

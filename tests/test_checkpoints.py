@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from faults import FaultyFiles, faulty_storage
 
-from cifar_ray.checkpoints import CHECKPOINTS, epoch_folder, fetch_checkpoint, store_checkpoint
-from cifar_ray.storage import StoragePath
-from cifar_ray.train import CHECKPOINT_FILE
+from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder, fetch_checkpoint, store_checkpoint
+from cifar_ray.core.storage import StoragePath
 
 
 @pytest.fixture(params=["local", "pyarrow"])

@@ -14,10 +14,13 @@ from pathlib import Path
 import pytest
 from conftest import write_cifar_fixture
 
-from cifar_ray import data, orchestrate, ray_session, runlog
 from cifar_ray.cli import HANDLERS, build_parser, ensure_local_data, main, rerun_command
-from cifar_ray.config import TrainConfig, key_rows, markdown_keys_table, parse_overrides, parse_value
-from cifar_ray.sweep import build_plan, load_sweep, single_run_plan
+from cifar_ray.cluster import orchestrate
+from cifar_ray.cluster import session as ray_session
+from cifar_ray.core import runlog
+from cifar_ray.core.config import TrainConfig, key_rows, markdown_keys_table, parse_overrides, parse_value
+from cifar_ray.core.sweep import build_plan, load_sweep, single_run_plan
+from cifar_ray.training import data
 
 SWEEPS = Path(__file__).parent.parent / "sweeps"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cifar_ray import runlog
+from cifar_ray.core import runlog
 
 BIN = Path(sys.executable).parent
 MARKER = "CIFAR_RAY_TEST_CLUSTER"  # in the environment of every process of our cluster, inherited

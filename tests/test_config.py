@@ -5,8 +5,9 @@ from typing import get_args
 
 import pytest
 
-from cifar_ray import comm, config, data, datasets, models, optim, placement, sweep, train
-from cifar_ray.config import (
+from cifar_ray.cluster import placement
+from cifar_ray.core import config, datasets, sweep
+from cifar_ray.core.config import (
     KEYS,
     SEED_MAX,
     ConfigError,
@@ -16,6 +17,8 @@ from cifar_ray.config import (
     parse_config,
     parse_overrides,
 )
+from cifar_ray.training import comm, data, models, optim
+from cifar_ray.training import loop as train
 
 
 def test_defaults_are_valid_and_documented():

@@ -11,8 +11,8 @@ from conftest import write_cifar_fixture
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cifar_ray import data
-from cifar_ray.config import TrainConfig
+from cifar_ray.core.config import TrainConfig
+from cifar_ray.training import data
 
 
 def test_loader_reads_cifar_format_fixture(tmp_path):

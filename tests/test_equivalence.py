@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from cifar_ray import check
-from cifar_ray.data import iterate_train
-from cifar_ray.models import build_model
-from cifar_ray.train import build_training, train_epoch, wrap_model
+from cifar_ray.training.data import iterate_train
+from cifar_ray.training.loop import build_training, train_epoch, wrap_model
+from cifar_ray.training.models import build_model
 
 CPU = torch.device("cpu")
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from cifar_ray import comm
-from cifar_ray.config import ConfigError, TrainConfig, parse_config, parse_overrides
-from cifar_ray.optim import LARS, build_optimizer, build_scheduler, lr_at_step, peak_lr, scaled_lr
+from cifar_ray.core.config import ConfigError, TrainConfig, parse_config, parse_overrides
+from cifar_ray.training import comm
+from cifar_ray.training.optim import LARS, build_optimizer, build_scheduler, lr_at_step, peak_lr, scaled_lr
 
 # --- learning rate: Goyal et al. scaling on top of warm-up and the schedule
 
@@ -192,8 +192,8 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
     """One of two gloo ranks (spawned by the test below); writes its findings to rank<N>.json."""
     import torch.distributed as dist
 
-    from cifar_ray import train
-    from cifar_ray.models import build_model
+    from cifar_ray.training import loop as train
+    from cifar_ray.training.models import build_model
 
     torch.set_num_threads(1)
     # a timeout: a rank that fails mid-collective makes the other fail too, instead of waiting forever
@@ -372,9 +372,9 @@ def test_powersgd_state_dict_round_trip_without_a_process_group():
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_powersgd_run_through_ray_learns_and_reports_bytes(tmp_path, capsys):
-    from cifar_ray import runlog
     from cifar_ray.cli import main
-    from cifar_ray.models import build_model
+    from cifar_ray.core import runlog
+    from cifar_ray.training.models import build_model
 
     settings = {
         "dataset": "synthetic",
@@ -441,7 +441,7 @@ def test_powersgd_run_through_ray_learns_and_reports_bytes(tmp_path, capsys):
 
 
 def test_fused_optimizer_kernels_on_cuda_only():
-    from cifar_ray.optim import build_optimizer
+    from cifar_ray.training.optim import build_optimizer
 
     params = list(torch.nn.Linear(3, 3).parameters())
     for name in ("sgd", "momentum", "nesterov", "adam", "adamw"):

@@ -13,11 +13,14 @@ import threading
 import pytest
 from conftest import write_cifar_fixture
 
-from cifar_ray import data, placement, progress, ray_session, sysinfo
-from cifar_ray.config import ConfigError
-from cifar_ray.errors import ClusterError
-from cifar_ray.placement import RESOURCE_CPU, RESOURCE_GPU
-from cifar_ray.sweep import build_plan
+from cifar_ray.cluster import placement, progress
+from cifar_ray.cluster import session as ray_session
+from cifar_ray.cluster.placement import RESOURCE_CPU, RESOURCE_GPU
+from cifar_ray.core import sysinfo
+from cifar_ray.core.config import ConfigError
+from cifar_ray.core.errors import ClusterError
+from cifar_ray.core.sweep import build_plan
+from cifar_ray.training import data
 
 
 def plan_of(grid: dict, **base):
@@ -98,7 +101,7 @@ def test_sweep_header_says_how_many_trials_of_each_shape_run_at_once():
 def test_fractional_gpus_pack_small_trials_onto_one_gpu_and_keep_nccl_ranks_apart():
     """Planning with fake GPUs (2 per node on this CPU machine): 0.25 GPU per worker packs four 1-worker
     trials per GPU; a 2-worker trial sharing GPUs must use gloo, since NCCL refuses two ranks on one GPU."""
-    from cifar_ray.config import TrainConfig
+    from cifar_ray.core.config import TrainConfig
 
     two_gpus = capacity({"CPU": 16, "GPU": 2}, {"CPU": 16, "GPU": 2})["per_node"]
     quarter = TrainConfig(use_gpu="true", gpus_per_worker=0.25)
@@ -148,7 +151,7 @@ def test_runtime_env_leaves_the_jobs_own_settings_alone(monkeypatch):
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
     env = ray_session.cluster_runtime_env(verbose=False)
     assert set(env["env_vars"]) == set(ray_session.RAY_ENV_DEFAULTS)
-    assert env["worker_process_setup_hook"] == "cifar_ray.ray_session.quiet_ray_logs"
+    assert env["worker_process_setup_hook"] == "cifar_ray.cluster.session.quiet_ray_logs"
     job = {"runtime_env": {"working_dir": "gcs://x.zip", "env_vars": {"RAY_DEDUP_LOGS": "0"}}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
     env = ray_session.cluster_runtime_env(verbose=True)

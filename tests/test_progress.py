@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from cifar_ray import progress, runlog, status
-from cifar_ray.storage import StoragePath
+from cifar_ray.cluster import progress
+from cifar_ray.core import runlog, status
+from cifar_ray.core.storage import StoragePath
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_a_trial_start_says_whether_it_starts_or_continues(tmp_path, printed):
 
 
 def test_a_warm_trial_starts_when_its_slot_takes_it_not_when_tune_starts_it(tmp_path, printed):
-    from cifar_ray.slots import STARTED
+    from cifar_ray.cluster.slots import STARTED
 
     run_dir = StoragePath.of(tmp_path)
     callback = progress.progress_callback(warm=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cifar_ray import runlog
-from cifar_ray.checkpoints import CHECKPOINTS
 from cifar_ray.cli import main
+from cifar_ray.core import runlog
+from cifar_ray.core.checkpoints import CHECKPOINTS
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 CHECKPOINTED = f"{CHECKPOINTS}/epoch-*/state.pt"  # a warm slot's trial has saved an epoch

@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 from test_report import healthy_epochs, trial_name, write_sweep, write_trial
 
-from cifar_ray import runlog
 from cifar_ray.cli import main
-from cifar_ray.config import ConfigError
+from cifar_ray.core import runlog
+from cifar_ray.core.config import ConfigError
+from cifar_ray.core.storage import StoragePath
 from cifar_ray.report import RUN_MATCH_RULE, build_report, write_report
 from cifar_ray.report.data import run_labels
-from cifar_ray.storage import StoragePath
 
 SEEDS = [0, 1]
 

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_report import trial_name, write_sweep, write_trial
 
+from cifar_ray.core.runlog import OBJECTIVES as SWEEP_OBJECTIVES
 from cifar_ray.report import OBJECTIVES, build_report, seed_noise, t_quantile, write_report
-from cifar_ray.runlog import OBJECTIVES as SWEEP_OBJECTIVES
 
 GRID = {"optimizer": ["momentum", "adam"], "workers": [1, 2], "amp": ["off", "bf16"]}
 SEEDS = [0, 1, 2]

@@ -9,11 +9,12 @@ import json
 import pytest
 from faults import FaultyFiles, failures, faulty_storage
 
-from cifar_ray import ray_session, runlog, storage
-from cifar_ray.checkpoints import CHECKPOINTS
 from cifar_ray.cli import main
-from cifar_ray.errors import StorageError
-from cifar_ray.storage import StoragePath
+from cifar_ray.cluster import session as ray_session
+from cifar_ray.core import runlog, storage
+from cifar_ray.core.checkpoints import CHECKPOINTS
+from cifar_ray.core.errors import StorageError
+from cifar_ray.core.storage import StoragePath
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from cifar_ray import runlog
 from cifar_ray.cli import main
+from cifar_ray.core import runlog
 from cifar_ray.report import write_report
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

@@ -13,10 +13,10 @@ import pytest
 from test_reliability import wait_for
 from test_warm_process import COMPUTED  # what a trial computes: equal run to run
 
-from cifar_ray import runlog
-from cifar_ray.checkpoints import CHECKPOINTS
 from cifar_ray.cli import main
-from cifar_ray.slots import dispatcher_name
+from cifar_ray.cluster.slots import dispatcher_name
+from cifar_ray.core import runlog
+from cifar_ray.core.checkpoints import CHECKPOINTS
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -152,7 +152,7 @@ def cap_packing_without_a_tuner(monkeypatch):
     its first lines, then raises before Tuner.fit."""
     from ray import tune
 
-    from cifar_ray import orchestrate, placement
+    from cifar_ray.cluster import orchestrate, placement
 
     def tuner(*args, **kwargs):
         raise TunerNotBuilt("no Tuner")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cifar_ray import runlog, status
 from cifar_ray.cli import main
-from cifar_ray.errors import UserError
+from cifar_ray.core import runlog, status
+from cifar_ray.core.errors import UserError
 
 START = 1_800_000_000.0  # the hand-written sweep's start (Unix time); each trial's times are seconds after it
 
@@ -260,8 +260,8 @@ def test_a_real_sweep_prints_where_it_stands_and_status_reads_it(ray_cluster, tm
 
 def deny_reads(monkeypatch, denied: Path) -> None:
     """Reading `denied` fails as a file of another user's, mode 0600, does (a test as root reads anything)."""
-    from cifar_ray import storage
-    from cifar_ray.storage import StoragePath
+    from cifar_ray.core import storage
+    from cifar_ray.core.storage import StoragePath
 
     real_read = StoragePath.read_bytes
 
@@ -291,7 +291,7 @@ def test_an_unreadable_file_is_one_line_naming_it_not_a_pending_trial(
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
 def test_a_file_of_mode_000_is_one_line_naming_it(mixed_run, monkeypatch, capsys):
-    from cifar_ray import storage
+    from cifar_ray.core import storage
 
     monkeypatch.setattr(storage, "READ_RETRY_S", 0.0)
     (mixed_run / "t1" / runlog.EPOCHS_FILE).chmod(0)

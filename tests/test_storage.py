@@ -14,12 +14,12 @@ import pyarrow.fs as pafs
 import pytest
 from faults import FaultyFiles, faulty_storage
 
-from cifar_ray import runlog, storage
-from cifar_ray.checkpoints import CHECKPOINTS
 from cifar_ray.cli import main
-from cifar_ray.errors import StorageError
+from cifar_ray.core import runlog, storage
+from cifar_ray.core.checkpoints import CHECKPOINTS
+from cifar_ray.core.errors import StorageError
+from cifar_ray.core.storage import StoragePath
 from cifar_ray.report import write_report
-from cifar_ray.storage import StoragePath
 
 
 @pytest.fixture(scope="module")

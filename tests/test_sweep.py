@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from cifar_ray.cli import main
-from cifar_ray.config import ConfigError, TrainConfig
-from cifar_ray.sweep import (
+from cifar_ray.core.config import ConfigError, TrainConfig
+from cifar_ray.core.sweep import (
     NAME_MAX,
     NAME_PATTERN,
     TrialWork,

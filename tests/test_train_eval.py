@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cifar_ray import runlog, train
 from cifar_ray.cli import main
-from cifar_ray.config import TrainConfig
-from cifar_ray.data import load_splits
-from cifar_ray.models import build_model
+from cifar_ray.core import runlog
+from cifar_ray.core.config import TrainConfig
+from cifar_ray.training import loop as train
+from cifar_ray.training.data import load_splits
+from cifar_ray.training.models import build_model
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

@@ -16,10 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from cifar_ray import comm, data, train
 from cifar_ray.check import make_config, train_steps
-from cifar_ray.config import TrainConfig
-from cifar_ray.models import build_model
+from cifar_ray.core.config import TrainConfig
+from cifar_ray.training import comm, data
+from cifar_ray.training import loop as train
+from cifar_ray.training.models import build_model
 
 POISONED_STEP = 3  # 0-based optimizer step whose gradient overflows on rank 0 (PowerSGD compresses from step 2)
 STEPS = 8

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cifar_ray import runlog
 from cifar_ray.cli import main
+from cifar_ray.core import runlog
 from cifar_ray.viewers import DEFAULT_OUT, EXPORT_MARK, RUN_STARTED_TAG, ViewerError, export_run
 
 QUICKSTART_LOGS = Path(__file__).resolve().parent.parent / "reports" / "quickstart" / "logs"

@@ -9,9 +9,10 @@ import sys
 
 import torch
 
-from cifar_ray import runlog, train
-from cifar_ray.config import TrainConfig
-from cifar_ray.storage import StoragePath
+from cifar_ray.core import runlog
+from cifar_ray.core.config import TrainConfig
+from cifar_ray.core.storage import StoragePath
+from cifar_ray.training import loop as train
 
 TINY = {
     "dataset": "synthetic",

@@ -7,6 +7,7 @@
 
 One concern per module: data (the logs as frames, statistics), text (formatting, findings, Markdown),
 plots (what each plot shows, and drawing it), export (the files).
+Imports only core (and numpy, pandas; matplotlib only inside the drawing functions).
 """
 
 from .data import (

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..config import ConfigError
-from ..runlog import Where
+from ..core.config import ConfigError
+from ..core.runlog import Where
 from .data import Report, build_report
 from .plots import plot_curves, plot_factor
 from .text import findings, header_info, render_markdown

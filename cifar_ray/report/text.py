@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..runlog import RunLog
+from ..core.runlog import RunLog
 from .data import (
     FACTOR_METRICS,
     OVERFIT_RULE,

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.config import TrainConfig
+from ..core.datasets import DATASET_SIZES, DataError
 from . import safe_pickle
-from .config import TrainConfig
-from .datasets import DATASET_SIZES, DataError
 from .safe_pickle import SHOW, Refused
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"

@@ -11,10 +11,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import runlog, status
+from ..core import runlog, status
+from ..core.storage import StoragePath
+from ..core.sweep import SweepPlan
 from .placement import trials_at_once
-from .storage import StoragePath
-from .sweep import SweepPlan
 
 
 def format_epoch(trial: str, result: dict, epochs: int) -> str:

@@ -12,9 +12,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ClusterError, StorageError
+from ..core.errors import ClusterError, StorageError
+from ..core.storage import StoragePath
 from .placement import RESOURCE_CPU, RESOURCE_GPU
-from .storage import StoragePath
 
 # Ray Client's head-side server for a new client dies at start now and then ("Initialization failure
 # from server"; 1 of 5 connections here, ~7 % in ray-project/ray#63202, open in Ray 2.60).
@@ -122,7 +122,7 @@ def cluster_runtime_env(verbose: bool) -> dict[str, Any]:
     taken = set(job_env.get("env_vars") or {})
     env: dict[str, Any] = {"env_vars": {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items() if k not in taken}}
     if not verbose and "worker_process_setup_hook" not in job_env:
-        env["worker_process_setup_hook"] = "cifar_ray.ray_session.quiet_ray_logs"
+        env["worker_process_setup_hook"] = "cifar_ray.cluster.session.quiet_ray_logs"
     return env
 
 
@@ -147,7 +147,9 @@ def init_ray(
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
         "configure_logging": True,
-        "runtime_env": {"worker_process_setup_hook": "cifar_ray.ray_session.quiet_ray_logs"} if not verbose else None,
+        "runtime_env": {"worker_process_setup_hook": "cifar_ray.cluster.session.quiet_ray_logs"}
+        if not verbose
+        else None,
     }
     if address:
         options["runtime_env"] = cluster_runtime_env(verbose)
@@ -294,4 +296,4 @@ def error_line(error: BaseException) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     causes = [line for line in lines if "Error" in line.split(":")[0] or "Exception" in line.split(":")[0]]
     line = causes[-1] if causes else lines[-1] if lines else repr(error)
-    return re.sub(r"^(?:\w+\.)+(?=\w+:)", "", line)[:500]  # cifar_ray.data.DataError: ... -> DataError: ...
+    return re.sub(r"^(?:\w+\.)+(?=\w+:)", "", line)[:500]  # cifar_ray.core.datasets.DataError: ... -> DataError: ...

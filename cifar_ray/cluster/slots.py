@@ -37,13 +37,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import runlog, sysinfo
-from .checkpoints import fetch_checkpoint, store_checkpoint
-from .config import TrainConfig
+from ..core import runlog, sysinfo
+from ..core.checkpoints import fetch_checkpoint, store_checkpoint
+from ..core.config import TrainConfig
+from ..core.storage import StoragePath
+from ..core.sweep import SweepPlan
 from .placement import trial_bundles, trials_that_fit, worker_resources
-from .ray_session import error_line, failure_status
-from .storage import StoragePath
-from .sweep import SweepPlan
+from .session import error_line, failure_status
 
 DISPATCHER = "cifar-ray-dispatcher"
 LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
@@ -166,7 +166,7 @@ def slot_loop(loop_config: dict) -> None:
     import torch
     from ray.train.collective import broadcast_from_rank_zero
 
-    from .train import Worker, run_trial, select_devices, worker_system
+    from ..training.loop import Worker, run_trial, select_devices, worker_system
 
     dispatcher, shape, slot = loop_config["dispatcher"], loop_config["shape"], loop_config["slot"]
     context = ray.train.get_context()

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import ConfigError, TrainConfig
-from .sweep import SweepPlan, TrialSpec
+from ..core.config import ConfigError, TrainConfig
+from ..core.sweep import SweepPlan, TrialSpec
 
 RESOURCE_CPU = "cifar_ray_cpu"
 
@@ -153,7 +153,7 @@ def resolve_plan(plan: SweepPlan, capacity: dict[str, float]) -> SweepPlan:
 def _resolved(config: TrainConfig, has_gpus: bool) -> TrainConfig:
     resolved = config.resolved(has_gpus)
     if resolved.grad_compression != "none":
-        from .comm import check_grad_compression  # imports torch: only for a trial that compresses
+        from ..training.comm import check_grad_compression  # imports torch: only for a trial that compresses
 
         check_grad_compression(resolved)
     return resolved

@@ -26,8 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import comm, runlog, sysinfo
-from .config import TrainConfig
+from ..core import runlog, sysinfo
+from ..core.checkpoints import CHECKPOINT_FILE
+from ..core.config import TrainConfig
+from . import comm
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
@@ -339,9 +341,6 @@ def broadcast_buffers(model: nn.Module) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         for buffer in model.buffers():
             dist.broadcast(buffer, src=0)
-
-
-CHECKPOINT_FILE = "state.pt"
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:

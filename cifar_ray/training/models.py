@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .config import TrainConfig, group_norm_groups
+from ..core.config import TrainConfig, group_norm_groups
 
 NUM_CLASSES = 10
 

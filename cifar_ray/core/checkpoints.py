@@ -1,6 +1,6 @@
 """A trial's checkpoints in its own folder, on a disk or in a bucket:
 
-    <trial>/checkpoints/epoch-0003/state.pt     the state after epoch 3 (train.save_checkpoint's file)
+    <trial>/checkpoints/epoch-0003/state.pt     the state after epoch 3 (training.loop.save_checkpoint's file)
     <trial>/checkpoints/epoch-10000/state.pt    the number grows past four digits; it is read as a number
 
 state.pt is written whole or not at all (StoragePath.write_bytes: a temp file renamed over it on a disk, one PUT
@@ -17,6 +17,7 @@ from pathlib import Path
 from .storage import StoragePath
 
 CHECKPOINTS = "checkpoints"  # in the trial's folder
+CHECKPOINT_FILE = "state.pt"  # one epoch's state, written by training.loop.save_checkpoint
 EPOCH_FOLDER = re.compile(r"epoch-(\d+)")  # only folders of this form are ours to choose or delete
 
 
@@ -26,8 +27,6 @@ def epoch_folder(epoch: int) -> str:
 
 def _epoch_folders(checkpoints: StoragePath) -> list[tuple[int, str, bool]]:
     """(epoch, folder name, complete) of every checkpoint folder, oldest first by number."""
-    from .train import CHECKPOINT_FILE  # train imports torch: only a worker needs it
-
     found = []
     for name in checkpoints.subfolders():
         match = EPOCH_FOLDER.fullmatch(name)
@@ -37,11 +36,9 @@ def _epoch_folders(checkpoints: StoragePath) -> list[tuple[int, str, bool]]:
 
 
 def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int) -> None:
-    """The epoch's checkpoint (train.save_checkpoint's folder) into the trial's folder. Then the newest `keep`
+    """The epoch's checkpoint (training.loop.save_checkpoint's folder) into the trial's folder. Then the newest `keep`
     complete ones stay; an incomplete folder of an earlier epoch (its writer was killed) goes, a later one stays
     (epochs are stored in order: its writer may still come to it)."""
-    from .train import CHECKPOINT_FILE
-
     checkpoints = trial_dir / CHECKPOINTS
     (checkpoints / epoch_folder(epoch) / CHECKPOINT_FILE).write_bytes((folder / CHECKPOINT_FILE).read_bytes())
     folders = _epoch_folders(checkpoints)
@@ -52,9 +49,7 @@ def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int
 
 
 def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
-    """The trial's newest complete checkpoint as a train.load_checkpoint folder under `into`; None without one."""
-    from .train import CHECKPOINT_FILE
-
+    """The trial's newest complete checkpoint as a loop.load_checkpoint folder under `into`; None without one."""
     checkpoints = trial_dir / CHECKPOINTS
     complete = [name for _, name, whole in _epoch_folders(checkpoints) if whole]
     if not complete:

@@ -18,8 +18,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import runlog, slots, sysinfo
-from .config import ConfigError, TrainConfig
+from ..core import runlog, sysinfo
+from ..core.config import ConfigError, TrainConfig
+from ..core.storage import StoragePath
+from ..core.sweep import SweepPlan
+from . import slots
 from .placement import (
     RESOURCE_CPU,
     RESOURCE_GPU,
@@ -31,9 +34,7 @@ from .placement import (
     worker_resources,
 )
 from .progress import progress_callback, progress_printer, progress_relay, sweep_header
-from .ray_session import check_shared_storage, error_line, failure_status, is_ray_client
-from .storage import StoragePath
-from .sweep import SweepPlan
+from .session import check_shared_storage, error_line, failure_status, is_ray_client
 
 
 def run_trial(tune_config: dict) -> None:
@@ -42,7 +43,7 @@ def run_trial(tune_config: dict) -> None:
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from .train import train_loop_per_worker
+    from ..training.loop import train_loop_per_worker
 
     spec, run_dir = tune_config["trial"], tune_config["run_dir"]
     cfg = TrainConfig(**spec["config"])
@@ -120,7 +121,7 @@ def run_plan(
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
     interrupted run of the same plan continues: finished trials are kept, the others continue
-    from their last checkpoints. `warm`: trials run in warm worker slots (cifar_ray/slots.py), else
+    from their last checkpoints. `warm`: trials run in warm worker slots (cifar_ray/cluster/slots.py), else
     each in a TorchTrainer of its own; a resumed run keeps the choice it was started with. `command`: the shell
     command that runs this plan again, recorded in sweep.json (the CLI gives its own; None from Python)."""
     from ray import tune

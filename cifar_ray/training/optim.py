@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from .config import TrainConfig
+from ..core.config import TrainConfig
 
 Params = Iterable[torch.nn.Parameter]
 
