@@ -247,7 +247,7 @@ def test_missing_file_and_bad_flags(capsys):
 
 
 def test_summary_names_the_best_trial_by_the_sweeps_metric_and_mode():
-    from cifar_ray.cli import best_trial_line
+    from cifar_ray.commands.common import best_trial_line
 
     rows = [
         {"trial": "a", "status": "finished", "test_acc": 0.9, "test_loss": 0.5},
