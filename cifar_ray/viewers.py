@@ -39,7 +39,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from .core import runlog
-from .core.errors import UserError
+from .core.errors import ViewerError
 from .core.storage import URI, redact
 
 TARGETS = ("tensorboard", "mlflow")
@@ -74,10 +74,6 @@ MLFLOW_STATUS = {
 assert set(TENSORBOARD_STATUS) == set(MLFLOW_STATUS) == set(runlog.STATUSES)
 # MLflow's own loggers and the database migrations it runs: a few INFO lines per export that say nothing to a user.
 QUIETED_LOGGERS = ("mlflow", "alembic")
-
-
-class ViewerError(UserError):
-    """The export cannot run: a viewer's package is missing, or --out does not fit the viewer."""
 
 
 def export_run(run_dir: runlog.Where, to: str, out: str | os.PathLike | None = None) -> str:

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from cifar_ray.bench import GOALS, run_bench
+from cifar_ray.cluster.bench import GOALS
+from cifar_ray.commands.bench import run_bench
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_equivalence import shared_ddp_run
 
-from cifar_ray import check
 from cifar_ray.cli import main
+from cifar_ray.cluster import checks as ddp_checks
+from cifar_ray.training import checks as check
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -30,7 +31,7 @@ def test_check_command_passes_on_this_machine(monkeypatch, capsys):
         calls.append((device.type, workers))
         return shared_ddp_run()
 
-    monkeypatch.setattr(check, "check_ddp", shared)
+    monkeypatch.setattr(ddp_checks, "check_ddp", shared)
     code = main(["check", "--workers", "2", "--use-gpu", "false"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
@@ -71,7 +72,7 @@ def fast_checks(monkeypatch):
     monkeypatch.setattr(check, "check_amp", fake("amp", "SKIP"))
     monkeypatch.setattr(check, "check_grad_scaler", lambda *a, **k: 1 / 0)
     monkeypatch.setattr(
-        check,
+        ddp_checks,
         "check_ddp",
         lambda *a, **k: (check.CheckResult("ddp", "PASS", ""), check.CheckResult("metrics", "PASS", "")),
     )

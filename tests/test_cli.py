@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import write_cifar_fixture
 
-from cifar_ray.cli import HANDLERS, build_parser, ensure_local_data, main, rerun_command
+from cifar_ray.cli import build_parser, main
 from cifar_ray.cluster import orchestrate
 from cifar_ray.cluster import session as ray_session
+from cifar_ray.commands import COMMANDS
+from cifar_ray.commands.common import ensure_local_data, rerun_command
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig, key_rows, markdown_keys_table, parse_overrides, parse_value
 from cifar_ray.core.sweep import build_plan, load_sweep, single_run_plan
@@ -213,10 +215,12 @@ def test_keys_lists_every_config_key_with_its_default_and_meaning(capsys):
     assert capsys.readouterr().out == markdown_keys_table(key_rows())
 
 
-def test_every_subcommand_has_a_handler():
+def test_every_subcommand_is_a_command_module_with_its_examples():
     parser = build_parser()
     [subcommands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # argparse's own table
-    assert set(subcommands.choices) == set(HANDLERS)
+    assert list(subcommands.choices) == list(COMMANDS)
+    for name, module in COMMANDS.items():
+        assert module.__name__ == f"cifar_ray.commands.{name}" and callable(module.run) and module.EXAMPLES, name
 
 
 QUICKSTART = str(SWEEPS / "quickstart.yaml")
@@ -230,7 +234,6 @@ QUICKSTART = str(SWEEPS / "quickstart.yaml")
         ["sweep", "--set", "epochs=1", QUICKSTART, "--set", "lr=0.1"],
         ["sweep", "--set", "epochs=1", "--dry-run", "--set", "lr=0.1", QUICKSTART],
         ["sweep", "--set=epochs=1", "lr=0.1", QUICKSTART],
-        ["sweep", "--se", "epochs=1", "lr=0.1", QUICKSTART],  # argparse's abbreviation of --set
         ["sweep", "--set", "epochs=1", "lr=0.1", "--", QUICKSTART],
     ],
 )
@@ -258,6 +261,9 @@ def test_train_takes_several_set_flags():
         (["train", "--set", "epochs"], "cifar-ray: error: --set expects KEY=VALUE, got 'epochs'"),
         (["train", "--set"], "cifar-ray train: error: argument --set: expected at least one argument"),
         (["train", "--set", "epochs=1", "bogus"], "cifar-ray: error: unrecognized arguments: bogus"),
+        # no abbreviations: --resume and --set are what rerun_command and the --set rewriting look for
+        (["sweep", QUICKSTART, "--res"], "cifar-ray: error: unrecognized arguments: --res"),
+        (["sweep", QUICKSTART, "--se", "epochs=1"], "cifar-ray: error: unrecognized arguments: --se epochs=1"),
     ],
 )
 def test_set_errors_stay_one_line(argv, error, capsys, ray_start):
@@ -276,7 +282,7 @@ def help_examples(command: str, capsys) -> list[list[str]]:
 def test_every_help_example_parses_and_names_real_sweeps_and_runs(capsys, monkeypatch):
     monkeypatch.chdir(SWEEPS.parent)  # the examples use paths relative to the repository, as README does
     sweeps = {plan.name: plan for plan in map(load_sweep, sorted(SWEEPS.glob("*.yaml")))}
-    for command in HANDLERS:
+    for command in COMMANDS:
         examples = help_examples(command, capsys)
         assert 2 <= len(examples) <= 4, (command, examples)
         for words in examples:
@@ -301,10 +307,9 @@ def test_the_recorded_command_reruns_the_sweep_as_typed(tmp_path, monkeypatch):
     assert rerun_command(["sweep", "sweeps/x.yaml", "--resume", "--set", "description=a b"]) == (
         "cifar-ray sweep sweeps/x.yaml --set 'description=a b'"
     )
-    assert rerun_command(["sweep", "--res", "x.yaml", "--storage", "s3://key:hunter2@bucket/runs?region=x"]) == (
+    assert rerun_command(["sweep", "--resume", "x.yaml", "--storage", "s3://key:hunter2@bucket/runs?region=x"]) == (
         "cifar-ray sweep x.yaml --storage 's3://bucket/runs?region=x'"
     )
-    assert build_parser().parse_args(["sweep", "x.yaml", "--r"]).resume  # the shortest --resume rerun_command drops
 
     recorded = []
 

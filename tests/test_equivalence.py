@@ -1,8 +1,8 @@
 """Proof that the training computes what docs/semantics.md says, on real code.
 
-Each test calls a check of `cifar_ray.check` (the same functions `cifar-ray check` runs), asserts
-it passes, and adds lower-level assertions on what it measured. The checks build model, optimizer,
-schedule and scaler as `train_loop_per_worker` does and run optimizer steps through the real
+Each test calls a check of `cifar_ray.training.checks` or `cifar_ray.cluster.checks` (the same functions
+`cifar-ray check` runs), asserts it passes, and adds lower-level assertions on what it measured. The checks build
+model, optimizer, schedule and scaler as `train_loop_per_worker` does and run optimizer steps through the real
 `train_epoch` over `iterate_train` step lists.
 
 Tolerances: the exactness checks run in float64 (model.double(), double inputs), where two
@@ -26,7 +26,8 @@ import functools
 import pytest
 import torch
 
-from cifar_ray import check
+from cifar_ray.cluster import checks as ddp_checks
+from cifar_ray.training import checks as check
 from cifar_ray.training.data import iterate_train
 from cifar_ray.training.loop import build_training, train_epoch, wrap_model
 from cifar_ray.training.models import build_model
@@ -148,7 +149,7 @@ def test_grad_scaler_count_over_an_epoch_with_two_bad_steps():
     assert scaler.get_scale() == 1024.0 / 4  # halved once per skipped step
 
 
-_check_ddp = check.check_ddp  # bound at import: test_check.py swaps check.check_ddp for this cache
+_check_ddp = ddp_checks.check_ddp  # bound at import: test_check.py swaps ddp_checks.check_ddp for this cache
 
 
 @functools.cache
@@ -171,7 +172,7 @@ def test_ddp_two_workers_equals_single_process(ddp_results):
     assert torch.equal(saved["initial"], single.initial)
     assert params.values["update_rel_diff"] < check.TOL_FLOAT64
     # The comparison is sensitive: rank 0 training alone on its half of each batch is far off.
-    ddp_cfg, single_cfg = check.ddp_configs(2, CPU, 4)
+    ddp_cfg, single_cfg = ddp_checks.ddp_configs(2, CPU, 4)
     alone = check.train_steps(single_cfg, 4, CPU, torch.float64, rank=0, world=2)  # rank 0's shard, no all-reduce
     assert alone.totals[2].item() == 4 * 2 * 16
     names = [name for name, _ in build_model(single_cfg).named_parameters()]

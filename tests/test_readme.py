@@ -72,11 +72,11 @@ def test_the_committed_quickstart_report_is_what_the_code_renders_from_its_logs(
 def test_the_committed_bench_report_is_what_the_code_renders_from_its_json():
     """docs/measurements.md sends readers to reports/bench/README.md for the benchmark's numbers: they must be the
     ones in bench.json beside it."""
-    from cifar_ray.bench import render
+    from cifar_ray.report.bench import render
 
     record = json.loads((ROOT / "reports" / "bench" / "bench.json").read_text())
     assert render(record) == (ROOT / "reports" / "bench" / "README.md").read_text(), (
-        "reports/bench/README.md differs from what bench.render makes of reports/bench/bench.json"
+        "reports/bench/README.md differs from what report.bench.render makes of reports/bench/bench.json"
     )
 
 

@@ -73,7 +73,7 @@ def test_credentials_never_appear_in_names_or_errors(s3_root):
 def test_resume_hint_leaves_credentials_out():
     import argparse
 
-    from cifar_ray.cli import resume_command
+    from cifar_ray.commands.common import resume_command
 
     args = argparse.Namespace(
         file="s.yaml", storage="s3://key:hunter2@bucket/runs?region=x", name=None, address=None, set=[]

@@ -247,13 +247,34 @@ def test_missing_file_and_bad_flags(capsys):
 
 
 def test_summary_names_the_best_trial_by_the_sweeps_metric_and_mode():
-    from cifar_ray.cli import best_trial_line
+    from cifar_ray.commands.common import best_trial_line
 
     rows = [
         {"trial": "a", "status": "finished", "test_acc": 0.9, "test_loss": 0.5},
         {"trial": "b", "status": "finished", "test_acc": 0.8, "test_loss": 0.3},
         {"trial": "c", "status": "failed", "test_acc": 0.95, "test_loss": 0.1},
     ]  # not finished: never best
-    assert best_trial_line(rows, "test_acc", "max").endswith(": a at 90.0%")
+    # "best trial": the report's "best" is a configuration, seeds averaged; the two are named apart
+    assert (
+        best_trial_line(rows, "test_acc", "max")
+        == "best trial by the sweep's metric (test_acc, max, final epoch): a at 90.0%"
+    )
     assert best_trial_line(rows, "test_loss", "min").endswith(": b at 0.3")
     assert best_trial_line(rows[2:], "test_loss", "min") is None
+
+
+def test_summary_and_report_read_best_from_one_place():
+    """sweep.json's metric and mode, or the sweep file's defaults where it names none: the same for the end-of-run
+    summary's best trial and the report's best configuration (both call runlog.sweep_objective)."""
+    import pandas as pd
+
+    from cifar_ray.core.runlog import sweep_objective
+    from cifar_ray.core.sweep import SweepFile
+    from cifar_ray.report.data import resolve_objective
+
+    defaults = SweepFile(name="x")
+    assert sweep_objective({}) == (defaults.metric, defaults.mode)
+    assert sweep_objective({"metric": "test_loss", "mode": "min"}) == ("test_loss", "min")
+    trials = pd.DataFrame({"status": ["finished"], "final_test_loss": [0.5]})
+    metric, note = resolve_objective({"metric": "test_loss", "mode": "min"}, trials)
+    assert (metric.column, metric.better, note) == ("final_test_loss", "min", "")

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from cifar_ray.check import make_config, train_steps
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.training import comm, data
 from cifar_ray.training import loop as train
+from cifar_ray.training.checks import make_config, train_steps
 from cifar_ray.training.models import build_model
 
 POISONED_STEP = 3  # 0-based optimizer step whose gradient overflows on rank 0 (PowerSGD compresses from step 2)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core import runlog, sysinfo
-from ..core.config import ConfigError, TrainConfig
+from ..core.config import TrainConfig
+from ..core.errors import ConfigError
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from . import slots

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.config import ConfigError, TrainConfig
+from ..core.config import TrainConfig
+from ..core.errors import ConfigError
 from ..core.sweep import SweepPlan, TrialSpec
 
 RESOURCE_CPU = "cifar_ray_cpu"

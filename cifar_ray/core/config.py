@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -17,11 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .datasets import DATASET_SIZES
-from .errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A user-facing configuration error: its message is one line, fit to print as is."""
+from .errors import ConfigError, YamlValueError
 
 
 def default_data_dir() -> str:
@@ -421,18 +418,28 @@ def unknown_key_message(key: str, where: str = "") -> str:
     return f"{where}unknown config key {key!r}{hint}; known keys: {', '.join(KEYS)}"
 
 
-def _one_line(error: ValidationError, where: str) -> str:
+def validation_line(
+    error: ValidationError,
+    where: str,
+    unknown_key: Callable[[str], str],
+    allowed: Callable[[str], str] | None = None,
+) -> str:
+    """The first of pydantic's errors as one line after `where`: an unknown key as `unknown_key(key)` says; a
+    bad value as `KEY=VALUE: what is wrong; allowed: allowed(KEY)`, or `KEY: pydantic's message` without
+    `allowed`; a cross-field check's message as it is."""
     first = error.errors()[0]
     key = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
-        return unknown_key_message(key, where)
+        return where + unknown_key(key)
     message = first["msg"].removeprefix("Value error, ")
-    if not key:  # a cross-field check from _check_combinations
+    if not key:  # a cross-field check (TrainConfig._check_combinations)
         return f"{where}{message}"
+    if allowed is None:
+        return f"{where}{key}: {message}"
     # "Input should be a valid integer, unable to parse ..." -> "should be a valid integer"
     message = "not allowed" if first["type"] == "literal_error" else message.split(",")[0].removeprefix("Input ")
     got = first.get("input")
-    return f"{where}{key}={got!r}: {message}; allowed: {allowed_values(key)}"
+    return f"{where}{key}={got!r}: {message}; allowed: {allowed(key)}"
 
 
 def parse_config(values: dict[str, Any], where: str = "") -> TrainConfig:
@@ -440,15 +447,7 @@ def parse_config(values: dict[str, Any], where: str = "") -> TrainConfig:
     try:
         return TrainConfig(**values)
     except ValidationError as error:
-        raise ConfigError(_one_line(error, where)) from None
-
-
-class YamlValueError(ConfigError):
-    """YAML that StrictLoader refuses: the message names the value or key; `line` (from 1) says where."""
-
-    def __init__(self, message: str, line: int) -> None:
-        super().__init__(message)
-        self.line = line
+        raise ConfigError(validation_line(error, where, unknown_key_message, allowed_values)) from None
 
 
 _BOOL_TAG, _INT_TAG, _LEADING_ZERO_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:cifar-ray:leading-zero"

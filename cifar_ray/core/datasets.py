@@ -1,13 +1,7 @@
 """What the CLI needs to know about the datasets without importing torch (`data` imports it: 1.6 s
-of `cifar-ray --help` before this module): their sizes, and the error for data it cannot use."""
+of `cifar-ray --help` before this module): their sizes (the error for data it cannot use is errors.DataError)."""
 
 from __future__ import annotations
 
-from .errors import UserError
-
 # (train, test) images of the full dataset; synthetic mirrors CIFAR-10 so subsets mean the same on both
 DATASET_SIZES = {"cifar10": (50_000, 10_000), "synthetic": (50_000, 10_000)}
-
-
-class DataError(UserError, RuntimeError):
-    """Data cannot be found or read: the message says where it was looked for and what to do."""

@@ -21,3 +21,32 @@ class StorageError(UserError):
 
 class RunFolderError(UserError, FileNotFoundError):
     """A folder or URI given as RUN_DIR holds no run (no sweep.json)."""
+
+
+class UsageError(UserError):
+    """A one-line usage error of the command line, printed as `PROG: error: MESSAGE`; `prog` names the
+    (sub)command, None the command itself."""
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class ConfigError(UserError, ValueError):
+    """A user-facing configuration error: its message is one line, fit to print as is."""
+
+
+class YamlValueError(ConfigError):
+    """YAML that config.StrictLoader refuses: the message names the value or key; `line` (from 1) says where."""
+
+    def __init__(self, message: str, line: int) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+class DataError(UserError, RuntimeError):
+    """Data cannot be found or read: the message says where it was looked for and what to do."""
+
+
+class ViewerError(UserError):
+    """The export cannot run: a viewer's package is missing, or --out does not fit the viewer."""

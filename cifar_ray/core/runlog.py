@@ -79,6 +79,8 @@ assert set(BREAKDOWN_KEYS) <= set(EPOCH_METRICS)
 # Epoch metrics a sweep file may name as its `metric` (the one Tune ranks trials by).
 OBJECTIVES = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s", "samples_per_s", "peak_mem_mb")
 assert set(OBJECTIVES) <= set(EPOCH_METRICS)
+MODES = ("max", "min")
+DEFAULT_OBJECTIVE = ("test_acc", "max")  # (metric, mode) of a sweep file that names neither
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
 TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again
@@ -163,6 +165,12 @@ def append_epoch(trial_dir: Where, metrics: dict) -> None:
 def truncate_epochs(trial_dir: Where, last_kept_epoch: int) -> None:
     """Drop epochs after `last_kept_epoch` (a resumed trial redoes them)."""
     _write_epochs(trial_dir, [row for row in read_epochs(trial_dir) if row["epoch"] <= last_kept_epoch])
+
+
+def sweep_objective(sweep: dict) -> tuple[str, str]:
+    """What "best" means for a run, from its sweep.json: the sweep's (metric, mode), the defaults where it names
+    none. The end-of-run summary names the best trial by it, the report the best configuration (seeds averaged)."""
+    return sweep.get("metric", DEFAULT_OBJECTIVE[0]), sweep.get("mode", DEFAULT_OBJECTIVE[1])
 
 
 @dataclass

@@ -32,16 +32,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .config import (
     KEYS,
-    ConfigError,
     TrainConfig,
-    YamlValueError,
     absolute_paths,
     load_yaml,
     parse_config,
     unknown_key_message,
+    validation_line,
 )
 from .datasets import DATASET_SIZES
-from .runlog import OBJECTIVES
+from .errors import ConfigError, YamlValueError
+from .runlog import DEFAULT_OBJECTIVE, MODES, OBJECTIVES
 
 # Run names (--name, a sweep file's name) and bundle factor names become folder, CSV and PNG names: one path
 # component that stays inside its folder (no /, no leading dot, so no .. either). Trial names match it too.
@@ -68,8 +68,8 @@ class SweepFile(BaseModel):
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     repeats: int = Field(1, ge=1, le=100)
-    metric: Literal[OBJECTIVES] = "test_acc"  # type: ignore[valid-type]
-    mode: Literal["max", "min"] = "max"
+    metric: Literal[OBJECTIVES] = DEFAULT_OBJECTIVE[0]  # type: ignore[valid-type]
+    mode: Literal[MODES] = DEFAULT_OBJECTIVE[1]  # type: ignore[valid-type]
 
     @field_validator("name")
     @classmethod
@@ -152,13 +152,8 @@ def bundle_label(factor: str, bundle: dict[str, Any]) -> str:
     return rest
 
 
-def _pydantic_line(error: ValidationError, where: str) -> str:
-    first = error.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    if first["type"] == "extra_forbidden":
-        return f"{where}unknown top-level key '{loc}'; allowed: {', '.join(SweepFile.model_fields)}"
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{where}{loc}: {message}" if loc else f"{where}{message}"
+def unknown_top_level_key(key: str) -> str:
+    return f"unknown top-level key '{key}'; allowed: {', '.join(SweepFile.model_fields)}"
 
 
 def build_plan(
@@ -175,7 +170,7 @@ def build_plan(
     try:
         sweep = SweepFile(**data)
     except ValidationError as error:
-        raise ConfigError(_pydantic_line(error, where)) from None
+        raise ConfigError(validation_line(error, where, unknown_top_level_key)) from None
     except TypeError as error:  # non-string keys
         raise ConfigError(f"{where}{error}") from None
     for key in sweep.base:

@@ -28,8 +28,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.config import ConfigError
-from ..core.runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, TrialLog, Where, load_run
+from ..core.errors import ConfigError
+from ..core.runlog import (
+    BREAKDOWN_KEYS,
+    EPOCH_METRICS,
+    MODES,
+    SWEEP_FILE,
+    TRIAL_FILE,
+    RunLog,
+    TrialLog,
+    Where,
+    load_run,
+    sweep_objective,
+)
 from ..core.storage import StoragePath
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
@@ -405,9 +416,9 @@ def _metric_columns(breakdown: Sequence[str], metrics: Sequence[Metric]) -> list
 def resolve_objective(sweep: dict, trials: pd.DataFrame) -> tuple[Metric, str]:
     """What "best" means: the sweep's metric and mode on its trial column, and "" as the note; else final test
     accuracy (max) and a note saying why the sweep's choice could not be used."""
-    name, mode = sweep.get("metric", "test_acc"), sweep.get("mode", "max")
+    name, mode = sweep_objective(sweep)
     metric = OBJECTIVES.get(name)
-    if metric is None or mode not in ("max", "min"):
+    if metric is None or mode not in MODES:
         return FACTOR_METRICS[0], f"fallback: sweep metric={name}, mode={mode} has no trial column"
     done = trials.loc[trials["status"] == "finished", metric.column]
     if len(done) and done.isna().all():

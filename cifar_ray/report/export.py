@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..core.runlog import Where
 from .data import Report, build_report
 from .plots import plot_curves, plot_factor

@@ -37,7 +37,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
-from ..core.config import ConfigError, TrainConfig
+from ..core.config import TrainConfig
+from ..core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

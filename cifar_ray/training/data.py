@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ..core.config import TrainConfig
-from ..core.datasets import DATASET_SIZES, DataError
+from ..core.datasets import DATASET_SIZES
+from ..core.errors import DataError
 from . import safe_pickle
 from .safe_pickle import SHOW, Refused
 

@@ -1,0 +1,49 @@
+"""`cifar-ray bench`: where the time goes (loop, orchestration, data path, scaling), measured in one run and written
+as bench.json and the README.md rendered from it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from .common import add_command
+
+HELP = "measure loop, orchestration, data-path and scaling speed; writes reports/bench/"
+EXAMPLES = (
+    ("a smaller, faster run (what CI runs)", "cifar-ray bench --quick --out reports/bench-quick"),
+    ("the full benchmark behind reports/bench/README.md", "cifar-ray bench"),
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    bench = add_command(subparsers, "bench", HELP, EXAMPLES)
+    bench.add_argument("--quick", action="store_true", help="a smaller, faster run (for CI and a first look)")
+    bench.add_argument(
+        "--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)"
+    )
+
+
+def run_bench(
+    quick: bool = False,
+    out_dir: str | Path = "reports/bench",
+    storage: str | Path | None = None,
+    say: Callable[[str], None] = print,
+) -> Path:
+    """Runs every section, writes bench.json and README.md into out_dir, returns the README path."""
+    from ..cluster.bench import measure
+    from ..report.bench import render
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = measure(quick, storage, say)
+    (out_dir / "bench.json").write_text(json.dumps(record, indent=2) + "\n")
+    readme = out_dir / "README.md"
+    readme.write_text(render(record))
+    return readme
+
+
+def run(args: argparse.Namespace) -> int:
+    print(run_bench(quick=args.quick, out_dir=args.out, say=lambda line: print(line, flush=True)))
+    return 0

@@ -1,0 +1,282 @@
+"""What several commands share: the parser class, the option groups of `train` and `sweep`, and running a plan
+(Ray start/stop, the end-of-run summary table, the resume and rerun commands).
+
+Importing this module imports neither torch nor Ray: the functions that need them import them when called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..core import runlog
+from ..core.errors import ConfigError, UsageError
+from ..core.storage import StoragePath, redact
+
+if TYPE_CHECKING:
+    from ..core.sweep import SweepPlan
+
+PROG = "cifar-ray"
+INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C or SIGTERM, as a shell reports SIGINT
+# train_acc: running mean over the epoch; train_eval_acc: training images evaluated like the test set.
+# peak_mem_mb: the largest worker's peak; peak_mem_total_mb: the sum over workers (docs/semantics.md).
+SUMMARY_COLUMNS = (
+    "trial",
+    "status",
+    "epochs",
+    "test_acc",
+    "best_test_acc",
+    "train_acc",
+    "train_eval_acc",
+    "epoch_time_s",
+    "samples_per_s",
+    "peak_mem_mb",
+    "peak_mem_total_mb",
+)
+SET_OPTION, RESUME_OPTION = "--set", "--resume"
+
+
+def is_override(word: str) -> bool:
+    return "=" in word and not word.startswith("-")
+
+
+def overrides_apart(argv: Sequence[str]) -> list[str]:
+    """`argv` with every KEY=VALUE that follows --set made a `--set=KEY=VALUE` word of its own, so that --set takes
+    the KEY=VALUE words after it and no more: `--set a=1 b=2 FILE` -> `--set=a=1 --set=b=2 FILE`, the sweep file
+    before or after. The first word without "=" ends them. A --set followed by no KEY=VALUE is left as it is, for
+    argparse and parse_overrides to refuse as they always did. The parsers take no abbreviations (allow_abbrev=False),
+    so --set is spelled out."""
+    words = list(argv)
+    apart: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word == "--":  # what follows is positional
+            return apart + words[index - 1 :]
+        option, sep, first = word.partition("=")
+        if option != SET_OPTION:
+            apart.append(word)
+            continue
+        overrides = [first] if sep else []
+        while index < len(words) and is_override(words[index]):
+            overrides.append(words[index])
+            index += 1
+        apart += [f"{SET_OPTION}={item}" for item in overrides] if overrides else [word]
+    return apart
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser that takes no abbreviated options and raises a one-line UsageError for bad usage."""
+
+    takes_overrides = False  # add_overrides sets it on the subcommands with --set
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:  # argparse prints usage + exits 2; we want one line
+        raise UsageError(message, self.prog)
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.takes_overrides:  # a subcommand's parser: argparse hands it the list of its words
+            args = overrides_apart(args)
+        return super().parse_known_args(args, namespace)
+
+
+def add_command(subparsers: argparse._SubParsersAction, name: str, help: str, examples: Sequence[tuple[str, str]]):
+    """A subcommand's parser, with `examples` ((what it does, the command), ...) at the end of its --help."""
+    epilog = "examples:\n" + "\n".join(f"  # {what}\n  {line}" for what, line in examples)
+    return subparsers.add_parser(
+        name, help=help, description=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def add_overrides(parser: Parser) -> None:
+    parser.add_argument(
+        SET_OPTION,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides, before or after the other arguments, e.g. --set dataset=synthetic epochs=1",
+    )
+    parser.takes_overrides = True
+
+
+def add_common(parser: Parser) -> None:
+    """The options of the commands that run trials (train, sweep)."""
+    add_overrides(parser)
+    parser.add_argument(
+        "--storage",
+        default="runs",
+        help="where run logs and checkpoints go: a folder (default: runs/) or a URI such as s3://bucket/runs; "
+        "on a Ray cluster, a folder every node mounts at the same path or a URI",
+    )
+    parser.add_argument("--name", help="run name (folder under --storage)")
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run at most N trials at once (default: as many as fit)",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="existing Ray cluster: auto, HOST:PORT, or ray://HOST:10001 for Ray Client "
+        "(default: $RAY_ADDRESS, else start a local Ray)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run each trial in a Ray Train run of its own (fresh worker processes per trial, ~20 s "
+        "more per trial on 2 CPU cores) instead of warm worker slots",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
+
+
+def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
+    """One trial as the --json output and summary see it: config, status, final metrics."""
+    last = trial.epochs[-1] if trial.epochs else {}
+    accs = [row["test_acc"] for row in trial.epochs if row.get("test_acc") is not None]
+    return {
+        "trial": trial.name,
+        "status": trial.status,
+        "error": trial.meta.get("error"),
+        "swept": trial.swept,
+        **trial.config,
+        "epochs_done": len(trial.epochs),
+        "best_test_acc": max(accs) if accs else None,
+        # the epoch's "lr" is the scheduled value; the config key lr (peak LR) keeps its name
+        **{("final_lr" if k == "lr" else k): v for k, v in last.items() if k != "epoch"},
+    }
+
+
+def _cell(value: Any, key: str) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("acc"):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    return str(value)
+
+
+def text_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def best_trial_line(rows: list[dict[str, Any]], metric: str, mode: str) -> str | None:
+    """The sweep's `metric`/`mode` (runlog.sweep_objective) say what "best" is: the finished trial with the best
+    final value of that epoch metric, or None when no finished trial logged it. A trial, not a configuration: the
+    report ranks configurations, seeds averaged."""
+    scored = [r for r in rows if r["status"] == "finished" and isinstance(r.get(metric), (int, float))]
+    if not scored:
+        return None
+    best = (max if mode == "max" else min)(scored, key=lambda r: r[metric])
+    return (
+        f"best trial by the sweep's metric ({metric}, {mode}, final epoch): {best['trial']} at "
+        f"{_cell(best[metric], metric)}"
+    )
+
+
+def summary_rows(run: runlog.RunLog) -> list[dict[str, Any]]:
+    return [trial_result(t) | {"epochs": f"{len(t.epochs)}/{t.config.get('epochs', '?')}"} for t in run.trials]
+
+
+def ensure_local_data(plan) -> None:
+    """CIFAR-10 in every data_dir of the plan, found or downloaded here before Ray starts: no data is then
+    one DataError line in seconds, not a failed trial's traceback after 36 s of Ray start-up (measured
+    offline). For the embedded Ray only: its workers read this machine's folders; a cluster node reads its own."""
+    data_dirs = dict.fromkeys(t.config.data_dir for t in plan.trials if t.config.dataset == "cifar10")
+    if data_dirs:
+        from ..training.data import ensure_cifar10  # imports torch: only for a plan that needs CIFAR-10
+
+        for data_dir in data_dirs:
+            ensure_cifar10(data_dir)
+
+
+def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
+    from ..cluster.orchestrate import run_plan  # these import Ray inside their functions only
+    from ..cluster.session import cluster_address, init_ray
+
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
+    resume = getattr(args, "resume", False)  # `train` has no --resume
+    run_dir = StoragePath.of(args.storage) / plan.name  # a refused --storage fails before Ray starts
+    refusal = None if resume else runlog.existing_run_refusal(run_dir, plan.name, resumable=args.command == "sweep")
+    if refusal:
+        raise ConfigError(refusal)
+    if cluster_address(args.address) is None:
+        ensure_local_data(plan)
+    owns_ray = init_ray(address=args.address, verbose=args.verbose)
+    # Tune stops gracefully on SIGINT (saving its state); give SIGTERM the same treatment.
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        run_dir = run_plan(
+            plan,
+            storage=args.storage,
+            max_concurrent=args.max_concurrent,
+            resume=resume,
+            warm=not args.isolate,
+            command=rerun_command(args.argv),
+            print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+        )
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+    run = runlog.load_run(run_dir)
+    rows = summary_rows(run)
+    out = sys.stderr if args.json else sys.stdout
+    print(f"\n{plan.name}: {len(rows)} trial(s), logs in {run_dir}", file=out)
+    print(text_table(rows, SUMMARY_COLUMNS), file=out)
+    best = best_trial_line(rows, *runlog.sweep_objective(run.sweep)) if len(rows) > 1 else None
+    if best:
+        print(best, file=out)
+    print(f"report: cifar-ray report {run_dir}", file=out)
+    unfinished = [r["trial"] for r in rows if r["status"] not in runlog.FINAL_STATUSES]
+    if unfinished and args.command == "sweep":
+        print(f"interrupted: {len(unfinished)} trial(s) unfinished; continue with:\n  {resume_command(args)}", file=out)
+    if args.json:
+        results = [{k: v for k, v in r.items() if k != "epochs"} for r in rows]
+        print(json.dumps(results[0] if args.command == "train" else results))
+    if unfinished:
+        return INTERRUPTED
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    parts = [
+        "cifar-ray",
+        "sweep",
+        shlex.quote(args.file),
+        RESUME_OPTION,
+        "--storage",
+        shlex.quote(redact(args.storage)),
+    ]
+    if args.name:
+        parts += ["--name", shlex.quote(args.name)]
+    if args.address:
+        parts += ["--address", shlex.quote(args.address)]
+    if args.set:
+        parts += [SET_OPTION, *map(shlex.quote, args.set)]
+    return " ".join(parts)
+
+
+def rerun_command(argv: Sequence[str]) -> str:
+    """The command that runs this again as a user types it: `cifar-ray` and the words given (`argv`, without the
+    program), --resume left out, shell-quoted, with no URI's user:secret@."""
+    return shlex.join([PROG, *(redact(word) for word in argv if word != RESUME_OPTION)])

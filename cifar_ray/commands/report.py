@@ -1,0 +1,67 @@
+"""`cifar-ray report`: a Markdown report with plots (or CSV/JSON tables) from one run folder, or several compared."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..core.errors import UsageError
+from .common import add_command
+
+HELP = "write a Markdown report (with plots) from a run folder, or compare several"
+EXAMPLES = (
+    ("README.md with tables and plots in reports/quickstart", "cifar-ray report runs/quickstart"),
+    (
+        "deltas measured against batch size 128, written beside the run",
+        "cifar-ray report runs/batch-size --baseline batch_size=128 --out runs/batch-size-report",
+    ),
+    ("the aggregated tables as CSV files in reports/batch-size", "cifar-ray report runs/batch-size --format csv"),
+    (
+        "the quickstart run here vs the same sweep run on a GPU box (its run folder copied into gpu-runs/): "
+        "one more factor, run; -> reports/runs-quickstart-vs-gpu-runs-quickstart",
+        "cifar-ray report runs/quickstart gpu-runs/quickstart",
+    ),
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    report = add_command(subparsers, "report", HELP, EXAMPLES)
+    report.add_argument(
+        "run_dir",
+        nargs="+",
+        help="a run folder or URI, e.g. runs/quickstart or s3://bucket/runs/quickstart; several: the runs become one "
+        "more factor, run (labelled by folder name), their trials paired where their configs agree on every key but "
+        "the run-level ones (constant within each run, different between runs)",
+    )
+    report.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: reports/<sweep name>; for several runs reports/<label>-vs-<label>...)",
+    )
+    report.add_argument(
+        "--baseline",
+        default=None,
+        metavar="KEY=VALUE",
+        help="grid value the deltas are measured against (default: each factor's first value; for several runs, "
+        "run=LABEL picks the run, default the first)",
+    )
+    report.add_argument(
+        "--format",
+        default="md",
+        choices=("md", "csv", "json"),
+        help="md: README.md + PNG plots; csv/json: the aggregated tables",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core.config import parse_value
+    from ..report import write_report
+
+    baseline = None
+    if args.baseline:
+        key, sep, value = args.baseline.partition("=")
+        if not sep:
+            raise UsageError(f"--baseline expects KEY=VALUE, got '{args.baseline}'")
+        baseline = {key.strip(): parse_value(value.strip())}
+    runs = args.run_dir if len(args.run_dir) > 1 else args.run_dir[0]
+    print(write_report(runs, out_dir=args.out, baseline=baseline, fmt=args.format))
+    return 0
