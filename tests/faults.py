@@ -9,7 +9,7 @@ own files fail, mostly for a while, a few for good.
 Only files named in RUN_FILES fail (matched by basename, so Ray Tune's own files go through untouched); every
 other call is LocalFileSystem's. A read fails at open; a write fails at open, before the file is touched, as an
 object store's PUT fails (the older object stays). A failure is transient (the next `burst - 1` calls of the same
-operation on the same file fail too, then the next one works: with `burst` < storage.READ_TRIES a read always gets
+operation on the same file fail too, then the next one works: with `burst` < storage.TRIES a read or write always gets
 through) or, with probability `permanent` of a failure, for good: that operation on that file fails from then on,
 in every process (a marker file in `log_dir` says so).
 

@@ -271,7 +271,7 @@ def deny_reads(monkeypatch, denied: Path) -> None:
         return real_read(self)
 
     monkeypatch.setattr(StoragePath, "read_bytes", read_bytes)
-    monkeypatch.setattr(storage, "READ_RETRY_S", 0.0)
+    monkeypatch.setattr(storage, "RETRY_S", 0.0)
 
 
 @pytest.mark.parametrize("unreadable", ["t1/" + runlog.EPOCHS_FILE, "t2/" + runlog.TRIAL_FILE, runlog.SWEEP_FILE])
@@ -293,7 +293,7 @@ def test_an_unreadable_file_is_one_line_naming_it_not_a_pending_trial(
 def test_a_file_of_mode_000_is_one_line_naming_it(mixed_run, monkeypatch, capsys):
     from cifar_ray.core import storage
 
-    monkeypatch.setattr(storage, "READ_RETRY_S", 0.0)
+    monkeypatch.setattr(storage, "RETRY_S", 0.0)
     (mixed_run / "t1" / runlog.EPOCHS_FILE).chmod(0)
     assert main(["status", str(mixed_run)]) == 2
     assert capsys.readouterr().err.startswith(f"cifar-ray: error: cannot read {mixed_run / 't1' / runlog.EPOCHS_FILE}")

@@ -154,7 +154,7 @@ def test_update_json_never_takes_an_unreadable_file_for_an_empty_one(tmp_path, m
         return real_read(self)
 
     monkeypatch.setattr(StoragePath, "read_bytes", flaky_read)
-    monkeypatch.setattr(storage, "READ_RETRY_S", 0.0)
+    monkeypatch.setattr(storage, "RETRY_S", 0.0)
     runlog.update_json(trial_file, status="finished")
     assert runlog.read_json(trial_file) == {"config": {"seed": 1}, "system": {"world_size": 2}, "status": "finished"}
 

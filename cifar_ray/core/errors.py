@@ -16,7 +16,7 @@ class ClusterError(UserError):
 
 class StorageError(UserError):
     """The run storage (--storage) cannot be used: a URI no filesystem opens, a folder or bucket that not
-    every node of the cluster reaches, or a run file that cannot be read or parsed (after storage.READ_TRIES)."""
+    every node of the cluster reaches, or a run file that cannot be read or parsed (after storage.TRIES)."""
 
 
 class RunFolderError(UserError, FileNotFoundError):

@@ -9,7 +9,7 @@ and folders get the modes a plain open() and mkdir() give (0o666 and 0o777 less 
 shared by a group is readable by the group.
 
 A read tells "absent" from "failed" (`read_retrying`): a missing file is the caller's empty value; any other
-error, or content that does not parse (a torn or corrupt file), is read again READ_TRIES times with a doubling
+error, or content that does not parse (a torn or corrupt file), is read again TRIES times with a doubling
 pause, then raised as a StorageError naming the file and the reason. Nothing is ever taken for empty because a
 read failed: a file rewritten from such a read would lose what it held.
 Credentials and endpoints come from each node's environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL,
@@ -25,6 +25,7 @@ this module imports no pydantic (config.py): the CLI imports it before it knows 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
 
 URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@?\s]*@")
-READ_TRIES = 5  # a failed read is tried again, READ_RETRY_S, then twice as long each time (1.5 s in all)
-READ_RETRY_S = 0.1
+TRIES = 5  # a failed read or write is tried again after RETRY_S, then twice as long each time (1.5 s in all)
+RETRY_S = 0.1
 Parsed = TypeVar("Parsed")
 ALLOWED = (
     "a folder, or a URI pyarrow opens: s3://bucket/path, gs://bucket/path, abfs://..., hdfs://host/path, file:///path"
@@ -170,19 +171,28 @@ class StoragePath:
         return self.read_bytes().decode()
 
     def write_bytes(self, data: bytes) -> None:
-        """All or nothing: a killed writer never leaves half a file."""
-        if self.is_local:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=posixpath.dirname(self.path), prefix=self.name, suffix=".tmp")
+        """All or nothing: a killed writer never leaves half a file. A write that fails (a storage timeout) is
+        tried again, TRIES times in all, then StorageError names the file: a whole-file write can be repeated."""
+        _retrying(lambda: self._write_once(data), f"cannot write {self}", (OSError,))
+
+    def _write_once(self, data: bytes) -> None:
+        if not self.is_local:
+            with self.fs.open_output_stream(self.path) as stream:
+                stream.write(data)
+            return
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=posixpath.dirname(self.path), prefix=self.name, suffix=".tmp")
+        try:
             os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the file from the group
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self.path)
-        else:
-            with self.fs.open_output_stream(self.path) as stream:
-                stream.write(data)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a failed write leaves no temp file behind
+            raise
 
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode())
@@ -217,17 +227,26 @@ def current_umask() -> int:
 
 def read_retrying(path: StoragePath, parse: Callable[[bytes], Parsed], absent: Parsed) -> Parsed:
     """`parse` of the file's content; `absent` when there is no file. A file that cannot be read or parsed right
-    now (a storage timeout, a file being replaced on a store without atomic writes) is read again, READ_TRIES
-    times in all, then StorageError names it and the reason. `parse` raises ValueError for content it refuses."""
+    now (a storage timeout, a file being replaced on a store without atomic writes) is read again, TRIES times in
+    all, then StorageError names it and the reason. `parse` raises ValueError for content it refuses."""
+    try:
+        return _retrying(lambda: parse(path.read_bytes()), f"cannot read {path}", (OSError, ValueError))
+    except FileNotFoundError:
+        return absent
+
+
+def _retrying(action: Callable[[], Parsed], what: str, failures: tuple[type[Exception], ...]) -> Parsed:
+    """`action()`, tried again after each of `failures` (FileNotFoundError passes through: absent, not failed),
+    TRIES times in all with a doubling pause; then StorageError: `what`, the tries and the reason."""
     attempt = 1
     while True:
         try:
-            return parse(path.read_bytes())
+            return action()
         except FileNotFoundError:
-            return absent
-        except (OSError, ValueError) as error:
-            if attempt == READ_TRIES:
+            raise
+        except failures as error:
+            if attempt == TRIES:
                 reason = (str(error).splitlines() or [""])[0].strip() or type(error).__name__
-                raise StorageError(f"cannot read {path} ({READ_TRIES} tries): {redact(reason)[:300]}") from error
-            time.sleep(READ_RETRY_S * 2 ** (attempt - 1))
+                raise StorageError(f"{what} ({TRIES} tries): {redact(reason)[:300]}") from error
+            time.sleep(RETRY_S * 2 ** (attempt - 1))
             attempt += 1
