@@ -18,9 +18,7 @@ from .load import load, sweep_grid, trial_value
 # Several runs in one report: the factor that tells them apart, and which of their trials are compared.
 RUN_FACTOR = "run"
 
-
 IGNORED_KEYS = ("data_dir",)  # where a machine keeps the data: never a difference between runs
-
 
 RUN_MATCH_RULE = (
     "A trial of one run is paired with the trial of the baseline run whose config is equal on every key except "

@@ -30,6 +30,7 @@ def fmt_value(value: Any) -> str:
 
 
 def same_value(a: Any, b: Any) -> bool:
+    """Equal as values or as written (64 matches 64.0)."""
     return a == b or fmt_value(a) == fmt_value(b)
 
 

@@ -21,14 +21,11 @@ from .stats import TRAIN_COLUMNS, Overfit, train_basis, trial_overfitting
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
 # breakdown (its columns follow, those logged) and what the report does not read (_UNREAD).
 _UNREAD = ("epoch", "train_time_s", "train_samples", "end_unix", "diverged", *BREAKDOWN_KEYS)
-
-
 assert set(_UNREAD) <= set(EPOCH_METRICS)
-
-
 EPOCH_KEYS = tuple(key for key in EPOCH_METRICS if key not in _UNREAD)
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
 
+# What peak memory per worker measures, by the trials' device type (trial.json: system.device_type).
 MEMORY_MEASURES = {
     "cpu": "peak RSS of one worker process (the whole process: Python, torch, data)",
     "cuda": "peak memory allocated by torch on one GPU",

@@ -25,9 +25,7 @@ FACTOR_METRICS = (
     Metric("peak_mem_total_mb", "peak mem, total over workers (MB)", "min", "cost"),
 )
 
-
 PAIRED_METRICS = (FACTOR_METRICS[0], FACTOR_METRICS[2])  # final test acc (Δ in pp), time/epoch (Δ in s)
-
 
 # The sweep file's `metric` (runlog.OBJECTIVES) -> the trial column that ranks trials by it: epoch metrics at the
 # last epoch (final_<metric>), costs aggregated over epochs as in the factor tables.

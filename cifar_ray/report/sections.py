@@ -24,7 +24,6 @@ RUNNING_NOTE = (
     "can read below test accuracy: not a like-for-like comparison with the test metrics."
 )
 
-
 EVAL_NOTE = (
     "Eval train accuracy and loss evaluate the first `train_eval_size` training images{size} after each epoch "
     "exactly as the test set is (eval mode, no augmentation, the same code): the like-for-like comparison."

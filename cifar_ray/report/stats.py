@@ -18,14 +18,12 @@ from .metrics import FACTOR_METRICS, Metric
 
 OVERFIT_RISE = 0.02
 
-
 OVERFIT_RULE = (
     "A trial is flagged as overfitting when, after the epoch m with its lowest test loss, a later "
     f"epoch has a test loss more than {OVERFIT_RISE:.0%} above that minimum while its train loss is "
     "below the train loss at epoch m (still falling); the first such epoch is reported as the onset. "
     "Train loss here is the eval train loss where the trial logged it, else the running one."
 )
-
 
 # A trial's train metrics, by basis: "eval" evaluates the first train_eval_size training images after the epoch
 # exactly like the test set; "running" are the means over the epoch's steps. Gap, overfitting and the train loss
