@@ -22,7 +22,7 @@ from cifar_ray.report import (
     markdown_table,
     write_report,
 )
-from cifar_ray.report.data import sample_stats
+from cifar_ray.report.stats import sample_stats
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GRID = {"batch_size": [64, 128], "workers": [1, 2]}

@@ -17,7 +17,7 @@ from cifar_ray.core import runlog
 from cifar_ray.core.config import ConfigError
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.report import RUN_MATCH_RULE, build_report, write_report
-from cifar_ray.report.data import run_labels
+from cifar_ray.report.compare import run_labels
 
 SEEDS = [0, 1]
 

@@ -270,7 +270,7 @@ def test_summary_and_report_read_best_from_one_place():
 
     from cifar_ray.core.runlog import sweep_objective
     from cifar_ray.core.sweep import SweepFile
-    from cifar_ray.report.data import resolve_objective
+    from cifar_ray.report.metrics import resolve_objective
 
     defaults = SweepFile(name="x")
     assert sweep_objective({}) == (defaults.metric, defaults.mode)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import runlog
 from ..core.errors import ConfigError, UsageError
 from ..core.storage import StoragePath, redact
+from ..core.text import text_table
 
 if TYPE_CHECKING:
     from ..core.sweep import SweepPlan
@@ -169,12 +170,9 @@ def _cell(value: Any, key: str) -> str:
     return str(value)
 
 
-def text_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
-    return "\n".join(lines)
+def rows_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    """`rows` as a terminal table of `columns`, each value formatted for its key (_cell)."""
+    return text_table([[_cell(row.get(c), c) for c in columns] for row in rows], header=columns)
 
 
 def best_trial_line(rows: list[dict[str, Any]], metric: str, mode: str) -> str | None:
@@ -242,7 +240,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     rows = summary_rows(run)
     out = sys.stderr if args.json else sys.stdout
     print(f"\n{plan.name}: {len(rows)} trial(s), logs in {run_dir}", file=out)
-    print(text_table(rows, SUMMARY_COLUMNS), file=out)
+    print(rows_table(rows, SUMMARY_COLUMNS), file=out)
     best = best_trial_line(rows, *runlog.sweep_objective(run.sweep)) if len(rows) > 1 else None
     if best:
         print(best, file=out)

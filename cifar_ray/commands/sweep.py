@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import RESUME_OPTION, add_command, add_common, run_plan_command, text_table
+from .common import RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
 
 HELP = "run a sweep file (a grid of trials) through Ray Tune"
 EXAMPLES = (
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return run_plan_command(plan, args)
     print(f"{plan.name}: {plan.description}".rstrip(": "))
     rows = trial_table(plan)
-    print(text_table(rows, list(rows[0])))
+    print(rows_table(rows, list(rows[0])))
     print(work_summary(plan))
     if args.json:
         print(json.dumps([t.as_dict() for t in plan.trials]))

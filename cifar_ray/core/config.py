@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .datasets import DATASET_SIZES
 from .errors import ConfigError, YamlValueError
+from .text import markdown_table
 
 
 def default_data_dir() -> str:
@@ -389,11 +390,8 @@ def key_rows() -> list[KeyRow]:
 
 def markdown_keys_table(rows: list[KeyRow]) -> str:
     """The rows as a Markdown table: docs/config-keys.md (tests/test_readme.py keeps them equal)."""
-    lines = ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|"]
-    for row in rows:
-        cells = (f"`{row.key}`", row.type, row.allowed, f"`{row.default}`", row.description)
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [(f"`{row.key}`", row.type, row.allowed, f"`{row.default}`", row.description) for row in rows]
+    return markdown_table(["key", "type", "allowed", "default", "meaning"], cells) + "\n"
 
 
 def format_keys_text(rows: list[KeyRow], width: int = 100) -> str:

@@ -30,6 +30,7 @@ from datetime import datetime
 from . import runlog
 from .errors import RunFolderError
 from .storage import StoragePath
+from .text import rough_duration, text_table
 
 STALE_EPOCHS = 3
 STALE_MIN_S = 600.0
@@ -82,16 +83,6 @@ def _unix(iso: str | None) -> float | None:
         return datetime.strptime(iso, ISO_FORMAT).timestamp()
     except (TypeError, ValueError):
         return None
-
-
-def duration(seconds: float) -> str:
-    """A rough duration: seconds under 2 min, minutes under 2 h, else hours and minutes."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    hours, minutes = divmod(round(seconds / 60), 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def _epochs_since_start(trial: runlog.TrialLog) -> list[dict]:
@@ -199,7 +190,7 @@ def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
         eta = "ETA unknown (no epoch has finished yet)"
     elif unfinished:
         eta_s = sum(shape.eta_s for shape in shapes)
-        eta = f"ETA ~{duration(eta_s)}"
+        eta = f"ETA ~{rough_duration(eta_s)}"
     end = _unix(sweep.get("finished_at")) or now
     return SweepState(
         name=sweep.get("name", run.path.name),
@@ -220,10 +211,10 @@ def totals_line(state: SweepState, explain: bool = False) -> str:
     ETA is computed."""
     counts = [f"{state.counts['finished']}/{len(state.trials)} done"]
     counts += [f"{n} {name}" for name, n in state.counts.items() if n and name != "finished"]
-    parts = [] if state.elapsed_s is None else [f"{duration(state.elapsed_s)} elapsed"]
+    parts = [] if state.elapsed_s is None else [f"{rough_duration(state.elapsed_s)} elapsed"]
     eta = state.eta
     if explain and state.eta_s is not None:
-        terms = [f"{duration(s.epoch_wall_s)} x {s.epochs_left} / {s.at_once}" for s in state.shapes]
+        terms = [f"{rough_duration(s.epoch_wall_s)} x {s.epochs_left} / {s.at_once}" for s in state.shapes]
         per_shape = ", summed over trial shapes" if len(terms) > 1 else ""
         eta += f" (wall time per epoch x epochs left / trials at once{per_shape}: {' + '.join(terms)})"
     parts += [eta] if eta else []
@@ -244,7 +235,7 @@ def _state_text(trial: TrialState) -> str:
         return f"running: epoch {min(trial.epochs_done + 1, trial.epochs or trial.epochs_done + 1)} of {trial.epochs}"
     if trial.state == "stalled":
         since = "last epoch" if trial.epochs_done else "started"
-        idle = "" if trial.idle_s is None else f", {since} {duration(trial.idle_s)} ago"
+        idle = "" if trial.idle_s is None else f", {since} {rough_duration(trial.idle_s)} ago"
         return f"running per trial.json, but stalled{idle}"
     if trial.state in ("failed", "oom"):
         return f"{trial.state}: {trial.error or 'see ' + runlog.ERROR_FILE}"
@@ -274,9 +265,8 @@ def render(run_dir: runlog.Where, as_json: bool = False, now: float | None = Non
         (t.trial, swept_text(t.swept), _state_text(t), f"{t.epochs_done}/{t.epochs or '?'} epochs")
         for t in state.trials
     ]
-    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
     since = f", started {state.started_at}" if state.started_at else ""
     lines = [f"{state.name}: {len(state.trials)} trial{'s' * (len(state.trials) != 1)}{since}"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows]
+    lines += text_table(rows, pad_last=False).splitlines()
     lines.append(totals_line(state, explain=True))
     return "\n".join(lines)

@@ -5,31 +5,22 @@
     write_report(run_dir, fmt="json")     -> reports/<sweep name>/report.json
     write_report([run_a, run_b])          -> reports/<a>-vs-<b>/README.md: the runs compared, one more factor `run`
 
-One concern per module: data (the logs as frames, statistics), text (formatting, findings, Markdown),
-plots (what each plot shows, and drawing it), export (the files).
+One concern per module. The numbers: load (run folders -> frames), compare (several runs as one), metrics (what
+is measured, what "best" means), stats (means, paired effects, seed noise, overfitting), build (all of it, once:
+`Report`). The text: format (values and numbers), header, findings, tables, sections (README.md, section by
+section). Then plots (what each plot shows, and drawing it) and export (the files).
 Imports only core (and numpy, pandas; matplotlib only inside the drawing functions).
 """
 
-from .data import (
-    FACTOR_METRICS,
-    MEMORY_MEASURES,
-    OBJECTIVES,
-    OVERFIT_RULE,
-    RUN_FACTOR,
-    RUN_MATCH_RULE,
-    Metric,
-    Overfit,
-    Report,
-    build_report,
-    find_overfitting,
-    paired_effects,
-    seed_noise,
-    t_quantile,
-    trial_overfitting,
-)
+from ..core.text import markdown_table
+from .build import Report, build_report
+from .compare import RUN_FACTOR, RUN_MATCH_RULE
 from .export import FORMATS, write_report
+from .findings import findings
+from .load import MEMORY_MEASURES
+from .metrics import FACTOR_METRICS, OBJECTIVES, Metric
 from .plots import accuracy_series, dodge, factor_axis, factor_positions
-from .text import findings, markdown_table
+from .stats import OVERFIT_RULE, Overfit, find_overfitting, paired_effects, seed_noise, t_quantile, trial_overfitting
 
 __all__ = [
     "FACTOR_METRICS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from .text import markdown_table
+from ..core.text import markdown_table
 
 
 def _goal(value: float, goal: float, higher_is_better: bool = True) -> str:

@@ -15,9 +15,11 @@ import pandas as pd
 
 from ..core.errors import ConfigError
 from ..core.runlog import Where
-from .data import Report, build_report
+from .build import Report, build_report
+from .findings import findings
+from .header import header_info
 from .plots import plot_curves, plot_factor
-from .text import findings, header_info, render_markdown
+from .sections import render_markdown
 
 FORMATS = ("md", "csv", "json")
 

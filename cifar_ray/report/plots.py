@@ -13,7 +13,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .data import FACTOR_METRICS, TRAIN_COLUMNS, Metric, Report, fmt_value, rows_with
+from .build import Report
+from .format import fmt_value
+from .metrics import FACTOR_METRICS, Metric
+from .stats import TRAIN_COLUMNS, rows_with
 
 
 def _colors(n: int) -> list:

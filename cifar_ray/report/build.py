@@ -1,0 +1,125 @@
+"""Everything a report shows, computed once from the logs: `build_report(run_dirs) -> Report`, which the Markdown,
+CSV and JSON outputs read whole.
+
+Aggregates (factor tables, configurations, findings) use finished trials only; failed, diverged, out-of-memory and
+unfinished trials appear in the trial table and are listed with their reason. A factor's effect is measured on
+matched pairs (trials that differ only in that factor, seed included); per-value means pool the other factors and
+are shown as means only. "Best" follows the sweep file's metric and mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ..core.runlog import RunLog, Where
+from .compare import (
+    RUN_FACTOR,
+    RunComparison,
+    RunSource,
+    combine_runs,
+    compare_runs,
+    load_runs,
+    paired_config,
+    refuse_unpaired,
+)
+from .format import values_label
+from .load import breakdown_keys, epochs_frame, memory_measure, resolve_baseline, sweep_grid, trial_frame
+from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
+from .stats import Overfit, config_frame, factor_frame, paired_effects, seed_noise
+
+
+@dataclass
+class Report:
+    run: RunLog
+    name: str
+    factors: list[str]  # grid keys other than seed, in grid order
+    grid: dict[str, list]  # factor -> its values, in grid order
+    baseline: dict[str, Any]  # factor -> baseline value (a grid value)
+    label_keys: list[str]  # what tells trials apart: the factors, then seed where trials differ by it
+    breakdown: list[str]  # step-time keys present in the epochs
+    epochs: pd.DataFrame  # one row per (trial, epoch)
+    trials: pd.DataFrame  # one row per trial
+    overfits: dict[str, Overfit]  # trial name -> what OVERFIT_RULE found, for the flagged trials only
+    groups: dict[str, pd.DataFrame]  # factor -> one row per grid value
+    configs: pd.DataFrame  # one row per combination of factor values
+    objective: Metric  # what "best" means: the sweep's metric and mode on its trial column
+    objective_note: str  # why the sweep's metric was not usable ("" when it is)
+    metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
+    effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
+    noise: tuple[float, int]  # seed_noise() of final test accuracy: (pooled std, configurations behind it)
+    memory_measure: str  # what peak memory per worker measures on these trials' devices
+    sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
+    comparison: RunComparison | None = None  # None for one run
+
+    def trial_label(self, row: pd.Series) -> str:
+        """A trial row named by its label_keys' values, or by the trial's name when there are none."""
+        return values_label(row, self.label_keys) or row["trial"]
+
+
+def build_report(run_dirs: Where | Sequence[Where], baseline: dict | None = None) -> Report:
+    """Everything the Markdown, CSV and JSON outputs need, computed once from the logs of one run or several
+    (ConfigError for runs with nothing to pair: RUN_MATCH_RULE)."""
+    sources = load_runs(run_dirs)
+    comparison = compare_runs(sources) if len(sources) > 1 else None
+    run = combine_runs(sources) if comparison else sources[0].log
+    sweep = run.sweep
+    grid = sweep_grid(sweep)
+    factors = [key for key in grid if key != "seed" and grid[key]]
+    chosen = resolve_baseline(sweep, factors, grid, baseline)
+    if comparison:
+        refuse_unpaired(sources, comparison, chosen[RUN_FACTOR])
+    seed_column = "seed" in grid or any("seed" in t.swept for t in run.trials)
+    breakdown = breakdown_keys(run)
+    epochs = epochs_frame(run, breakdown)
+    label_keys = factors + (["seed"] if seed_column else [])
+    trials, overfits = trial_frame(run, epochs, label_keys, breakdown)
+    if comparison:
+        epochs.insert(1, RUN_FACTOR, epochs["trial"].map(dict(zip(trials["trial"], trials[RUN_FACTOR]))))
+    objective, note = resolve_objective(sweep, trials)
+    metrics = table_metrics(objective)
+    groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown, metrics) for key in factors}
+    configs = config_frame(trials, factors, grid, breakdown, metrics)
+    # Runs pair on their configs (RUN_MATCH_RULE), not on grid labels: one run's label may be another's config value.
+    paired = trials.assign(paired_config=[paired_config(t, comparison) for t in run.trials]) if comparison else trials
+    effects = {
+        key: {
+            m.column: paired_effects(
+                paired,
+                key,
+                factors,
+                grid,
+                chosen[key],
+                m.column,
+                ["paired_config"] if comparison and key == RUN_FACTOR else None,
+            )
+            for m in PAIRED_METRICS
+        }
+        for key in factors
+    }
+    noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
+    return Report(
+        run=run,
+        name=str(sweep.get("name") or run.path.name),
+        factors=factors,
+        grid=grid,
+        baseline=chosen,
+        label_keys=label_keys,
+        breakdown=breakdown,
+        epochs=epochs,
+        trials=trials,
+        overfits=overfits,
+        groups=groups,
+        configs=configs,
+        objective=objective,
+        objective_note=note,
+        metrics=metrics,
+        effects=effects,
+        noise=noise,
+        memory_measure=memory_measure(run),
+        sources=sources,
+        comparison=comparison,
+    )

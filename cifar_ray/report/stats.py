@@ -1,0 +1,221 @@
+"""The report's statistics, each on the trials frame: per-value means (factor_frame, config_frame; finished trials
+only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval (paired_effects,
+t_quantile: no scipy), seed noise, and the overfitting rule. The train loss the rule reads is the training subset
+evaluated like the test set (train_eval_*) where logged, else the running one (TRAIN_COLUMNS, train_basis)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from .format import same_value, values_label
+from .metrics import FACTOR_METRICS, Metric
+
+OVERFIT_RISE = 0.02
+
+OVERFIT_RULE = (
+    "A trial is flagged as overfitting when, after the epoch m with its lowest test loss, a later "
+    f"epoch has a test loss more than {OVERFIT_RISE:.0%} above that minimum while its train loss is "
+    "below the train loss at epoch m (still falling); the first such epoch is reported as the onset. "
+    "Train loss here is the eval train loss where the trial logged it, else the running one."
+)
+
+# A trial's train metrics, by basis: "eval" evaluates the first train_eval_size training images after the epoch
+# exactly like the test set; "running" are the means over the epoch's steps. Gap, overfitting and the train loss
+# curve read "eval" where logged (train_basis).
+TRAIN_COLUMNS = {"eval": ("train_eval_loss", "train_eval_acc"), "running": ("train_loss", "train_acc")}
+
+
+@dataclass(frozen=True)
+class Overfit:
+    min_epoch: int
+    test_min: float
+    train_at_min: float
+    onset: int
+    test_at_onset: float
+    train_at_onset: float
+
+
+def find_overfitting(epochs: Sequence[int], train_loss: Sequence[float], test_loss: Sequence[float]) -> Overfit | None:
+    """Apply OVERFIT_RULE to one trial's curves (epochs with a missing loss are skipped)."""
+    points = [
+        (int(e), float(tr), float(te))
+        for e, tr, te in zip(epochs, train_loss, test_loss)
+        if tr is not None and te is not None and math.isfinite(tr) and math.isfinite(te)
+    ]
+    if len(points) < 2:
+        return None
+    m = min(range(len(points)), key=lambda i: points[i][2])  # the first minimum
+    min_epoch, train_at_min, test_min = points[m]
+    for epoch, train, test in points[m + 1 :]:
+        if test > test_min + OVERFIT_RISE * abs(test_min) and train < train_at_min:
+            return Overfit(min_epoch, test_min, train_at_min, epoch, test, train)
+    return None
+
+
+def train_basis(e: pd.DataFrame) -> str:
+    """ "eval" when the trial's epochs `e` logged the training subset evaluated like the test set, else "running"."""
+    return "eval" if e["train_eval_loss"].notna().any() else "running"
+
+
+def trial_overfitting(e: pd.DataFrame) -> Overfit | None:
+    """OVERFIT_RULE on one trial's epochs, with the train loss of its train_basis."""
+    train_loss = TRAIN_COLUMNS[train_basis(e)][0]
+    return find_overfitting(e["epoch"].tolist(), e[train_loss].tolist(), e["test_loss"].tolist())
+
+
+def sample_stats(values: pd.Series) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1); NaN std for fewer than two values."""
+    values = values.dropna()
+    mean = float(values.mean()) if len(values) else math.nan
+    std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+    return mean, std
+
+
+def rows_with(frame: pd.DataFrame, key: str, value: Any) -> pd.DataFrame:
+    """Rows whose `key` is `value` (64 matches 64.0; an empty frame keeps its columns)."""
+    return frame.loc[frame[key].map(lambda x: same_value(x, value)).astype(bool)]
+
+
+def _metric_columns(breakdown: Sequence[str], metrics: Sequence[Metric]) -> list[str]:
+    return [m.column for m in metrics] + list(breakdown)
+
+
+def factor_frame(
+    trials: pd.DataFrame,
+    key: str,
+    values: list,
+    baseline: Any,
+    breakdown: Sequence[str] = (),
+    metrics: Sequence[Metric] = FACTOR_METRICS,
+) -> pd.DataFrame:
+    """One row per grid value of `key`: n finished trials, mean/std of each metric (all other keys and seeds
+    pooled: a mean, not an effect; see paired_effects), delta of the means vs baseline."""
+    done = trials[trials["status"] == "finished"]
+    rows = []
+    for value in values:
+        chosen = rows_with(done, key, value)
+        row: dict[str, Any] = {key: value, "n": len(chosen), "is_baseline": same_value(value, baseline)}
+        for column in _metric_columns(breakdown, metrics):
+            row[f"{column}_mean"], row[f"{column}_std"] = sample_stats(chosen[column])
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    base = frame[frame["is_baseline"]].iloc[0]
+    for metric in metrics:
+        mean = frame[f"{metric.column}_mean"]
+        frame[f"{metric.column}_delta"] = mean - base[f"{metric.column}_mean"]
+        if metric.kind != "acc":
+            frame[f"{metric.column}_delta_pct"] = 100.0 * (mean / base[f"{metric.column}_mean"] - 1.0)
+    return frame
+
+
+def config_frame(
+    trials: pd.DataFrame,
+    factors: list[str],
+    grid: dict[str, list],
+    breakdown: Sequence[str] = (),
+    metrics: Sequence[Metric] = FACTOR_METRICS,
+) -> pd.DataFrame:
+    """One row per combination of factor values (seeds averaged): n, mean/std of each metric."""
+    done = trials[trials["status"] == "finished"]
+    rows = []
+    for combo in itertools.product(*(grid[key] for key in factors)):
+        chosen = done
+        for key, value in zip(factors, combo):
+            chosen = rows_with(chosen, key, value)
+        row: dict[str, Any] = dict(zip(factors, combo)) | {"n": len(chosen)}
+        for column in _metric_columns(breakdown, metrics):
+            row[f"{column}_mean"], row[f"{column}_std"] = sample_stats(chosen[column])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _t_central(theta: float, df: int) -> float:
+    """P(|T| <= sqrt(df) tan(theta)) for Student's t with whole df: the finite series of Abramowitz & Stegun
+    26.7.3 (odd df) and 26.7.4 (even df)."""
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= c2 * 2 * k / (2 * k + 1)
+        return 2 / math.pi * (theta + s * total)
+    term, total = 1.0, 0.0
+    for k in range(1, df // 2 + 1):
+        total += term
+        term *= c2 * (2 * k - 1) / (2 * k)
+    return s * total
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Quantile of Student's t (0.5 <= p < 1, whole df >= 1): bisection on the exact CDF; no scipy needed."""
+    if not 0.5 <= p < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
+    low, high = 0.0, math.pi / 2  # in theta = atan(t / sqrt(df)), where the CDF is bounded and monotone
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_central(mid, df) < 2 * p - 1 else (low, mid)
+    return math.sqrt(df) * math.tan((low + high) / 2)
+
+
+def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
+    """`column` grouped by the combination of `keys` values, labelled as written (64 meets 64.0); NaN dropped."""
+    labels = [values_label(row, keys) for _, row in frame.iterrows()]
+    values = pd.Series(frame[column].to_numpy(dtype=float), index=pd.Index(labels, dtype=object), dtype=float)
+    return values.dropna().groupby(level=0)
+
+
+def paired_effects(
+    trials: pd.DataFrame,
+    key: str,
+    factors: Sequence[str],
+    grid: dict[str, list],
+    baseline: Any,
+    column: str,
+    match: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Effect of each non-baseline value of `key` on `column`, from matched pairs: a finished trial with that
+    value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
+    `match` names; several trials in one cell are averaged). One row per value: n_pairs, mean_diff and std_diff of
+    the differences (value − baseline), the Student-t 95 % CI of their mean, and conclusive (the CI excludes 0)."""
+    done = trials[trials["status"] == "finished"]
+    if match is None:
+        match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
+    base = _cells(rows_with(done, key, baseline), match, column).mean()
+    rows = []
+    for value in grid[key]:
+        if same_value(value, baseline):
+            continue
+        diffs = (_cells(rows_with(done, key, value), match, column).mean() - base).dropna()
+        mean, std = sample_stats(diffs)
+        n = len(diffs)
+        half = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+        low, high = mean - half, mean + half
+        rows.append(
+            {
+                key: value,
+                "n_pairs": n,
+                "mean_diff": mean,
+                "std_diff": std,
+                "ci_low": low,
+                "ci_high": high,
+                "conclusive": bool(low > 0 or high < 0),
+            }
+        )  # False with NaN bounds
+    return pd.DataFrame(rows, columns=[key, "n_pairs", "mean_diff", "std_diff", "ci_low", "ci_high", "conclusive"])
+
+
+def seed_noise(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tuple[float, int]:
+    """Seed-to-seed noise of `column`: the pooled within-configuration std, sqrt(Σ (n_i − 1) s_i² / Σ (n_i − 1)),
+    over configurations with >= 2 finished trials, and how many such configurations there are."""
+    cells = _cells(trials[trials["status"] == "finished"], factors, column)
+    n, var = cells.count(), cells.var(ddof=1)
+    dof = (n - 1)[n >= 2]
+    if not len(dof):
+        return math.nan, 0
+    return math.sqrt(float((dof * var[dof.index]).sum() / dof.sum())), len(dof)
