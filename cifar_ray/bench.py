@@ -162,7 +162,8 @@ def run_sweep(
     say: Callable[[str], None],
     warm: bool = False,
 ) -> tuple[StoragePath, float]:
-    """warm=False: each trial in a Ray Train run of its own (`--isolate`), whose start and stop sections 2-5 measure."""
+    """warm=False: each trial in a one-trial slot, a Ray Train run of its own (`--isolate`), whose start and stop
+    sections 2-5 measure."""
     from .orchestrate import run_plan
 
     plan = build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})
@@ -378,7 +379,7 @@ def render(record: dict) -> str:
     ]
     lines += [
         "",
-        "## 2. Orchestration overhead per trial (`--isolate`: a Ray Train run per trial)",
+        "## 2. Orchestration overhead per trial (`--isolate`: a one-trial slot, a Ray Train run per trial)",
         "",
         f"`ray.init`: {record['ray_init_s']:.1f} s."
         if record.get("ray_init_s") is not None

@@ -207,7 +207,9 @@ def hardware(run: RunLog) -> str:
 
 def _status_counts(trials: pd.DataFrame) -> dict[str, int]:
     counts = trials["status"].value_counts()
-    return {s: int(counts.get(s, 0)) for s in ("finished", "failed", "diverged", "oom", "running", "pending")}
+    return {
+        s: int(counts.get(s, 0)) for s in ("finished", "failed", "diverged", "oom", "running", "interrupted", "pending")
+    }
 
 
 def _trials_line(report: Report) -> str:
@@ -224,9 +226,9 @@ def _trials_line(report: Report) -> str:
 
 
 def _statuses(counts: dict[str, int]) -> str:
-    """`3 finished, 1 failed, 0 diverged, 0 oom` (running and pending only when there are some)."""
+    """`3 finished, 1 failed, 0 diverged, 0 oom` (running, interrupted and pending only when there are some)."""
     parts = [f"{counts[s]} {s}" for s in ("finished", "failed", "diverged", "oom")]
-    parts += [f"{counts[s]} {s}" for s in ("running", "pending") if counts[s]]
+    parts += [f"{counts[s]} {s}" for s in ("running", "interrupted", "pending") if counts[s]]
     return ", ".join(parts)
 
 
