@@ -11,6 +11,7 @@ the Dispatcher alone writes trial.json. Where trials run is `placement`'s concer
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -28,6 +29,27 @@ from .sweep import SweepPlan
 
 def _trial_folder_name(trial) -> str:
     return trial.config["trial"]["name"]
+
+
+def changed_configs_refusal(plan: SweepPlan, run_dir: StoragePath) -> str | None:
+    """Why `plan` may not resume the run in `run_dir`, in one line: the resolved config of a trial differs from
+    the one its trial.json recorded (old -> new per key); None when they agree. Keys the recorded config lacks
+    (added by a later cifar-ray) are not compared."""
+    changes = []
+    for trial in plan.trials:
+        recorded = runlog.read_json(run_dir / trial.name / runlog.TRIAL_FILE).get("config")
+        if not recorded:
+            continue
+        resolved = json.loads(json.dumps(trial.config.model_dump()))  # as trial.json holds it: lists, not tuples
+        keys = [key for key in recorded if key in resolved and recorded[key] != resolved[key]]
+        if keys:
+            changes.append(f"{trial.name} ({', '.join(f'{k} {recorded[k]!r} -> {resolved[k]!r}' for k in keys)})")
+    if not changes:
+        return None
+    return (
+        f"--resume would train {run_dir}'s trials with other configs than they started with: {'; '.join(changes)}; "
+        "resume with the same file and --set values, or pass --name NEW to start another run"
+    )
 
 
 def old_isolated_run_refusal(sweep: dict, run_dir: StoragePath) -> str | None:
@@ -73,7 +95,7 @@ def run_plan(
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
     interrupted run of the same plan continues: finished trials are kept, the others continue
-    from their last checkpoints.
+    from their last checkpoints; a plan whose resolved trial configs differ from the recorded ones is refused.
     `warm`: trials run one after another in warm worker slots, else each in a slot of its own (--isolate); a
     resumed run keeps the choice it was started with. `command`: the shell command that runs this plan again,
     recorded in sweep.json (the CLI gives its own; None from Python)."""
@@ -86,7 +108,7 @@ def run_plan(
     sweep_file = run_dir / runlog.SWEEP_FILE
     previous = runlog.read_json(sweep_file)
     if resume:  # refused before anything is written or started
-        refusal = previous and old_isolated_run_refusal(previous, run_dir)
+        refusal = changed_configs_refusal(plan, run_dir) or (previous and old_isolated_run_refusal(previous, run_dir))
         if refusal:
             raise ConfigError(refusal)
     client = is_ray_client()

@@ -211,3 +211,28 @@ def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes
     assert [row["epoch"] for row in run.trials[1].epochs] == [1, 2, 3] and run.trials[1].epochs[0] == first_epoch
     walls = [s["wall_s"] for s in run.sweep["sessions"]]
     assert len(walls) == 2 and run.sweep["wall_time_s"] == pytest.approx(sum(walls))
+
+
+def test_resume_with_another_config_is_refused_naming_the_keys_before_anything_is_written(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text(
+        "name: mixed\nbase: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 4, depth: 2, epochs: 1,\n"
+        "       batch_size: 32}\ngrid:\n  seed: [0, 1]\n"
+    )
+    sweep = ["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs")]
+    run_dir = tmp_path / "runs" / "mixed"
+    run_dir.mkdir(parents=True)
+    # An interrupted run of the file: its trials recorded with the configs the file resolves to.
+    from cifar_ray.placement import cluster_capacity, resolve_plan
+    from cifar_ray.sweep import load_sweep
+
+    plan = resolve_plan(load_sweep(tmp_path / "s.yaml"), cluster_capacity())
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, plan.summary() | {"warm": True, "slots": True})
+    for trial in plan.trials:
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "running"})
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+    assert main([*sweep, "--resume", "--set", "lr=0.5", "epochs=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "t000-seed=0 (epochs 1 -> 2, lr 0.05 -> 0.5)" in err and "t001-seed=1" in err, err
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before

@@ -1,5 +1,5 @@
 """What the driver writes into a run folder, without Ray: every session's wall time, the trials a stopped sweep
-leaves interrupted."""
+leaves interrupted, and the --resume refusal of changed configs."""
 
 from __future__ import annotations
 
@@ -39,3 +39,13 @@ def test_trials_left_running_by_a_stopped_sweep_are_marked_interrupted(tmp_path)
     orchestrate.mark_interrupted(run_dir, plan)
     statuses = [runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE)["status"] for t in plan.trials]
     assert statuses == ["interrupted", "finished"]
+
+
+def test_a_resume_compares_the_resolved_configs_with_the_recorded_ones(tmp_path):
+    recorded, run_dir = plan_of(tmp_path, use_gpu="false")  # what use_gpu=auto resolved to when the run started
+    for trial in recorded.trials:
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "running"})
+    assert orchestrate.changed_configs_refusal(recorded, run_dir) is None
+    changed, _ = plan_of(tmp_path, use_gpu="true", width=64)
+    refusal = orchestrate.changed_configs_refusal(changed, run_dir)
+    assert "t000 (width 32 -> 64, use_gpu 'false' -> 'true'); t001 (" in refusal, refusal
