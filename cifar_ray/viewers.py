@@ -61,6 +61,7 @@ TENSORBOARD_STATUS = {
     "failed": "STATUS_FAILURE",
     "oom": "STATUS_FAILURE",
     "running": "STATUS_RUNNING",
+    "interrupted": "STATUS_UNKNOWN",
     "pending": "STATUS_UNKNOWN",
 }
 MLFLOW_STATUS = {
@@ -69,6 +70,7 @@ MLFLOW_STATUS = {
     "failed": "FAILED",
     "oom": "FAILED",
     "running": "RUNNING",
+    "interrupted": "KILLED",
     "pending": "SCHEDULED",
 }
 assert set(TENSORBOARD_STATUS) == set(MLFLOW_STATUS) == set(runlog.STATUSES)

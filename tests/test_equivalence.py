@@ -2,7 +2,7 @@
 
 Each test calls a check of `cifar_ray.training.checks` or `cifar_ray.cluster.checks` (the same functions
 `cifar-ray check` runs), asserts it passes, and adds lower-level assertions on what it measured. The checks build
-model, optimizer, schedule and scaler as `train_loop_per_worker` does and run optimizer steps through the real
+model, optimizer, schedule and scaler as `loop.run_trial` does and run optimizer steps through the real
 `train_epoch` over `iterate_train` step lists.
 
 Tolerances: the exactness checks run in float64 (model.double(), double inputs), where two

@@ -9,8 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from cifar_ray.cluster import progress
+from cifar_ray.cluster.slots import STARTED, tune_trial
 from cifar_ray.core import runlog, status
+from cifar_ray.core.config import TrainConfig
 from cifar_ray.core.storage import StoragePath
+from cifar_ray.core.sweep import TrialSpec
 
 
 @pytest.fixture
@@ -21,11 +24,11 @@ def printed(monkeypatch) -> list[str]:
 
 
 def fake_trial(run_dir: StoragePath, epochs: int = 2, status: str = "running", logged: int = 0) -> SimpleNamespace:
-    spec = {"name": "t000-lr=0.1", "swept": {"lr": 0.1}, "config": {"epochs": epochs}}
-    runlog.write_json(run_dir / spec["name"] / runlog.TRIAL_FILE, spec | {"status": status})
+    trial = TrialSpec(0, "t000-lr=0.1", {"lr": 0.1}, TrainConfig(lr=0.1, epochs=epochs))
+    runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": status})
     for epoch in range(1, logged + 1):
-        runlog.append_epoch(run_dir / spec["name"], epoch_row(epoch))
-    return SimpleNamespace(config={"trial": spec, "run_dir": run_dir})
+        runlog.append_epoch(run_dir / trial.name, epoch_row(epoch))
+    return SimpleNamespace(config={"trial": tune_trial(trial, run_dir)})
 
 
 def epoch_row(epoch: int) -> dict:
@@ -53,51 +56,38 @@ def test_tune_adds_no_progress_printer_of_its_own():
     assert [c for c in callbacks if isinstance(c, TrialProgressCallback)] == [ours]
 
 
-def test_a_trial_start_says_whether_it_starts_or_continues(tmp_path, printed):
+def test_a_trial_starts_when_its_slot_takes_it_not_when_tune_starts_it(tmp_path, printed):
     run_dir = StoragePath.of(tmp_path)
     callback = progress.progress_callback()
-    callback.on_trial_start(0, [], fake_trial(run_dir))
-    callback.on_trial_start(0, [], fake_trial(run_dir, epochs=3, logged=1))
-    callback.on_trial_start(0, [], fake_trial(run_dir, status="finished", logged=2))  # run_trial returns at once
-    assert printed == ["t000-lr=0.1  starts  lr=0.1", "t000-lr=0.1  continues after epoch 1/3  lr=0.1"]
-
-
-def test_a_warm_trial_starts_when_its_slot_takes_it_not_when_tune_starts_it(tmp_path, printed):
-    from cifar_ray.cluster.slots import STARTED
-
-    run_dir = StoragePath.of(tmp_path)
-    callback = progress.progress_callback(warm=True)
     trial = fake_trial(run_dir, epochs=3, logged=1)
     callback.on_trial_start(0, [], trial)
     assert printed == []
+    callback.on_trial_result(0, [], trial, {STARTED: 0})
     callback.on_trial_result(0, [], trial, {STARTED: 1})
-    assert printed == ["t000-lr=0.1  continues after epoch 1/3  lr=0.1"]
+    assert printed == ["t000-lr=0.1  starts  lr=0.1", "t000-lr=0.1  continues after epoch 1/3  lr=0.1"]
 
 
-def test_the_last_epochs_result_marks_the_trial_finished(tmp_path, printed):
-    """A sweep interrupted while the workers shut down (after the last epoch was logged and checkpointed)
-    keeps the trial as finished, not `running 2/2`."""
+def test_the_progress_callback_only_prints(tmp_path, printed):
+    """The Dispatcher alone writes run state: every event the callback gets, a trial's last epoch and a
+    diverged one included, leaves the run folder byte for byte as it was."""
     run_dir = StoragePath.of(tmp_path)
-    trial = fake_trial(run_dir, epochs=2, logged=1)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
+    trial = fake_trial(run_dir, epochs=2, logged=2)
+    before = folder_bytes(tmp_path)
     callback = progress.progress_callback()
+    callback.on_trial_start(0, [], trial)
+    callback.on_trial_result(0, [], trial, {STARTED: 0})
     callback.on_trial_result(0, [], trial, epoch_row(1))
-    assert runlog.read_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE)["status"] == "running"
-    runlog.append_epoch(run_dir / "t000-lr=0.1", epoch_row(2))
     callback.on_trial_result(0, [], trial, epoch_row(2))
-    meta = runlog.read_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE)
-    assert meta["status"] == "finished" and meta["finished_at"] and meta["diverged_epoch"] is None
-    assert [line.split("  ")[1] for line in printed[:2]] == ["epoch 1/2", "epoch 2/2"]
-    assert printed[2:] == ["[1/1 done]"]  # where the sweep stands (this run folder has no sweep.json)
+    callback.on_trial_result(0, [], trial, epoch_row(2) | {"diverged": True})
+    callback.on_trial_error(0, [], trial)
+    callback.on_trial_complete(0, [], trial)
+    assert folder_bytes(tmp_path) == before
+    assert [line.split("  ")[1] for line in printed if "  epoch " in line] == ["epoch 1/2", "epoch 2/2", "epoch 2/2"]
 
 
-def test_a_diverged_epoch_marks_the_trial_diverged(tmp_path, printed):
-    run_dir = StoragePath.of(tmp_path)
-    trial = fake_trial(run_dir, epochs=5)
-    runlog.append_epoch(run_dir / "t000-lr=0.1", epoch_row(1) | {"diverged": True})
-    progress.progress_callback().on_trial_result(0, [], trial, epoch_row(1) | {"diverged": True})
-    meta = runlog.read_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE)
-    assert meta["status"] == "diverged" and meta["diverged_epoch"] == 1
-    assert printed[0].endswith("DIVERGED")
+def folder_bytes(root) -> dict:
+    return {str(path): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
 
 
 def test_after_each_trial_ends_the_sweep_says_where_it_stands(tmp_path, printed):
@@ -110,14 +100,15 @@ def test_after_each_trial_ends_the_sweep_says_where_it_stands(tmp_path, printed)
     runlog.update_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE, started_unix=now - 60)
     for epoch, end in ((1, now - 30), (2, now)):
         runlog.append_epoch(run_dir / "t000-lr=0.1", epoch_row(epoch) | {"end_unix": end})
-    other = {"name": "t001-lr=0.2", "swept": {"lr": 0.2}, "config": {"epochs": 2}}
-    runlog.write_json(run_dir / other["name"] / runlog.TRIAL_FILE, other | {"status": "pending"})
+    runlog.record_outcome(run_dir / "t000-lr=0.1")  # as the Dispatcher does before the last epoch's news
+    other = TrialSpec(1, "t001-lr=0.2", {"lr": 0.2}, TrainConfig(lr=0.2, epochs=2))
+    runlog.write_json(run_dir / other.name / runlog.TRIAL_FILE, other.as_dict() | {"status": "pending"})
     callback = progress.progress_callback()
 
     callback.on_trial_result(0, [], trial, epoch_row(2))
     assert re.fullmatch(r"\[1/2 done · 1 pending\] 6\d s elapsed · ETA ~60 s", printed[-1]), printed
 
-    runlog.update_json(run_dir / other["name"] / runlog.TRIAL_FILE, status="failed", error="RuntimeError: boom")
-    callback.on_trial_error(0, [], SimpleNamespace(config={"trial": other, "run_dir": run_dir}))
+    runlog.update_json(run_dir / other.name / runlog.TRIAL_FILE, status="failed", error="RuntimeError: boom")
+    callback.on_trial_error(0, [], SimpleNamespace(config={"trial": tune_trial(other, run_dir)}))
     assert printed[-2] == "t001-lr=0.2  FAILED: RuntimeError: boom"
     assert re.fullmatch(r"\[1/2 done · 1 failed\] 6\d s elapsed", printed[-1]), printed

@@ -1,5 +1,6 @@
 """Things really die here: a Ray Train worker, the sweep driver; a run really diverges."""
 
+import contextlib
 import json
 import os
 import signal
@@ -135,3 +136,103 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsy
         else:
             assert result["status"] == "finished" and epochs == [1, 2, 3], (name, epochs)
     assert runlog.read_json(run_dir / runlog.SWEEP_FILE).get("finished_at")
+
+
+# Loaded by every Python process of the sweep below (driver, Dispatcher, Ray Train workers): each local write of a
+# trial.json (runlog writes a temp file, then os.replace) appends the writer's command line to $TRIAL_WRITERS.
+WRITER_LOG = """
+import os
+
+_replace = os.replace
+
+
+def _logged_replace(src, dst, *args, **kwargs):
+    if str(dst).endswith("trial.json") and os.environ.get("TRIAL_WRITERS"):
+        with open(os.environ["TRIAL_WRITERS"], "a") as log, open("/proc/self/cmdline", "rb") as cmdline:
+            log.write(cmdline.read().replace(b"\\0", b" ").decode() + "\\n")
+    return _replace(src, dst, *args, **kwargs)
+
+
+os.replace = _logged_replace
+"""
+
+
+def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes_trial_json(tmp_path, capsys):
+    """A sweep's driver gets SIGINT (Ctrl-C) in the middle of its second trial's second epoch: that trial is
+    `interrupted` at once, not running (status gives no ETA), the session's wall time is recorded, and --resume
+    finishes it from its checkpoint, adding its own session. Every trial.json write of the first session came
+    from the driver or the Dispatcher, never from a Ray Train worker."""
+    (tmp_path / "guard").mkdir()
+    (tmp_path / "guard" / "sitecustomize.py").write_text(WRITER_LOG)
+    writers = tmp_path / "writers.log"
+    sweep_file, storage = tmp_path / "int.yaml", tmp_path / "runs"
+    sweep_file.write_text(
+        "name: int\nbase: {dataset: synthetic, train_subset: 4096, test_subset: 256, width: 8, epochs: 3,\n"
+        "       batch_size: 64, workers: 1, norm: none}\ngrid:\n  seed: [0, 1]\n"
+    )
+    run_dir, second = storage / "int", storage / "int" / "t001-seed=1"
+    sweep = ["sweep", str(sweep_file), "--storage", str(storage), "--max-concurrent", "1"]
+    path = os.pathsep.join([str(tmp_path / "guard"), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    env = os.environ | {"PYTHONPATH": path, "TRIAL_WRITERS": str(writers)}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "cifar_ray.cli", *sweep],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial")
+        time.sleep(0.5)  # into epoch 2
+        driver.send_signal(signal.SIGINT)
+        driver.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # the local Ray the driver started
+        driver.wait()
+    run = runlog.load_run(run_dir)
+    assert [t.status for t in run.trials] == ["finished", "interrupted"]
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "ETA ~" not in out, out
+    sessions = run.sweep["sessions"]
+    assert len(sessions) == 1 and sessions[0]["wall_s"] > 0 and run.sweep["wall_time_s"] == sessions[0]["wall_s"]
+
+    lines = writers.read_text().splitlines()
+    assert any("cifar_ray.cli" in line for line in lines) and any("Dispatcher" in line for line in lines), lines
+    assert all("cifar_ray.cli" in line or "Dispatcher" in line for line in lines), lines  # never a worker
+
+    first_epoch = run.trials[1].epochs[0]
+    code = main([*sweep, "--resume", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    run = runlog.load_run(run_dir)
+    assert [t.status for t in run.trials] == ["finished", "finished"]
+    assert [row["epoch"] for row in run.trials[1].epochs] == [1, 2, 3] and run.trials[1].epochs[0] == first_epoch
+    walls = [s["wall_s"] for s in run.sweep["sessions"]]
+    assert len(walls) == 2 and run.sweep["wall_time_s"] == pytest.approx(sum(walls))
+
+
+def test_resume_with_another_config_is_refused_naming_the_keys_before_anything_is_written(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text(
+        "name: mixed\nbase: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 4, depth: 2, epochs: 1,\n"
+        "       batch_size: 32}\ngrid:\n  seed: [0, 1]\n"
+    )
+    sweep = ["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs")]
+    run_dir = tmp_path / "runs" / "mixed"
+    run_dir.mkdir(parents=True)
+    # An interrupted run of the file: its trials recorded with the configs the file resolves to.
+    from cifar_ray.cluster.placement import cluster_capacity, resolve_plan
+    from cifar_ray.core.sweep import load_sweep
+
+    plan = resolve_plan(load_sweep(tmp_path / "s.yaml"), cluster_capacity())
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, plan.summary() | {"warm": True, "slots": True})
+    for trial in plan.trials:
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "running"})
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+    assert main([*sweep, "--resume", "--set", "lr=0.5", "epochs=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "t000-seed=0 (epochs 1 -> 2, lr 0.05 -> 0.5)" in err and "t001-seed=1" in err, err
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before

@@ -1,7 +1,8 @@
-"""Warm worker slots (the default; `--isolate` gives each trial its own Ray Train run) on real Ray: trials one
-after another in one worker group give the metrics of fresh runs; a diverged trial does not end its slot; a
-worker killed during a slot's second trial continues that trial from its own checkpoint; --resume trains a
-failed trial again, as with --isolate; no slot outlives a sweep that fails before Tuner.fit."""
+"""Worker slots on real Ray (warm by default; `--isolate` gives each trial a one-trial slot): trials one after
+another in one worker group give the metrics of fresh runs; a diverged trial does not end its slot; a worker
+killed during a slot's second trial continues that trial from its own checkpoint; --resume trains a failed trial
+again; a slot task that dies is reported to the Dispatcher; no slot outlives a sweep that fails before
+Tuner.fit."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from test_reliability import wait_for
 from test_warm_process import COMPUTED  # what a trial computes: equal run to run
 
 from cifar_ray.cli import main
-from cifar_ray.cluster.slots import dispatcher_name
+from cifar_ray.cluster.slots import SlotLaunch, StartedSlots, dispatcher_name
 from cifar_ray.core import runlog
 from cifar_ray.core.checkpoints import CHECKPOINTS
+from cifar_ray.core.config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -69,7 +71,12 @@ def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path
     fresh = runlog.load_run(tmp_path / "runs" / "fresh").trials[0]
     warm = run.trials[2]
     assert computed(tmp_path / "runs" / "slots" / warm.name) == computed(tmp_path / "runs" / "fresh" / fresh.name)
-    assert "slot" not in fresh.meta and runlog.read_json(tmp_path / "runs" / "fresh" / "sweep.json")["warm"] is False
+    # --isolate runs the same slot code: a slot of its own, the slots' checkpoint layout, no Ray Train run folder.
+    assert runlog.read_json(tmp_path / "runs" / "fresh" / "sweep.json")["warm"] is False
+    assert fresh.meta["slot"] not in {t.meta["slot"] for t in run.trials}
+    fresh_dir = tmp_path / "runs" / "fresh" / fresh.name
+    assert sorted(p.name for p in (fresh_dir / CHECKPOINTS).iterdir()) == ["epoch-0001", "epoch-0002"]
+    assert not (fresh_dir / "train").exists()
 
 
 def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoint(tmp_path, capsys):
@@ -149,7 +156,8 @@ class TunerNotBuilt(RuntimeError):
 @pytest.fixture
 def cap_packing_without_a_tuner(monkeypatch):
     """A cluster without cifar_ray_cpu resources (cap packing), and a Tuner that fails to build: a sweep prints
-    its first lines, then raises before Tuner.fit."""
+    its first lines, then raises before Tuner.fit. (Cap packing once bounded --isolate's Tune trials, with a
+    "packing:" line; they are slots now, packed by the real CPU and GPU resources like warm ones.)"""
     from ray import tune
 
     from cifar_ray.cluster import orchestrate, placement
@@ -159,18 +167,6 @@ def cap_packing_without_a_tuner(monkeypatch):
 
     monkeypatch.setattr(orchestrate, "cluster_capacity", lambda: placement.cluster_capacity() | {"packing": "cap"})
     monkeypatch.setattr(tune, "Tuner", tuner)
-
-
-@pytest.mark.usefixtures("cap_packing_without_a_tuner")
-@pytest.mark.parametrize("isolate", [False, True])
-def test_the_cap_packing_line_is_printed_only_for_isolated_trials(tmp_path, capsys, isolate):
-    """Tune's cap bounds isolated trials; warm slots pack by the real CPU and GPU resources."""
-    (tmp_path / "s.yaml").write_text("name: cap\ngrid:\n  seed: [0, 1]\n")
-    sweep = ["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs"), "--set", *TINY]
-    with pytest.raises(TunerNotBuilt):
-        main([*sweep, "--isolate"] if isolate else sweep)
-    out, err = capsys.readouterr()
-    assert ("packing:" in out + err) is isolate, out + err
 
 
 @pytest.mark.usefixtures("cap_packing_without_a_tuner")
@@ -191,3 +187,36 @@ def test_no_slot_outlives_a_sweep_whose_tuner_fails_to_build(tmp_path):
     wait_for(dispatcher_gone, 30, "the run's Dispatcher (and with it its slots) to end")
     run = runlog.load_run(tmp_path / "runs" / "no-tuner")
     assert [t.status for t in run.trials] == ["pending", "pending"]
+
+
+def test_a_slot_task_that_dies_is_reported_to_the_dispatcher_as_failed():
+    """A slot task lost with its node cannot tell the Dispatcher anything: StartedSlots, watching the tasks, does
+    (here a task whose process exits, as when its node dies), and the next slot starts in its place."""
+    import os
+
+    import ray
+
+    told = []
+
+    class FakeDispatcher:
+        class slot_failed:  # called as dispatcher.slot_failed.remote(...), like an actor method
+            @staticmethod
+            def remote(*args):
+                told.append(args)
+                return ray.put(None)
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def dies():
+        os._exit(1)
+
+    @ray.remote(num_cpus=0)
+    def ends():
+        return None
+
+    tasks = {"slot-a": dies, "slot-b": ends}
+    launches = [SlotLaunch(TrainConfig(), "shape", name, 0) for name in tasks]
+    started = StartedSlots(FakeDispatcher(), lambda slot: tasks[slot.slot].remote(), launches, limit=1)
+    started.wait()
+    assert len(started.tasks) == 2  # slot-b started when slot-a ended
+    assert [(slot, shape, status) for slot, shape, status, _ in told] == [("slot-a", "shape", "failed")]
+    assert "WorkerCrashedError" in told[0][3] or "died" in told[0][3], told

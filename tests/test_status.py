@@ -86,6 +86,7 @@ def test_json_holds_the_same_per_trial_and_totals(mixed_run):
         "finished": 1,
         "running": 1,
         "stalled": 0,
+        "interrupted": 0,
         "pending": 1,
         "failed": 1,
         "diverged": 1,

@@ -161,7 +161,8 @@ def run_sweep(
     say: Callable[[str], None],
     warm: bool = False,
 ) -> tuple[StoragePath, float]:
-    """warm=False: each trial in a Ray Train run of its own (`--isolate`), whose start and stop sections 2-5 measure."""
+    """warm=False: each trial in a one-trial slot, a Ray Train run of its own (`--isolate`), whose start and stop
+    sections 2-5 measure."""
     from .orchestrate import run_plan
 
     plan = build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})

@@ -15,6 +15,7 @@ from ..core import runlog, status
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from .placement import trials_at_once
+from .slots import STARTED, RunTrial, tune_run_trial
 
 
 def format_epoch(trial: str, result: dict, epochs: int) -> str:
@@ -119,47 +120,40 @@ def sweep_header(
     return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}"
 
 
-def start_line(spec: dict, done: int) -> str:
-    what = f"continues after epoch {done}/{spec['config']['epochs']}" if done else "starts"
-    return f"{spec['name']}  {what}  {status.swept_text(spec['swept'])}".rstrip()
+def start_line(trial: RunTrial, done: int) -> str:
+    what = f"continues after epoch {done}/{trial.config.epochs}" if done else "starts"
+    return f"{trial.name}  {what}  {status.swept_text(trial.swept)}".rstrip()
 
 
-def progress_callback(warm: bool = False):
-    """warm: trials run in warm slots, whose thin Tune trials start before their slot takes them; the
-    start line then comes with the thin trial's slots.STARTED result, else when Tune starts the trial."""
+def progress_callback():
+    """The Tune callback that prints a sweep's progress from its thin trials' results. It only prints: the
+    Dispatcher records every trial's state (slots.py)."""
     from ray.tune.progress_reporter import TrialProgressCallback
 
-    from .slots import STARTED
-
     class SweepProgress(TrialProgressCallback):
-        """Our progress lines: one when a trial starts (or continues), one per finished epoch, one
-        when a trial fails, and where the sweep stands after a trial ends. A TrialProgressCallback, so
+        """Our progress lines: one when a trial's slot takes it (starts or continues), one per finished epoch,
+        one when a trial fails, and where the sweep stands after a trial ends. A TrialProgressCallback, so
         Tune adds none of its own: its `Trial ... completed. Last result:` line printed during --resume
         even with verbose=0."""
 
         def on_trial_start(self, iteration, trials, trial, **info):
-            spec, run_dir = trial.config["trial"], trial.config["run_dir"]
-            trial_dir = run_dir / spec["name"]
-            if warm or runlog.read_json(trial_dir / runlog.TRIAL_FILE).get("status") in runlog.FINAL_STATUSES:
-                return  # warm: said when its slot takes it; finished before an interruption: it returns at once
-            print_progress(start_line(spec, len(runlog.read_epochs(trial_dir))))
+            pass  # said when its slot takes it (the STARTED result): the thin trial starts before that
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            spec = tune_run_trial(trial.config)
             if STARTED in result:
-                print_progress(start_line(trial.config["trial"], int(result[STARTED])))
+                print_progress(start_line(spec, int(result[STARTED])))
             elif "epoch" in result:
-                spec = trial.config["trial"]
-                print_progress(format_epoch(spec["name"], result, spec["config"]["epochs"]))
-                if result["epoch"] == spec["config"]["epochs"] or result.get("diverged"):
-                    runlog.record_outcome(trial.config["run_dir"] / spec["name"])
-                    print_progress(status.progress_line(trial.config["run_dir"]))
+                print_progress(format_epoch(spec.name, result, spec.config.epochs))
+                if result["epoch"] == spec.config.epochs or result.get("diverged"):
+                    print_progress(status.progress_line(spec.run_dir))  # the Dispatcher recorded its end first
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            spec = trial.config["trial"]
-            meta = runlog.read_json(trial.config["run_dir"] / spec["name"] / runlog.TRIAL_FILE)
+            spec = tune_run_trial(trial.config)
+            meta = runlog.read_json(spec.trial_file)
             error = meta.get("error") or f"see {runlog.ERROR_FILE}"
-            print_progress(f"{spec['name']}  {meta.get('status', 'failed').upper()}: {error}")
-            print_progress(status.progress_line(trial.config["run_dir"]))
+            print_progress(f"{spec.name}  {meta.get('status', 'failed').upper()}: {error}")
+            print_progress(status.progress_line(spec.run_dir))
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             pass

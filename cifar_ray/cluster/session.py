@@ -284,10 +284,16 @@ def check_shared_storage(
         )
 
 
+# How running out of memory reads in an error's text: Python's and torch's errors, Ray's OutOfMemoryError (a task
+# the memory monitor killed), and an actor the memory monitor killed (a worker of a slot): Ray Train wraps its
+# ActorDiedError ("Worker exit type: NODE_OUT_OF_MEMORY") in a WorkerHealthCheckFailedError and WorkerGroupError.
+OOM_MARKS = ("MemoryError", "NODE_OUT_OF_MEMORY")
+
+
 def failure_status(error: BaseException) -> str:
     """The status of a trial that `error` ended: oom when memory ran out anywhere in its chain, else failed."""
     text = "".join(traceback.format_exception(error))
-    return "oom" if ("OutOfMemoryError" in text or "MemoryError" in text) else "failed"
+    return "oom" if any(mark in text for mark in OOM_MARKS) else "failed"
 
 
 def error_line(error: BaseException) -> str:

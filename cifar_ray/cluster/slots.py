@@ -1,26 +1,33 @@
-"""Warm worker slots: trials stream through long-lived Ray Train runs instead of one run each.
+"""Worker slots: every trial runs in a slot, a Ray Train run whose workers take trials from a Dispatcher.
 
-A fresh `TorchTrainer.fit()` per trial costs ~20 s here before and after its training (a controller, a
-worker group, a process group, every process importing torch: reports/bench). A **slot** is one
-long-lived `fit()` of a trial shape (workers, CPUs and GPUs per worker, backend, strategy). Its workers
-loop: rank 0 takes the next trial of that shape from the Dispatcher, broadcasts it to every rank, and
-the ranks train it with the same code as a fresh run (`train.run_trial`: model, optimizer, DDP wrapper,
-hooks and every random stream are built from the trial's config), then take the next. The processes,
-the process group, the imports and the loaded dataset stay warm.
+A fresh `TorchTrainer.fit()` costs ~20 s here before and after its training (a controller, a worker group, a
+process group, every process importing torch: reports/bench). A **slot** is one `fit()` of a trial shape
+(workers, CPUs and GPUs per worker, backend, strategy). Its workers loop: rank 0 takes the next trial of that
+shape from the Dispatcher, broadcasts it to every rank, and the ranks train it with the same code as a fresh
+run (`train.run_trial`: model, optimizer, DDP wrapper, hooks and every random stream are built from the trial's
+config), then take the next. A warm slot (the default) keeps its processes, process group, imports and loaded
+dataset for the next trial; a one-trial slot (`--isolate`) ends after its trial, so each trial gets a fresh
+worker group, with the same code, checkpoints and failure handling.
 
-Ray Tune stays the sweep engine: each trial is still a Tune trial (names, results, experiment state,
-restore), now a thin one that holds no core and forwards the epochs the Dispatcher collected for it.
-The Dispatcher holds the whole plan, so slots never wait on Tune: a slot takes trials whether or not
-Tune has started their thin trial yet, and Tune runs only as many thin trials as there are slots plus
-LOOK_AHEAD. Every shape gets as many slots as copies of it fit the cluster; Ray starts a slot's worker
-group when its resources are free (a placement group takes all its bundles or none), and a slot ends when
-its shape has no trial left, so shapes never deadlock each other.
+Ray Tune stays the sweep engine: each trial is a Tune trial (names, results, experiment state, restore), a
+thin one that holds no core and forwards the epochs the Dispatcher collected for it. The Dispatcher holds the
+whole plan, so slots never wait on Tune: a slot takes trials whether or not Tune has started their thin trial
+yet, and Tune runs only as many thin trials as slots run at once plus LOOK_AHEAD. Every shape gets as many
+slots as copies of it fit the cluster; Ray starts a slot's worker group when its resources are free (a
+placement group takes all its bundles or none), and a slot ends when its shape has no trial left (a one-trial
+slot: after its trial), so shapes never deadlock each other.
 
-Failures: checkpoints are the trial's own (in the trial folder: checkpoints.py). A worker that dies, or a
-trial that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same
-trial back from the Dispatcher and continues it from its last checkpoint, up to the trial's
-max_failures times; then the trial is failed and the slot goes on with the next. A diverged trial just
-ends: the slot goes on. `--resume` trains a failed trial again from its last checkpoint, as with --isolate.
+Run state has one writer: the Dispatcher, pinned to the driver's node, writes trial.json from what the slots
+tell it (running, system, slot, timeline, each epoch's end, the outcome, failures and error.txt); rank 0 of a
+slot writes only metrics.jsonl and checkpoints; the driver writes sweep.json and the trials' first trial.json.
+
+Failures: checkpoints are the trial's own (in the trial folder: core/checkpoints.py). A worker that dies, or a trial
+that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same trial back
+from the Dispatcher and continues it from its last checkpoint, up to the trial's max_failures times; then the
+trial is failed (oom when memory ran out) and the slot goes on with the next. A slot whose Ray Train run gives
+up, or whose task dies with its node, hands its trial to a surviving slot of its shape while the trial has
+attempts left, else fails it. A diverged trial just ends: the slot goes on. `--resume` trains a failed or
+interrupted trial again from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import collections
 import contextlib
 import dataclasses
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -41,7 +49,7 @@ from ..core import runlog, sysinfo
 from ..core.checkpoints import fetch_checkpoint, store_checkpoint
 from ..core.config import TrainConfig
 from ..core.storage import StoragePath
-from ..core.sweep import SweepPlan
+from ..core.sweep import SweepPlan, TrialSpec
 from .placement import trial_bundles, trials_that_fit, worker_resources
 from .session import error_line, failure_status
 
@@ -49,6 +57,7 @@ DISPATCHER = "cifar-ray-dispatcher"
 LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
 STARTED = "slot_started_after_epoch"  # the result a thin trial reports when its slot takes the trial
+WORKER_DIED = "a worker of the trial's slot died"
 
 
 def shape_key(cfg: TrainConfig) -> str:
@@ -57,18 +66,61 @@ def shape_key(cfg: TrainConfig) -> str:
     return f"{cfg.ray_workers}x[{resources}]/{cfg.backend}/{cfg.strategy}"
 
 
-class Dispatcher:
-    """The trials not yet finished, per shape, and what happened to each (an async Ray actor). A slot takes
-    trials from it; a thin Tune trial waits on it for its trial's news (no polling: on 2 cores, five thin
-    trials asking five times a second slowed the training next to them)."""
+@dataclasses.dataclass(frozen=True)
+class RunTrial:
+    """A trial of a run as it travels from the driver to Tune, the Dispatcher and the slots: the plan's
+    TrialSpec with its run folder and shape."""
 
-    def __init__(self, specs: list[dict], run_dir: StoragePath, slots: dict[str, list[str]]):
-        self.run_dir = run_dir
-        self.live = {shape: set(names) for shape, names in slots.items()}  # slots whose Ray Train run has not failed
+    name: str
+    swept: dict[str, Any]
+    config: TrainConfig
+    run_dir: StoragePath
+    shape: str
+
+    @classmethod
+    def of(cls, trial: TrialSpec, run_dir: StoragePath) -> RunTrial:
+        return cls(trial.name, trial.swept, trial.config, run_dir, shape_key(trial.config))
+
+    @property
+    def trial_dir(self) -> StoragePath:
+        return self.run_dir / self.name
+
+    @property
+    def trial_file(self) -> StoragePath:
+        return self.trial_dir / runlog.TRIAL_FILE
+
+
+def tune_trial(trial: TrialSpec, run_dir: StoragePath) -> dict:
+    """A thin Tune trial's value in the param_space: Tune sees the name as is (its folder and trial name are made
+    from it before anything else is resolved), the RunTrial only once it runs the trial."""
+    return {"name": trial.name, "run": RunTrial.of(trial, run_dir)}
+
+
+def tune_run_trial(tune_config: dict) -> RunTrial:
+    """The RunTrial in a thin Tune trial's config. A run started before trials travelled as RunTrials saved
+    its trial.json dict and its run folder there instead (Tune restores its param_space as saved)."""
+    trial = tune_config["trial"]
+    if "run" in trial:
+        return trial["run"]
+    cfg = TrainConfig(**trial["config"])
+    return RunTrial(trial["name"], trial["swept"], cfg, tune_config["run_dir"], shape_key(cfg))
+
+
+class Dispatcher:
+    """The trials not yet finished, per shape, and what happened to each (an async Ray actor), and the one
+    writer of trial.json while a sweep runs. A slot takes trials from it and tells it what happens; a thin Tune
+    trial waits on it for its trial's news (no polling: on 2 cores, five thin trials asking five times a second
+    slowed the training next to them). `one_trial`: each slot takes one trial, then ends (--isolate)."""
+
+    def __init__(self, specs: list[RunTrial], slots: dict[str, list[str]], one_trial: bool = False):
+        self.specs = {spec.name: spec for spec in specs}
+        self.live = {shape: set(names) for shape, names in slots.items()}  # slots that may still take a trial
         self.pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         for spec in specs:
-            self.pending[spec["shape"]].append(spec)
-        self.in_flight: dict[str, dict] = {}  # slot -> the trial it runs
+            self.pending[spec.shape].append(spec)
+        self.one_trial = one_trial
+        self.served: set[str] = set()  # slots that took a trial
+        self.in_flight: dict[str, RunTrial] = {}  # slot -> the trial it runs
         self.attempts: collections.Counter = collections.Counter()
         self.errors: dict[str, tuple[str, str]] = {}  # trial -> (status, one-line error) of its last failure
         self.news: dict[str, list[dict]] = collections.defaultdict(list)
@@ -92,52 +144,78 @@ class Dispatcher:
                     await asyncio.wait_for(self._condition().wait_for(lambda: len(self.news[trial]) > since), wait_s)
             return self.news[trial][since:]
 
-    async def take(self, shape: str, slot: str) -> dict | None:
+    async def take(self, shape: str, slot: str) -> RunTrial | None:
         """The slot's next trial: the one it was running, if its worker group was restarted (continued
-        from its checkpoint while it has failures left), else the next of its shape; None when none is left."""
+        from its checkpoint while it has failures left), else the next of its shape; None when none is left
+        (or, one_trial, once the slot took its trial): the slot then ends."""
         spec = self.in_flight.get(slot)
-        if spec is not None and self.attempts[spec["name"]] > spec["config"]["max_failures"]:
+        if spec is not None and self.attempts[spec.name] > spec.config.max_failures:
             await self._fail(slot, spec)
             spec = None
         if spec is None:
-            if not self.pending[shape]:
+            if not self.pending[shape] or (self.one_trial and slot in self.served):
+                self.live[shape].discard(slot)  # it ends: a trial handed back later must not wait for it
                 return None
             spec = self.in_flight[slot] = self.pending[shape].popleft()
-        self.attempts[spec["name"]] += 1
-        await self._tell(spec["name"], {"start": len(runlog.read_epochs(self.run_dir / spec["name"]))})
+            self.served.add(slot)
+        self.attempts[spec.name] += 1
+        await self._tell(spec.name, {"start": len(runlog.read_epochs(spec.trial_dir))})
         return spec
 
-    async def failed_attempt(self, trial: str, status: str, error: str) -> None:
-        self.errors[trial] = (status, error)
-
-    async def slot_failed(self, slot: str, shape: str, error: str) -> None:
-        """A slot's Ray Train run gave up (its restarts used up, or its workers never started): its trial fails,
-        and so does every trial of its shape still waiting when no other slot of the shape is left to run it."""
-        self.live[shape].discard(slot)
-        spec = self.in_flight.get(slot)
-        if spec is not None:
-            self.errors.setdefault(spec["name"], ("failed", error))
-            await self._fail(slot, spec)
-        while not self.live[shape] and self.pending[shape]:
-            spec = self.pending[shape].popleft()
-            self.in_flight[slot] = spec
-            self.errors[spec["name"]] = ("failed", f"no slot left to run it: {error}")
-            await self._fail(slot, spec)
+    async def record(self, trial: str, fields: dict) -> None:
+        """Facts a slot's rank 0 found about the trial (running, system, slot, timeline) into its trial.json."""
+        runlog.update_json(self.specs[trial].trial_file, **fields)
 
     async def epoch(self, trial: str, metrics: dict) -> None:
+        """An epoch ended, logged and checkpointed: the last one (or a diverged one) ends the trial, recorded
+        before the news goes out, so the progress line counts it and an interrupted sweep keeps it."""
+        if metrics["epoch"] == self.specs[trial].config.epochs or metrics.get("diverged"):
+            runlog.record_outcome(self.specs[trial].trial_dir)
         await self._tell(trial, {"epoch": metrics})
 
     async def done(self, slot: str, trial: str) -> None:
+        runlog.record_outcome(self.specs[trial].trial_dir)
         self.in_flight.pop(slot, None)
         await self._tell(trial, {"done": True})
 
-    async def _fail(self, slot: str, spec: dict) -> None:
-        del self.in_flight[slot]
-        status, error = self.errors.get(spec["name"], ("failed", "a worker of the trial's slot died"))
-        runlog.update_json(
-            self.run_dir / spec["name"] / runlog.TRIAL_FILE, status=status, error=error, finished_at=runlog.now_iso()
-        )
-        await self._tell(spec["name"], {"failed": error, "status": status})
+    async def failed_attempt(self, trial: str, status: str, error: str, trace: str | None) -> None:
+        """An attempt of the trial raised (`trace`: rank 0's traceback, kept in error.txt)."""
+        self.errors[trial] = (status, error)
+        if trace is not None:
+            (self.specs[trial].trial_dir / runlog.ERROR_FILE).write_text(trace)
+
+    async def worker_died(self, slot: str, status: str, error: str) -> None:
+        """A worker of the slot died (killed, out of memory, its node lost): the attempt of its trial failed."""
+        spec = self.in_flight.get(slot)
+        if spec is not None:
+            self.errors[spec.name] = (status, error)
+
+    async def slot_failed(self, slot: str, shape: str, status: str, error: str) -> None:
+        """A slot's Ray Train run gave up (its restarts used up, or its workers never started) or its task died
+        (with its node): its trial goes to another slot of its shape while it has attempts left, else fails; every
+        trial of its shape still waiting fails when no other slot of the shape is left to run it."""
+        self.live[shape].discard(slot)
+        spec = self.in_flight.get(slot)
+        if spec is not None and self.live[shape] and self.attempts[spec.name] <= spec.config.max_failures:
+            del self.in_flight[slot]
+            self.pending[shape].appendleft(spec)  # continued from its checkpoint by the next slot that asks
+        elif spec is not None:
+            self.errors.setdefault(spec.name, (status, error))
+            await self._fail(slot, spec)
+        while not self.live[shape] and self.pending[shape]:
+            spec = self.pending[shape].popleft()
+            self.errors[spec.name] = (status, f"no slot left to run it: {error}")
+            await self._fail(None, spec)
+
+    async def _fail(self, slot: str | None, spec: RunTrial) -> None:
+        """The trial failed for good. Its thin trial is told even when trial.json cannot be written (else it
+        would wait forever); the slot keeps it in flight until the write succeeds: a restarted slot retries it."""
+        status, error = self.errors.get(spec.name, ("failed", WORKER_DIED))
+        try:
+            runlog.update_json(spec.trial_file, status=status, error=error, finished_at=runlog.now_iso())
+        finally:
+            await self._tell(spec.name, {"failed": error, "status": status})
+        self.in_flight.pop(slot, None)
 
 
 # ------------------------------------------------------------------------------------- the slot
@@ -160,7 +238,8 @@ def epoch_reporter(
 
 
 def slot_loop(loop_config: dict) -> None:
-    """What every worker of a slot runs (Ray Train's train_loop_per_worker): trial after trial."""
+    """What every worker of a slot runs (Ray Train's train_loop_per_worker): trial after trial. Rank 0 writes
+    the trial's metrics.jsonl and checkpoints; everything else it learns goes to the Dispatcher."""
     import ray
     import ray.train
     import torch
@@ -169,16 +248,18 @@ def slot_loop(loop_config: dict) -> None:
     from ..training.loop import Worker, run_trial, select_devices, worker_system
 
     dispatcher, shape, slot = loop_config["dispatcher"], loop_config["shape"], loop_config["slot"]
+    launched = loop_config["launched_unix"]  # a one-trial slot's: its trial's wall includes the slot's start
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     worker, system = None, None
     while True:
-        spec = broadcast_from_rank_zero(ray.get(dispatcher.take.remote(shape, slot)) if rank == 0 else None)
+        spec: RunTrial | None = broadcast_from_rank_zero(
+            ray.get(dispatcher.take.remote(shape, slot)) if rank == 0 else None
+        )
         if spec is None:
             return
         taken = time.time()
-        cfg = TrainConfig(**spec["config"])
-        trial_dir = spec["run_dir"] / spec["name"]
+        cfg = spec.config
         if worker is None:  # the first trial sets the worker up; every trial of the shape shares it
             torch.set_num_threads(cfg.cpus_per_worker)
             worker = Worker(rank, world, select_devices(cfg))
@@ -186,91 +267,145 @@ def slot_loop(loop_config: dict) -> None:
         if cfg.compile:  # dynamo's caches hold the previous trial's model: past 8 recompiles it runs eager
             torch._dynamo.reset()
         if rank == 0:
-            runlog.update_json(
-                trial_dir / runlog.TRIAL_FILE,
-                status="running",
-                error=None,
-                started_at=runlog.now_iso(),
-                started_unix=taken,
-                system=system,
-                slot=slot,
-                driver=sysinfo.worker_placement(),
-            )
-        report = epoch_reporter(dispatcher, spec["name"], trial_dir, cfg.keep_checkpoints, rank)
+            running = {"status": "running", "error": None, "started_at": runlog.now_iso()}
+            where = {"system": system, "slot": slot, "driver": sysinfo.worker_placement()}
+            ray.get(dispatcher.record.remote(spec.name, running | {"started_unix": launched or taken} | where))
+
+        def ready(timeline: dict, name: str = spec.name) -> None:
+            ray.get(dispatcher.record.remote(name, {"timeline": timeline}))
+
+        report = epoch_reporter(dispatcher, spec.name, spec.trial_dir, cfg.keep_checkpoints, rank)
         with tempfile.TemporaryDirectory() as scratch:
             try:
-                run_trial(cfg, trial_dir, worker, report, fetch_checkpoint(trial_dir, Path(scratch)), taken)
+                resume_from = fetch_checkpoint(spec.trial_dir, Path(scratch))
+                run_trial(cfg, spec.trial_dir, worker, report, resume_from, taken, ready)
             except Exception as error:
-                if rank == 0:
-                    (trial_dir / runlog.ERROR_FILE).write_text("".join(traceback.format_exception(error)))
-                ray.get(dispatcher.failed_attempt.remote(spec["name"], failure_status(error), error_line(error)))
+                trace = "".join(traceback.format_exception(error)) if rank == 0 else None
+                failure = (spec.name, failure_status(error), error_line(error), trace)
+                ray.get(dispatcher.failed_attempt.remote(*failure))
                 raise  # Ray Train restarts the worker group, whose rank 0 gets this trial back
         if rank == 0:
-            runlog.record_outcome(trial_dir)
-            ray.get(dispatcher.done.remote(slot, spec["name"]))
+            ray.get(dispatcher.done.remote(slot, spec.name))
 
 
-def run_slot(shape_cfg: dict, shape: str, slot: str, dispatcher, storage: StoragePath, restarts: int) -> None:
-    """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left (a Ray task)."""
+def worker_deaths(dispatcher, slot: str):
+    """A Ray Train callback (run on the slot's controller) that tells the Dispatcher when a worker of the slot
+    died: no rank lives to say why, and the restarted group's rank 0 only gets the trial back. A local class:
+    slots.py imports no Ray at import time, and cloudpickle sends it to the controller by value."""
+    from ray.train import UserCallback
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    class WorkerDeaths(UserCallback):
+        def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+            deaths = [e for e in worker_exceptions.values() if isinstance(e, WorkerHealthCheckFailedError)]
+            if deaths:  # a raised exception was told by its rank (failed_attempt). Not waited for: the controller
+                # runs callbacks in its event loop; the restarted group's first question comes seconds later.
+                dispatcher.worker_died.remote(slot, failure_status(deaths[0]), error_line(deaths[0]))
+
+    return WorkerDeaths()
+
+
+def run_slot(
+    shape_cfg: TrainConfig, shape: str, slot: str, dispatcher, storage: StoragePath, restarts: int, one_trial: bool
+) -> None:
+    """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left, or, one_trial,
+    their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    cfg = TrainConfig(**shape_cfg)
     trainer = TorchTrainer(
         slot_loop,
-        train_loop_config={"dispatcher": dispatcher, "shape": shape, "slot": slot},
-        torch_config=TorchConfig(backend=cfg.backend),
+        train_loop_config={
+            "dispatcher": dispatcher,
+            "shape": shape,
+            "slot": slot,
+            "launched_unix": time.time() if one_trial else None,
+        },
+        torch_config=TorchConfig(backend=shape_cfg.backend),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=cfg.ray_workers, use_gpu=cfg.use_gpu == "true", resources_per_worker=worker_resources(cfg)
+            num_workers=shape_cfg.ray_workers,
+            use_gpu=shape_cfg.use_gpu == "true",
+            resources_per_worker=worker_resources(shape_cfg),
         ),
         run_config=ray.train.RunConfig(
-            name=slot, **storage.ray_storage(), failure_config=ray.train.FailureConfig(max_failures=restarts)
+            name=slot,
+            **storage.ray_storage(),
+            failure_config=ray.train.FailureConfig(max_failures=restarts),
+            callbacks=[worker_deaths(dispatcher, slot)],
         ),
     )
-    try:
-        trainer.fit()
-    except Exception as error:
-        ray.get(dispatcher.slot_failed.remote(slot, shape, error_line(error)))
-        raise
+    trainer.fit()
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotLaunch:
+    """One slot, before it starts: its shape (and that shape's config), its name, its worker group restarts."""
+
+    shape_cfg: TrainConfig
+    shape: str
+    slot: str
+    restarts: int
 
 
 class StartedSlots:
-    """The Dispatcher and the slot tasks of a run. With a limit, at most that many slots run at once: the next
-    is started as one ends (a thread here), so `--max-concurrent N` means N trials at once across shapes."""
+    """The Dispatcher and the slot tasks of a run, watched by a thread here: a slot task that ends with an error
+    (its Ray Train run gave up, or it died with its node, where nothing in it could tell) is reported to the
+    Dispatcher as failed; with a limit, at most that many slots run at once, the next started as one ends, so
+    `--max-concurrent N` means N trials at once across shapes."""
 
-    def __init__(self, dispatcher, launches: list[Callable[[], Any]], limit: int | None):
-        import threading
-
-        self.dispatcher, self.launches = dispatcher, list(launches)
-        self.tasks = [launch() for launch in self.launches[: limit or len(self.launches)]]
+    def __init__(self, dispatcher, launch: Callable[[SlotLaunch], Any], launches: list[SlotLaunch], limit: int | None):
+        self.dispatcher, self.launch = dispatcher, launch
+        self.waiting = list(launches)
+        self.slot_of: dict[Any, SlotLaunch] = {}  # task -> its slot
+        for _ in range(min(limit or len(launches), len(launches))):
+            self._start_next()
         self.stopped = threading.Event()
-        self.launcher = threading.Thread(target=self._launch_as_slots_end, name="cifar-ray-slots", daemon=True)
-        self.launcher.start()
+        self.watcher = threading.Thread(target=self._watch, name="cifar-ray-slots", daemon=True)
+        self.watcher.start()
 
-    def _launch_as_slots_end(self) -> None:
+    @property
+    def tasks(self) -> list:
+        return list(self.slot_of)
+
+    def _start_next(self):
+        slot = self.waiting.pop(0)
+        task = self.launch(slot)
+        self.slot_of[task] = slot
+        return task
+
+    def _watch(self) -> None:
         import ray
 
-        running, waiting = list(self.tasks), self.launches[len(self.tasks) :]
-        while waiting and not self.stopped.is_set():
+        running = self.tasks
+        while running and not self.stopped.is_set():
             ended, running = ray.wait(running, num_returns=1, timeout=1.0)
-            for _ in ended[: len(waiting)]:
-                task = waiting.pop(0)()
-                self.tasks.append(task)
-                running.append(task)
+            for task in ended:
+                self._report_failure(task)
+                if self.waiting and not self.stopped.is_set():
+                    running.append(self._start_next())
+
+    def _report_failure(self, task) -> None:
+        import ray
+
+        try:
+            ray.get(task)
+        except Exception as error:  # a task error, a worker crash, a lost node: any way a slot can end badly
+            slot = self.slot_of[task]
+            with contextlib.suppress(ray.exceptions.RayError):  # a stopped run's Dispatcher is gone: nothing waits
+                ray.get(
+                    self.dispatcher.slot_failed.remote(slot.slot, slot.shape, failure_status(error), error_line(error))
+                )
 
     def wait(self) -> None:
-        """Until every slot has ended (each ends when its shape has no trial left)."""
-        import ray
-
-        self.launcher.join()
-        ray.get(self.tasks)
+        """Until every slot has ended (each ends when its shape has no trial left) and its failure is told."""
+        self.watcher.join()
 
     def stop(self) -> None:
         """Ends the slots (their worker groups go with them) and the Dispatcher; a no-op once they ended."""
         import ray
 
         self.stopped.set()
-        self.launcher.join(timeout=5)
+        self.watcher.join(timeout=5)
         # Only the running ones: cancelling a task as it completes crashes the driver in Ray 2.60 ("Check
         # failed: it != submissible_tasks_.end()" in task_manager.cc, seen here after a sweep's last trial).
         _, running = ray.wait(self.tasks, num_returns=len(self.tasks), timeout=0)
@@ -286,10 +421,11 @@ class SlotPlan:
 
     run_name: str
     run_dir: StoragePath
-    specs: list[dict]  # the trials to train, each with its shape
+    specs: list[RunTrial]  # the trials to train
     slots: dict[str, list[str]]  # shape -> the names of its slots
-    launches: list[tuple[dict, str, str, int]]  # per slot: its shape's config, shape, name, worker group restarts
-    limit: int | None  # slots running at once at most (--max-concurrent)
+    launches: list[SlotLaunch]  # in the order they start
+    limit: int | None  # slots running at once at most
+    one_trial: bool  # each slot trains one trial, then ends (--isolate)
 
     @property
     def count(self) -> int:
@@ -297,49 +433,66 @@ class SlotPlan:
         return min(len(self.launches), self.limit or len(self.launches))
 
     def start(self) -> StartedSlots:
-        """The Dispatcher (named per run) and the slots."""
-        import functools
-
+        """The Dispatcher (named per run, on this driver's node: it writes the run's trial.json files, which
+        must outlive any other node) and the slots."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         dispatcher = (
             ray.remote(num_cpus=0)(Dispatcher)
-            .options(name=dispatcher_name(self.run_name))
-            .remote(self.specs, self.run_dir, self.slots)
+            .options(name=dispatcher_name(self.run_name), scheduling_strategy=here)
+            .remote(self.specs, self.slots, self.one_trial)
         )
+        # No retry: a slot lost with its node is reported to the Dispatcher, which hands its trial on.
         task = ray.remote(num_cpus=0, max_retries=0)(run_slot)
         storage = self.run_dir / ".slots"
+
+        def launch(slot: SlotLaunch):
+            return task.remote(
+                slot.shape_cfg, slot.shape, slot.slot, dispatcher, storage, slot.restarts, self.one_trial
+            )
+
         try:
-            launches = [
-                functools.partial(task.remote, shape_cfg, shape, slot, dispatcher, storage, restarts)
-                for shape_cfg, shape, slot, restarts in self.launches
-            ]
-            return StartedSlots(dispatcher, launches, self.limit)
+            return StartedSlots(dispatcher, launch, self.launches, self.limit)
         except BaseException:
             ray.kill(dispatcher)  # slots already launched end at their next question to it
             raise
 
 
-def plan_slots(plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any], max_concurrent: int | None) -> SlotPlan:
-    """The slots of every shape of the plan's trials still to train (a failed one continues from its checkpoint,
-    as with --isolate): as many per shape as copies of it fit the cluster (and, with max_concurrent, at most
-    that many in all at once)."""
+def plan_slots(
+    plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any], max_concurrent: int | None, one_trial: bool
+) -> SlotPlan:
+    """The slots of every shape of the plan's trials still to train (a failed or interrupted one continues from
+    its checkpoint). Warm: as many per shape as copies of it fit the cluster (with max_concurrent, at most that
+    many in all at once). one_trial: a slot per trial, as many at once as copies of each shape fit (or
+    max_concurrent), each shape's first ones first."""
     untrained = [
-        t
+        RunTrial.of(t, run_dir)
         for t in plan.trials
         if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.TRAINED_STATUSES
     ]
-    by_shape: dict[str, list] = collections.defaultdict(list)
-    for trial in untrained:
-        by_shape[shape_key(trial.config)].append(trial)
-    slots, launches = {}, []
-    for shape, trials in by_shape.items():
-        fit = max(1, trials_that_fit(trials[0].config, capacity["per_node"], slots=False))
-        slots[shape] = [f"slot-{uuid.uuid4().hex[:8]}" for _ in range(min(len(trials), fit))]
-        restarts = sum(t.config.max_failures + 1 for t in trials)  # every attempt of every trial may restart it
-        launches += [(trials[0].config.model_dump(), shape, slot, restarts) for slot in slots[shape]]
-    specs = [t.as_dict() | {"run_dir": run_dir, "shape": shape_key(t.config)} for t in untrained]
-    return SlotPlan(plan.name, run_dir, specs, slots, launches, max_concurrent)
+    by_shape: dict[str, list[RunTrial]] = collections.defaultdict(list)
+    for spec in untrained:
+        by_shape[spec.shape].append(spec)
+    slots, placed = {}, []  # placed: ((beyond the copies of its shape that fit, place in its shape), launch)
+    for shape, specs in by_shape.items():
+        fit = max(1, trials_that_fit(specs[0].config, capacity["per_node"], slots=False))
+        if one_trial:
+            shape_launches = [SlotLaunch(s.config, shape, new_slot_name(), s.config.max_failures + 1) for s in specs]
+        else:
+            restarts = sum(s.config.max_failures + 1 for s in specs)  # every attempt of every trial may restart it
+            shape_launches = [SlotLaunch(specs[0].config, shape, new_slot_name(), restarts) for _ in specs[:fit]]
+        placed += [((i >= fit, i), launch) for i, launch in enumerate(shape_launches)]
+        slots[shape] = [launch.slot for launch in shape_launches]
+    placed.sort(key=lambda item: item[0])
+    first_wave = sum(not beyond for (beyond, _), _ in placed)
+    limit = max_concurrent or (first_wave if one_trial else None)
+    return SlotPlan(plan.name, run_dir, untrained, slots, [launch for _, launch in placed], limit, one_trial)
+
+
+def new_slot_name() -> str:
+    return f"slot-{uuid.uuid4().hex[:8]}"
 
 
 def dispatcher_name(run_name: str) -> str:
@@ -354,17 +507,17 @@ class TrialFailed(RuntimeError):
 
 
 def thin_trial(tune_config: dict) -> None:
-    """A trial as Tune runs it with slots: it forwards the epochs its slot trains to Tune."""
+    """A trial as Tune runs it: it forwards the epochs its slot trains to Tune."""
     import ray
     from ray import tune
 
-    spec, run_dir = tune_config["trial"], tune_config["run_dir"]
-    if runlog.read_json(run_dir / spec["name"] / runlog.TRIAL_FILE).get("status") in runlog.TRAINED_STATUSES:
+    spec = tune_run_trial(tune_config)
+    if runlog.read_json(spec.trial_file).get("status") in runlog.TRAINED_STATUSES:
         return  # trained before the driver died; Tune's saved state may lag behind our log
-    dispatcher = ray.get_actor(dispatcher_name(run_dir.name))
+    dispatcher = ray.get_actor(dispatcher_name(spec.run_dir.name))
     seen = 0
     while True:
-        news = ray.get(dispatcher.read.remote(spec["name"], seen, NEWS_WAIT_S))
+        news = ray.get(dispatcher.read.remote(spec.name, seen, NEWS_WAIT_S))
         seen += len(news)
         for event in news:
             if "start" in event:  # its slot took it: the progress callback prints "starts" now, not at Tune's start
@@ -378,7 +531,10 @@ def thin_trial(tune_config: dict) -> None:
 
 
 def thin_trainable() -> Callable[[dict], None]:
-    """thin_trial with no core of its own (see orchestrate.trial_trainable for why a local function)."""
+    """thin_trial with no core of its own, as Tune takes it. tune.with_resources sets an attribute on the
+    function; through Ray Client (ray://) Tune runs in a remote actor that gets the trainable pickled, and a
+    module-level function travels by reference, without the attribute (every trial then held Tune's default
+    1 CPU). A local function travels by value, attribute included."""
     from ray import tune
 
     def cifar_ray_thin_trial(config: dict) -> None:

@@ -137,8 +137,8 @@ def add_common(parser: Parser) -> None:
     parser.add_argument(
         "--isolate",
         action="store_true",
-        help="run each trial in a Ray Train run of its own (fresh worker processes per trial, ~20 s "
-        "more per trial on 2 CPU cores) instead of warm worker slots",
+        help="run each trial in a slot of its own, a Ray Train run that ends with the trial (fresh worker "
+        "processes per trial: slower, see docs/measurements.md), instead of warm worker slots",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
 
@@ -219,7 +219,8 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     if cluster_address(args.address) is None:
         ensure_local_data(plan)
     owns_ray = init_ray(address=args.address, verbose=args.verbose)
-    # Tune stops gracefully on SIGINT (saving its state); give SIGTERM the same treatment.
+    # Tune stops gracefully on SIGINT (saving its state; run_plan then marks the running trials interrupted);
+    # give SIGTERM the same treatment.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
         run_dir = run_plan(

@@ -20,7 +20,8 @@ its writer was killed mid-write on a store without atomic writes) is an epoch ne
 other line that is not an epoch's JSON is corruption and raises.
 
 Epoch keys: EPOCH_METRICS below, each with what it measures (train.py writes exactly these).
-Trial status: pending | running | finished | failed | diverged | oom.
+Trial status: pending | running | interrupted (its sweep was stopped: --resume continues it) | finished | failed |
+diverged | oom.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ OBJECTIVES = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s"
 assert set(OBJECTIVES) <= set(EPOCH_METRICS)
 MODES = ("max", "min")
 DEFAULT_OBJECTIVE = ("test_acc", "max")  # (metric, mode) of a sweep file that names neither
-STATUSES = ("pending", "running", "finished", "failed", "diverged", "oom")
+STATUSES = ("pending", "running", "interrupted", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
 TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again
 
@@ -263,10 +264,9 @@ def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True)
 
 
 def record_outcome(trial_dir: Where) -> None:
-    """Mark a trial whose training has ended finished or diverged (from its logged epochs), once.
-    The progress callback calls it when the last epoch's result arrives (its checkpoint and log are
-    written by then), run_trial when fit() returns: a sweep interrupted in between (the workers'
-    teardown takes seconds) keeps a trial that trained every epoch as finished, not running."""
+    """Mark a trial whose training has ended finished or diverged (from its logged epochs), once. The
+    Dispatcher calls it when a slot tells it the last (or a diverged) epoch ended, logged and checkpointed, and
+    again when the slot is done with the trial: a sweep interrupted in between keeps the trial finished."""
     trial_dir = StoragePath.of(trial_dir)
     trial_file = trial_dir / TRIAL_FILE
     if read_json(trial_file).get("status") in TRAINED_STATUSES:

@@ -36,8 +36,8 @@ STALE_EPOCHS = 3
 STALE_MIN_S = 600.0
 ISO_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # runlog.now_iso's format (datetime.fromisoformat reads +0000 from 3.11 only)
 # The states a trial is counted in, in the order the totals name them: runlog.STATUSES, plus stalled.
-STATES = ("finished", "running", "stalled", "pending", "failed", "diverged", "oom")
-UNFINISHED = ("running", "stalled", "pending")
+STATES = ("finished", "running", "stalled", "interrupted", "pending", "failed", "diverged", "oom")
+UNFINISHED = ("running", "stalled", "interrupted", "pending")
 # The config keys that decide a trial's resources (placement.worker_resources), so which trials share slots.
 SHAPE_KEYS = ("workers", "cpus_per_worker", "use_gpu", "gpus_per_worker", "strategy")
 
@@ -184,7 +184,11 @@ def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
     last = max(filter(None, [started, *map(_last_activity, run.trials)]), default=None)
     idle = None if last is None else now - last
     eta_s, eta = None, ""
-    if unfinished and not counts["running"] and (counts["stalled"] or ended or _stale(idle, epoch_wall)):
+    if (
+        unfinished
+        and not counts["running"]
+        and (counts["stalled"] or counts["interrupted"] or ended or _stale(idle, epoch_wall))
+    ):
         eta = "no ETA: no trial is progressing (its driver stopped?); `cifar-ray sweep FILE --resume` continues it"
     elif unfinished and epoch_wall is None:
         eta = "ETA unknown (no epoch has finished yet)"

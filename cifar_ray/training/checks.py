@@ -1,7 +1,7 @@
 """Equivalence checks of the training semantics, run on real code (`cifar-ray check`, and the tests); the DDP
 check, which needs Ray, and the command's run of them all are in cluster/checks.py.
 
-Every check builds the model, optimizer, schedule and scaler exactly as `train_loop_per_worker`
+Every check builds the model, optimizer, schedule and scaler exactly as `train.run_trial`
 does and runs a few optimizer steps through the real `train_epoch` over `iterate_train` step lists,
 then compares two ways of computing the same thing:
 
@@ -150,7 +150,7 @@ def train_steps(
     scaler: torch.amp.GradScaler | None = None,
     prepare: Callable[[nn.Module], Any] | None = None,
 ) -> Trained:
-    """The first `n_steps` optimizer steps of epoch 1, set up exactly as train_loop_per_worker
+    """The first `n_steps` optimizer steps of epoch 1, set up exactly as train.run_trial
     does (seed, data, model, wrap_model, optimizer, schedule, scaler, criterion), in `dtype`.
     `prepare(model)` may instrument the model before training (e.g. poison one gradient).
     Runs with cfg.cpus_per_worker torch threads, as a Ray Train worker does (and tiny models on
@@ -160,7 +160,7 @@ def train_steps(
 
 
 def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> Trained:
-    torch.manual_seed(cfg.seed)  # same order as train_loop_per_worker: seed, data, model
+    torch.manual_seed(cfg.seed)  # same order as train.run_trial: seed, data, model
     train, _ = (split.to(device) for split in cached_splits(cfg))
     model = build_model(cfg).to(device=device, dtype=dtype, memory_format=memory_format(device))
     initial = param_vector(model.parameters())
@@ -169,7 +169,7 @@ def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare) -> T
     training = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler, rank)
     steps = iterate_train(train, cfg, 1, rank, world, memory_format(device))
     local = train_epoch(training, cast_steps(itertools.islice(steps, n_steps), dtype), cfg, device)
-    totals = reduce_train_totals(local)  # as train_loop_per_worker: over all ranks
+    totals = reduce_train_totals(local)  # as train.run_trial: over all ranks
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return Trained(initial, param_vector(model.parameters()), state, local.cpu(), totals.cpu())
 

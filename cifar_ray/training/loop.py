@@ -1,4 +1,4 @@
-"""The training loop every Ray Train worker runs: read `train_loop_per_worker` top to bottom.
+"""The training every worker of a slot runs for a trial: read `run_trial` top to bottom.
 
 Semantics (tests/test_equivalence.py proves them):
 - `batch_size` is the global micro-batch: each of W workers takes batch_size/W samples per step;
@@ -454,31 +454,6 @@ def worker_system(worker: Worker) -> dict:
 ReportEpoch = Callable[[dict, "Path | None"], None]
 
 
-def train_loop_per_worker(loop_config: dict) -> None:
-    """Entry point of each Ray Train worker. loop_config: {"config": resolved TrainConfig dict,
-    "trial_dir": StoragePath of the trial's folder (metrics.jsonl, trial.json)}."""
-    import ray.train
-
-    loop_started = time.time()
-    cfg = TrainConfig(**loop_config["config"])
-    trial_dir = loop_config["trial_dir"]
-    context = ray.train.get_context()
-    torch.set_num_threads(cfg.cpus_per_worker)
-    worker = Worker(context.get_world_rank(), context.get_world_size(), select_devices(cfg))
-    system = worker_system(worker)
-    if worker.rank == 0:
-        runlog.update_json(trial_dir / runlog.TRIAL_FILE, system=system)
-
-    def report(metrics: dict, folder: Path | None) -> None:
-        # Collective: every rank reports the same all-reduced dict; rank 0 adds the checkpoint, which
-        # Ray copies to the trial's storage before report returns.
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder) if folder else None)
-
-    checkpoint = ray.train.get_checkpoint()  # set after a worker failure or a driver restore
-    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as folder:
-        run_trial(cfg, trial_dir, worker, report, Path(folder) if folder else None, loop_started)
-
-
 def run_trial(
     cfg: TrainConfig,
     trial_dir,
@@ -486,11 +461,14 @@ def run_trial(
     report: ReportEpoch,
     resume_from: Path | None = None,
     loop_started: float | None = None,
+    ready: Callable[[dict], None] | None = None,
 ) -> None:
     """Train one trial on this worker from scratch or from the checkpoint folder `resume_from`, calling
-    `report` after every epoch (collectively, on every rank). Everything a trial trains with is built here
-    from its config (seeded RNG, data order, model, optimizer, wrapper, hooks), so a process that ran other
-    trials before trains this one exactly as a fresh process would (tests/test_train_eval.py)."""
+    `report` after every epoch (collectively, on every rank); rank 0 writes the epochs to metrics.jsonl and
+    hands `ready` (the slot's link to the Dispatcher, which writes trial.json) the trial's timeline. Everything
+    a trial trains with is built here from its config (seeded RNG, data order, model, optimizer, wrapper,
+    hooks), so a process that ran other trials before trains this one exactly as a fresh process would
+    (tests/test_train_eval.py)."""
     rank, world, devices, device = worker.rank, worker.world, worker.devices, worker.device
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in loaded_splits(cfg))
@@ -505,11 +483,8 @@ def run_trial(
         last_done = load_checkpoint(resume_from, training, device, rank, world, cfg.seed)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
-        # Where a trial's time goes outside the epochs (read by `cifar-ray bench`).
-        runlog.update_json(
-            trial_dir / runlog.TRIAL_FILE,
-            timeline={"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()},
-        )
+        if ready is not None:  # where a trial's time goes outside the epochs (read by `cifar-ray bench`)
+            ready({"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()})
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
         lr = training.optimizer.param_groups[0]["lr"]

@@ -1,0 +1,52 @@
+"""What the driver writes into a run folder, without Ray: every session's wall time, the trials a stopped sweep
+leaves interrupted, and the --resume refusal of changed configs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cifar_ray.cluster import orchestrate
+from cifar_ray.core import runlog
+from cifar_ray.core.config import TrainConfig
+from cifar_ray.core.storage import StoragePath
+from cifar_ray.core.sweep import SweepPlan, TrialSpec
+
+
+def test_every_sessions_wall_time_is_kept_and_summed_an_interrupted_one_too(tmp_path):
+    sweep_file = StoragePath.of(tmp_path) / runlog.SWEEP_FILE
+    runlog.write_json(sweep_file, {"name": "s", "wall_time_s": 100.0})  # a run from before sessions were kept
+    now = time.time()
+    orchestrate.record_session(sweep_file, now - 30, done=False)  # interrupted: no finished_at
+    assert "finished_at" not in runlog.read_json(sweep_file)
+    orchestrate.record_session(sweep_file, now - 10, done=True)
+    sweep = runlog.read_json(sweep_file)
+    walls = [s["wall_s"] for s in sweep["sessions"]]
+    assert walls[0] == 100.0 and walls[1] == pytest.approx(30, abs=1) and walls[2] == pytest.approx(10, abs=1)
+    assert sweep["wall_time_s"] == pytest.approx(sum(walls)) and sweep["finished_at"]
+
+
+def plan_of(tmp_path, **config) -> tuple[SweepPlan, StoragePath]:
+    trials = [TrialSpec(i, f"t{i:03d}", {"seed": i}, TrainConfig(seed=i, **config)) for i in range(2)]
+    plan = SweepPlan("s", "", {}, {"seed": [0, 1]}, 1, "test_acc", "max", trials)
+    return plan, StoragePath.of(tmp_path)
+
+
+def test_trials_left_running_by_a_stopped_sweep_are_marked_interrupted(tmp_path):
+    plan, run_dir = plan_of(tmp_path)
+    for trial, status in zip(plan.trials, ("running", "finished")):
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": status})
+    orchestrate.mark_interrupted(run_dir, plan)
+    statuses = [runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE)["status"] for t in plan.trials]
+    assert statuses == ["interrupted", "finished"]
+
+
+def test_a_resume_compares_the_resolved_configs_with_the_recorded_ones(tmp_path):
+    recorded, run_dir = plan_of(tmp_path, use_gpu="false")  # what use_gpu=auto resolved to when the run started
+    for trial in recorded.trials:
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "running"})
+    assert orchestrate.changed_configs_refusal(recorded, run_dir) is None
+    changed, _ = plan_of(tmp_path, use_gpu="true", width=64)
+    refusal = orchestrate.changed_configs_refusal(changed, run_dir)
+    assert "t000 (width 32 -> 64, use_gpu 'false' -> 'true'); t001 (" in refusal, refusal
