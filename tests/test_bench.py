@@ -6,7 +6,7 @@ import pytest
 
 from cifar_ray.bench import GOALS, run_bench
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
 
 def test_quick_bench_writes_json_and_markdown(tmp_path):

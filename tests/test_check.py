@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from test_equivalence import shared_ddp_run
+from helpers import shared_ddp_run
 
 from cifar_ray import check
 from cifar_ray.cli import main
