@@ -7,7 +7,7 @@ import pytest
 from cifar_ray.cluster.bench import GOALS
 from cifar_ray.commands.bench import run_bench
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
 
 def test_quick_bench_writes_json_and_markdown(tmp_path):

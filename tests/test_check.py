@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from test_equivalence import shared_ddp_run
+from helpers import shared_ddp_run
 
 from cifar_ray.cli import main
 from cifar_ray.cluster import checks as ddp_checks

@@ -24,6 +24,7 @@ import pytest
 
 from cifar_ray.core import runlog
 
+pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 MARKER = "CIFAR_RAY_TEST_CLUSTER"  # in the environment of every process of our cluster, inherited
 

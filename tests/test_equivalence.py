@@ -21,10 +21,9 @@ Only the DDP test starts Ray Train workers (one TorchTrainer run, 2 gloo workers
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
+from helpers import shared_ddp_run
 
 from cifar_ray.cluster import checks as ddp_checks
 from cifar_ray.training import checks as check
@@ -147,16 +146,6 @@ def test_grad_scaler_count_over_an_epoch_with_two_bad_steps():
         torch.set_num_threads(threads)
     assert totals[3].item() == 2 and totals[2].item() == 4 * 32
     assert scaler.get_scale() == 1024.0 / 4  # halved once per skipped step
-
-
-_check_ddp = ddp_checks.check_ddp  # bound at import: test_check.py swaps ddp_checks.check_ddp for this cache
-
-
-@functools.cache
-def shared_ddp_run() -> tuple[check.CheckResult, check.CheckResult]:
-    """The suite's ONE TorchTrainer run (2 gloo workers, float64, 4 steps): the parameter and the
-    metric check come from it, and test_check.py's `cifar-ray check` test reuses it."""
-    return _check_ddp(CPU, workers=2, n_steps=4)
 
 
 @pytest.fixture(scope="module")

@@ -371,6 +371,7 @@ def test_powersgd_state_dict_round_trip_without_a_process_group():
 
 
 @pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.slow
 def test_powersgd_run_through_ray_learns_and_reports_bytes(tmp_path, capsys):
     from cifar_ray.cli import main
     from cifar_ray.core import runlog

@@ -1,5 +1,6 @@
 """The packages' layers: core imports neither torch nor Ray, training no Ray, and each package imports only the
-packages below it (core <- training <- cluster; core <- report; all of them <- commands, the top)."""
+packages below it (core <- training <- cluster; core <- report; all of them <- commands, the top). In tests/, no
+test module imports another."""
 
 import ast
 import json
@@ -81,3 +82,26 @@ def test_package_imports_only_the_layers_below_it(package):
 
 def test_every_package_has_its_layer():
     assert {path.parent.name for path in PACKAGE_ROOT.glob("*/__init__.py")} == set(ALLOWED)
+
+
+def imported_test_modules(path: Path) -> list[str]:
+    """The test modules (test_*.py) that the module at `path` imports, by any form of import."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            parts = [part for alias in node.names for part in alias.name.split(".")]
+        elif isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".") + [alias.name for alias in node.names]
+        else:
+            continue
+        found += [part for part in parts if part.startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """Helpers shared by test modules live in tests/helpers.py (fault injection in tests/faults.py), never in a
+    test module that others import: that ties the test files together and runs an imported module's code twice."""
+    tests = Path(__file__).parent
+    assert (tests / "helpers.py").is_file()
+    wrong = {path.name: found for path in sorted(tests.glob("test_*.py")) if (found := imported_test_modules(path))}
+    assert not wrong, f"import shared helpers from tests/helpers.py, not from test modules: {wrong}"

@@ -229,6 +229,7 @@ def test_concurrent_workers_download_once_and_never_see_half_a_folder(tmp_path, 
 
 
 @pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.slow
 def test_bad_data_is_the_trials_one_line_error(tmp_path, capfd):
     """As on a cluster node whose copy of the data is damaged: the data is there (so the check
     before Ray starts passes) but a batch cannot be read in the worker."""

@@ -12,21 +12,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import wait_for
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
 from cifar_ray.core.checkpoints import CHECKPOINTS
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 CHECKPOINTED = f"{CHECKPOINTS}/epoch-*/state.pt"  # a warm slot's trial has saved an epoch
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
-        time.sleep(0.2)
 
 
 def test_killed_worker_resumes_from_checkpoint_with_contiguous_epochs(tmp_path, capsys):

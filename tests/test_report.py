@@ -11,6 +11,20 @@ from pathlib import Path
 import matplotlib.image
 import pandas as pd
 import pytest
+from helpers import (
+    DIVERGED,
+    FAILED,
+    GRID,
+    OVERFIT,
+    PENDING,
+    combos,
+    healthy_epochs,
+    make_run,
+    overfitting_epochs,
+    trial_name,
+    write_sweep,
+    write_trial,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,175 +39,6 @@ from cifar_ray.report import (
 from cifar_ray.report.stats import sample_stats
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-GRID = {"batch_size": [64, 128], "workers": [1, 2]}
-SEEDS = [0, 1]
-EPOCHS = 4
-STARTED = "2025-03-04T05:06:07+0000"
-
-# Trials in sweep order: batch_size x workers x seed. Index 3 overfits; 5 fails, 6 diverges, 7 never starts.
-OVERFIT, FAILED, DIVERGED, PENDING = 3, 5, 6, 7
-
-
-def trial_name(index: int) -> str:
-    return f"trial_{index:03d}"
-
-
-def combos() -> list[dict]:
-    return [
-        {"batch_size": b, "workers": w, "seed": s}
-        for b, w, s in itertools.product(GRID["batch_size"], GRID["workers"], SEEDS)
-    ]
-
-
-def healthy_epochs(i: int, swept: dict, n: int = EPOCHS) -> list[dict]:
-    """Falling losses, rising accuracy; numbers differ per trial so aggregates are non-trivial. A second worker
-    lowers the peak per worker but raises the total (each worker holds a model and its own half batch)."""
-    bs, w, seed = swept["batch_size"], swept["workers"], swept["seed"]
-    epoch_time = 12.0 / w * (64 / bs) + 0.3 * seed + 0.01 * i
-    rows = []
-    for e in range(1, n + 1):
-        test_acc = 0.35 + 0.09 * e + 0.013 * i - (0.12 if e == n and i == 1 else 0.0)
-        per_worker = 3.0 * bs / w + 100 + 7 * seed + e
-        rows.append(
-            {
-                "epoch": e,
-                "train_loss": 2.0 - 0.3 * e - 0.01 * i,
-                "train_acc": 0.40 + 0.10 * e + 0.011 * i,
-                "test_loss": 2.1 - 0.25 * e - 0.01 * i,
-                "test_acc": test_acc,
-                "train_eval_loss": 2.0 - 0.26 * e - 0.01 * i,
-                "train_eval_acc": test_acc + 0.02 + 0.001 * e,
-                "epoch_time_s": epoch_time + 0.05 * e,
-                "samples_per_s": 50000 / (epoch_time + 0.05 * e),
-                "peak_mem_mb": per_worker,
-                "peak_mem_total_mb": w * per_worker - 5 * (w - 1),  # the other worker peaks 5 MB lower
-                "lr": 0.05,
-                "amp_skipped_steps": 0,
-                "time_data_s": 0.1 * epoch_time,
-                "time_compute_s": 0.7 * epoch_time,
-                "future_key": "ignored",
-            }
-        )
-    return rows
-
-
-def overfitting_epochs(i: int, swept: dict) -> list[dict]:
-    rows = healthy_epochs(i, swept)
-    for row, train, train_eval, test in zip(rows, [1.4, 1.0, 0.6, 0.3], [1.3, 0.9, 0.5, 0.25], [1.5, 1.2, 1.3, 1.45]):
-        row["train_loss"], row["train_eval_loss"], row["test_loss"] = train, train_eval, test
-    return rows
-
-
-def write_trial(
-    run_dir: Path,
-    index: int,
-    swept: dict,
-    status: str,
-    epochs: list[dict],
-    error: str | None = None,
-    diverged_epoch: int | None = None,
-    gpus: bool = True,
-) -> None:
-    folder = run_dir / trial_name(index)
-    folder.mkdir(parents=True)
-    config = {
-        "model": "simple_cnn",
-        "optimizer": "momentum",
-        "epochs": EPOCHS,
-        "accum_steps": 2,
-        "amp": "off",
-        "backend": "nccl",
-        "strategy": "ddp",
-        "data_dir": "/data/somewhere",
-        "train_eval_size": 5000,
-    } | swept
-    system = (
-        {
-            "device_type": "cuda",
-            "device_name": "NVIDIA H100 80GB HBM3",
-            "devices_per_worker": 1,
-            "world_size": swept["workers"],
-            "num_gpus": swept["workers"],
-        }
-        if gpus
-        else {
-            "device_type": "cpu",
-            "device_name": "Test CPU",
-            "devices_per_worker": 1,
-            "world_size": swept["workers"],
-            "num_gpus": 0,
-        }
-    )
-    meta = {
-        "name": trial_name(index),
-        "index": index,
-        "swept": swept,
-        "config": config,
-        "status": status,
-        "error": error,
-        "diverged_epoch": diverged_epoch,
-        "system": system,
-        "started_at": STARTED,
-        "finished_at": STARTED,
-    }
-    (folder / "trial.json").write_text(json.dumps(meta, indent=2))
-    if epochs:
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in epochs))
-
-
-def write_sweep(run_dir: Path, names: list[str], grid: dict = GRID, repeats: int = 2, **extra) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    sweep = {
-        "name": "bs-workers",
-        "description": "Does a bigger batch or more workers train faster at equal accuracy?",
-        "metric": "test_acc",
-        "mode": "max",
-        "grid": grid,
-        "base": {"epochs": EPOCHS},
-        "repeats": repeats,
-        "trials": names,
-        "started_at": STARTED,
-        "finished_at": "2025-03-04T06:08:09+0000",
-        "wall_time_s": 3722.0,
-        "git_revision": "abc1234def",
-        "host": {"hostname": "node1", "cpu_model": "Test CPU", "cpu_count": 16, "platform": "Linux"},
-        "versions": {"python": "3.11.9", "torch": "2.14.1", "ray": "2.60.0", "cuda": "12.8"},
-        "cluster": {"cpus": 16.0, "gpus": 4.0, "nodes": 1},
-    } | extra
-    (run_dir / "sweep.json").write_text(json.dumps(sweep, indent=2))
-
-
-def make_run(run_dir: Path) -> dict[int, list[dict]]:
-    """The 2x2 grid with 2 seeds; returns the epochs written per trial index."""
-    written = {}
-    all_swept = combos()
-    write_sweep(run_dir, [trial_name(i) for i in range(len(all_swept))])
-    for i, swept in enumerate(all_swept):
-        if i == OVERFIT:
-            epochs = overfitting_epochs(i, swept)
-            write_trial(run_dir, i, swept, "finished", epochs)
-        elif i == FAILED:
-            epochs = healthy_epochs(i, swept, n=1)
-            write_trial(
-                run_dir,
-                i,
-                swept,
-                "failed",
-                epochs,
-                error="Traceback (most recent call last):\n  File x\nRuntimeError: boom in the loader",
-            )
-        elif i == DIVERGED:
-            epochs = healthy_epochs(i, swept, n=2)
-            epochs[1] |= {"train_loss": None, "test_loss": None, "test_acc": 0.1}
-            write_trial(run_dir, i, swept, "diverged", epochs, error="loss is nan", diverged_epoch=2)
-        elif i == PENDING:
-            epochs = []
-            write_trial(run_dir, i, swept, "pending", epochs)
-        else:
-            epochs = healthy_epochs(i, swept)
-            write_trial(run_dir, i, swept, "finished", epochs)
-        written[i] = epochs
-    return written
 
 
 def finished(written: dict) -> dict[int, list[dict]]:

@@ -1,5 +1,5 @@
 """Several runs in one report: the runs become the factor `run`, their trials paired on their configs
-(RUN_MATCH_RULE). Hand-made run folders (helpers from test_report) for the logic, one real pair of tiny sweeps."""
+(RUN_MATCH_RULE). Hand-made run folders (tests/helpers.py) for the logic, one real pair of tiny sweeps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_report import healthy_epochs, trial_name, write_sweep, write_trial
+from helpers import healthy_epochs, trial_name, write_sweep, write_trial
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
@@ -220,6 +220,7 @@ def test_labels_are_folder_names_with_as_much_of_the_path_as_tells_them_apart():
 
 
 @pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.slow
 def test_two_real_runs_of_one_sweep_compared(tmp_path, capsys):
     """The same tiny sweep run twice, the second with --set batch_size=64: the run effect pairs each optimizer's trial
     with its twin, batch_size is a run-level key, and the header shows the commands as typed."""

@@ -1,6 +1,6 @@
 """The report cannot be misread: peak memory per worker and in total, the train metrics' basis (running or
 evaluated like the test set), and factor plots laid out by the kind of factor. Hand-made run folders written as
-training writes them (helpers from test_report and test_report_stats)."""
+training writes them (tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import healthy_epochs, make_run, trial_name, write_sweep, write_trial
-from test_report_stats import make_factorial
+from helpers import healthy_epochs, make_factorial, make_run, trial_name, write_sweep, write_trial
 
 from cifar_ray.report import (
     FACTOR_METRICS,

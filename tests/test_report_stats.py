@@ -1,78 +1,23 @@
 """The report's statistics on hand-made factorial runs: paired effects, their t intervals, seed noise, and "best"
-by the sweep's metric/mode. Run folders are written as training writes them (helpers from test_report)."""
+by the sweep's metric/mode. Run folders are written as training writes them (tests/helpers.py)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
-import random
 import re
 import statistics
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import FACTORIAL_GRID, FACTORIAL_SEEDS, make_factorial
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_report import trial_name, write_sweep, write_trial
 
 from cifar_ray.core.runlog import OBJECTIVES as SWEEP_OBJECTIVES
 from cifar_ray.report import OBJECTIVES, build_report, seed_noise, t_quantile, write_report
-
-GRID = {"optimizer": ["momentum", "adam"], "workers": [1, 2], "amp": ["off", "bf16"]}
-SEEDS = [0, 1, 2]
-NOISE = 0.002  # seed-to-seed std of the final test accuracy: 0.2 pp
-
-
-def factorial_epochs(acc: float, loss: float, epoch_time: float) -> list[dict]:
-    """Three epochs ending at the given final test accuracy, test loss and epoch time."""
-    return [
-        {
-            "epoch": e,
-            "train_loss": loss + 0.3 * (3 - e),
-            "train_acc": acc - 0.04 * (3 - e),
-            "test_loss": loss + 0.2 * (3 - e),
-            "test_acc": acc - 0.05 * (3 - e),
-            "epoch_time_s": epoch_time,
-            "samples_per_s": 50000 / epoch_time,
-            "peak_mem_mb": 500.0,
-            "lr": 0.05,
-        }
-        for e in (1, 2, 3)
-    ]
-
-
-def make_factorial(run_dir: Path, grid: dict = GRID, accuracy=None, loss=None, status=None, **sweep) -> dict:
-    """optimizer x workers x amp x 3 seeds. Default truth: adam +10 pp, workers=2 +1 pp, amp nothing, plus
-    0.2 pp of per-trial noise; workers=2 halves the epoch time. Returns the final test accuracy per trial."""
-    rng = random.Random(7)
-    combos = [
-        dict(zip(grid, values)) | {"seed": seed} for values in itertools.product(*grid.values()) for seed in SEEDS
-    ]
-    write_sweep(
-        run_dir,
-        [trial_name(i) for i in range(len(combos))],
-        grid=grid,
-        repeats=len(SEEDS),
-        **{"name": "factorial", "description": "A hand-made factorial run."} | sweep,
-    )
-    finals = {}
-    for i, swept in enumerate(combos):
-        acc = (accuracy or (lambda s: 0.70 + 0.10 * (s.get("optimizer") == "adam") + 0.01 * (s["workers"] == 2)))(swept)
-        acc += rng.gauss(0.0, NOISE)
-        final_loss = loss(swept) if loss else 1.0 - acc
-        epoch_time = 10.0 / swept["workers"] + 0.01 * swept["seed"]
-        finals[i] = acc
-        write_trial(
-            run_dir,
-            i,
-            swept,
-            (status or (lambda s: "finished"))(swept),
-            factorial_epochs(acc, final_loss, epoch_time),
-            gpus=False,
-        )
-    return finals
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +76,7 @@ def test_paired_effects_are_the_matched_differences(factorial):
     index = trials.set_index(["optimizer", "amp", "seed", "workers"])["final"]
     diffs = [
         index[(o, a, s, 2)] - index[(o, a, s, 1)]
-        for o, a, s in itertools.product(GRID["optimizer"], GRID["amp"], SEEDS)
+        for o, a, s in itertools.product(FACTORIAL_GRID["optimizer"], FACTORIAL_GRID["amp"], FACTORIAL_SEEDS)
     ]
     row = report.effects["workers"]["final_test_acc"].iloc[0]
     assert row["workers"] == 2 and row["n_pairs"] == 12

@@ -8,7 +8,7 @@ from cifar_ray.cli import main
 from cifar_ray.core import runlog
 from cifar_ray.report import write_report
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
 
 def last_json(text: str):

@@ -11,8 +11,7 @@ import threading
 
 import psutil
 import pytest
-from test_reliability import wait_for
-from test_warm_process import COMPUTED  # what a trial computes: equal run to run
+from helpers import COMPUTED, wait_for
 
 from cifar_ray.cli import main
 from cifar_ray.cluster.slots import SlotLaunch, StartedSlots, dispatcher_name
@@ -40,6 +39,7 @@ def computed(trial_dir) -> list[dict]:
     return [{key: row.get(key) for key in COMPUTED} for row in runlog.read_epochs(trial_dir)]
 
 
+@pytest.mark.slow
 def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text("name: slots\ngrid:\n  lr: [0.05, 1.0e+12, 0.02]\n")  # the middle one diverges
     code = main(
@@ -79,6 +79,7 @@ def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path
     assert not (fresh_dir / "train").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoint(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text(
         "name: slot-kill\n"
@@ -112,6 +113,7 @@ def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoin
     assert run.trials[0].meta["slot"] == run.trials[1].meta["slot"]
 
 
+@pytest.mark.slow
 def test_resume_trains_a_failed_trial_again_from_its_checkpoint_as_isolate_does(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text("name: retry\ngrid:\n  seed: [0, 1]\n")
     run_dir = tmp_path / "runs" / "retry"

@@ -232,6 +232,7 @@ def test_a_local_folder_is_read_without_torch_ray_or_pyarrow(mixed_run):
     assert status_in_fresh_python(str(mixed_run)).splitlines()[0].startswith("hand: 5 trials")
 
 
+@pytest.mark.slow
 def test_a_real_sweep_prints_where_it_stands_and_status_reads_it(ray_cluster, tmp_path, capsys):
     """Two 1-worker trials on the session's Ray: one finishes, one diverges at its first epoch."""
     sweep = tmp_path / "tiny.yaml"

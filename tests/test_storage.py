@@ -102,6 +102,7 @@ def test_run_log_round_trip_in_a_bucket(s3_root):
 
 
 @pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.slow
 def test_sweep_logs_and_checkpoints_land_in_a_bucket_and_report_reads_them(s3_root, tmp_path, capsys):
     prefix, options = make_bucket(s3_root, "sweeps")
     storage = f"{prefix}/runs{options}"

@@ -61,6 +61,7 @@ def checkpointed_model(trial_dir: Path, epoch: int, cfg: TrainConfig) -> torch.n
     raise AssertionError(f"no checkpoint of epoch {epoch} under {trial_dir}")
 
 
+@pytest.mark.slow  # the module's real 2-worker training
 def test_train_eval_is_the_first_training_images_evaluated_like_the_test_set(trial):
     trial_dir, trial = trial
     cfg = TrainConfig(**trial.config)
@@ -75,6 +76,7 @@ def test_train_eval_is_the_first_training_images_evaluated_like_the_test_set(tri
         assert row["train_eval_acc"] != row["train_acc"]  # not the running mean under augmentation and dropout
 
 
+@pytest.mark.slow  # the module's real 2-worker training
 def test_peak_memory_per_worker_and_total_over_both_workers(trial):
     for row in trial[1].epochs:
         # Two worker processes, each a whole Python + torch process: the total sums both peaks.

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
+from helpers import COMPUTED
 
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig
@@ -29,22 +31,6 @@ OTHERS = [
     TINY | {"seed": 1, "dropout": 0.5, "optimizer": "adam", "lr": 0.003},
     TINY | {"seed": 2, "norm": "group", "accum_steps": 2, "label_smoothing": 0.1},
 ]
-# What the trial computes; times, timestamps and memory differ from run to run by nature.
-COMPUTED = (
-    "epoch",
-    "train_loss",
-    "train_acc",
-    "test_loss",
-    "test_acc",
-    "train_eval_loss",
-    "train_eval_acc",
-    "train_samples",
-    "lr",
-    "peak_lr",
-    "amp_skipped_steps",
-    "allreduce_bytes_per_step",
-    "diverged",
-)
 
 
 def trained_epochs(values: dict, folder: str) -> list[dict]:
@@ -72,11 +58,11 @@ def test_a_trial_after_others_in_one_process_equals_it_in_a_fresh_process(tmp_pa
     warm = trial_metrics(TRIAL, str(tmp_path / "warm"))
 
     script = (
-        "import json, sys; from tests.test_warm_process import TRIAL, trial_metrics; "
+        "import json, sys; sys.path.insert(0, sys.argv[2]); from test_warm_process import TRIAL, trial_metrics; "
         "print(json.dumps(trial_metrics(TRIAL, sys.argv[1])))"
     )
     fresh = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "fresh")],
+        [sys.executable, "-c", script, str(tmp_path / "fresh"), str(Path(__file__).parent)],
         capture_output=True,
         text=True,
         check=True,
