@@ -19,6 +19,7 @@ from cifar_ray.core.config import (
 )
 from cifar_ray.training import comm, data, models, optim
 from cifar_ray.training import loop as train
+from cifar_ray.training.distributed import rank_seed
 
 
 def test_defaults_are_valid_and_documented():
@@ -229,7 +230,7 @@ def test_float_keys_are_the_ones_expected():
 
 
 def test_seeds_up_to_seed_max_seed_every_generator_and_beyond_do_not():
-    """SEED_MAX is where the seeds data.py and train.py derive (per epoch, per rank) still fit torch's generators:
+    """SEED_MAX is where the seeds data.py and distributed.py derive (per epoch, per rank) still fit torch's generators:
     at it the last epoch of the longest run on 1024 ranks seeds fine; beyond it they overflow, in the worker."""
     import torch
 
@@ -238,7 +239,7 @@ def test_seeds_up_to_seed_max_seed_every_generator_and_beyond_do_not():
 
     def seed_everything(seed: int) -> None:
         cfg = TrainConfig.model_construct(**(TrainConfig().model_dump() | {"seed": seed, "batch_size": world}))
-        torch.manual_seed(train.rank_seed(seed, world - 1))
+        torch.manual_seed(rank_seed(seed, world - 1))
         next(data.iterate_train(split, cfg, config.EPOCHS_MAX, world - 1, world))  # seeds by epoch and rank
 
     seed_everything(TrainConfig(seed=SEED_MAX, epochs=config.EPOCHS_MAX).seed)

@@ -40,8 +40,8 @@ Amp = Literal["off", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
 LrScaling = Literal["none", "linear", "sqrt"]
 
-# The largest seed and epoch count: data.py and train.py derive per-epoch and per-rank seeds from them, up to
-# about seed x 1e8 + epoch x 1e3 + rank, and torch's generators take seeds below 2**64 only.
+# The largest seed and epoch count: training's data.py and distributed.py derive per-epoch and per-rank seeds from
+# them, up to about seed x 1e8 + epoch x 1e3 + rank, and torch's generators take seeds below 2**64 only.
 SEED_MAX = 2**32 - 1
 EPOCHS_MAX = 10**6
 # norm=group puts this many channels in each group (at least one group): models.NORMS builds it.
