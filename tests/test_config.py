@@ -12,11 +12,11 @@ from cifar_ray.core.config import (
     SEED_MAX,
     ConfigError,
     TrainConfig,
-    key_rows,
-    load_yaml,
     parse_config,
     parse_overrides,
 )
+from cifar_ray.core.keys import format_keys_text, key_rows
+from cifar_ray.core.strict_yaml import load_yaml
 from cifar_ray.training import comm, data, models, optim
 from cifar_ray.training import loop as train
 from cifar_ray.training.distributed import rank_seed
@@ -156,9 +156,9 @@ def test_fused_optimizers_are_registered_ones():
     assert set(optim.FUSED_ON_CUDA) <= set(optim.OPTIMIZERS)
 
 
-def test_config_imports_nothing_of_the_package_but_errors_and_datasets():
-    """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors); datasets.py
-    imports nothing but errors."""
+def test_config_imports_nothing_of_the_package_but_errors_datasets_and_strict_yaml():
+    """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors): of the package
+    it imports only these three small core modules, none of which imports more than errors."""
     tree = ast.parse(Path(config.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
@@ -166,7 +166,7 @@ def test_config_imports_nothing_of_the_package_but_errors_and_datasets():
             imported.add(node.module or "")
         elif isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names if alias.name.startswith("cifar_ray")}
-    assert imported == {"errors", "datasets"}
+    assert imported == {"errors", "datasets", "strict_yaml"}
 
 
 def test_resolve_plan_refuses_bf16_compression_where_torch_refuses_its_hook(monkeypatch):
@@ -200,7 +200,7 @@ def test_key_rows_describe_every_field_in_order():
 
 
 def test_keys_text_aligns_columns_and_wraps_descriptions():
-    text = config.format_keys_text(key_rows(), width=60)
+    text = format_keys_text(key_rows(), width=60)
     lines = text.splitlines()
     key_lines = [line for line in lines if not line.startswith(" ")]
     assert [line.split()[0] for line in key_lines] == ["KEY", *KEYS]
