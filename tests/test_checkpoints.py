@@ -20,7 +20,7 @@ def trial_dir(request, tmp_path) -> StoragePath:
 
 
 def saved(tmp_path: Path, epoch: int) -> Path:
-    """train.save_checkpoint's folder, its state naming the epoch."""
+    """state.save_checkpoint's folder, its state naming the epoch."""
     folder = tmp_path / "scratch" / str(epoch)
     folder.mkdir(parents=True)
     (folder / CHECKPOINT_FILE).write_bytes(f"state of epoch {epoch}".encode())

@@ -20,7 +20,9 @@ from cifar_ray.cluster import session as ray_session
 from cifar_ray.commands import COMMANDS
 from cifar_ray.commands.common import ensure_local_data, rerun_command
 from cifar_ray.core import runlog
-from cifar_ray.core.config import TrainConfig, key_rows, markdown_keys_table, parse_overrides, parse_value
+from cifar_ray.core.config import TrainConfig, parse_overrides
+from cifar_ray.core.keys import key_rows, markdown_keys_table
+from cifar_ray.core.strict_yaml import parse_value
 from cifar_ray.core.sweep import build_plan, load_sweep, single_run_plan
 from cifar_ray.training import data
 

@@ -12,13 +12,14 @@ from cifar_ray.core.config import (
     SEED_MAX,
     ConfigError,
     TrainConfig,
-    key_rows,
-    load_yaml,
     parse_config,
     parse_overrides,
 )
+from cifar_ray.core.keys import format_keys_text, key_rows
+from cifar_ray.core.strict_yaml import load_yaml
 from cifar_ray.training import comm, data, models, optim
 from cifar_ray.training import loop as train
+from cifar_ray.training.distributed import rank_seed
 
 
 def test_defaults_are_valid_and_documented():
@@ -155,9 +156,9 @@ def test_fused_optimizers_are_registered_ones():
     assert set(optim.FUSED_ON_CUDA) <= set(optim.OPTIMIZERS)
 
 
-def test_config_imports_nothing_of_the_package_but_errors_and_datasets():
-    """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors); datasets.py
-    imports nothing but errors."""
+def test_config_imports_nothing_of_the_package_but_errors_datasets_and_strict_yaml():
+    """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors): of the package
+    it imports only these three small core modules, none of which imports more than errors."""
     tree = ast.parse(Path(config.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
@@ -165,7 +166,7 @@ def test_config_imports_nothing_of_the_package_but_errors_and_datasets():
             imported.add(node.module or "")
         elif isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names if alias.name.startswith("cifar_ray")}
-    assert imported == {"errors", "datasets"}
+    assert imported == {"errors", "datasets", "strict_yaml"}
 
 
 def test_resolve_plan_refuses_bf16_compression_where_torch_refuses_its_hook(monkeypatch):
@@ -199,7 +200,7 @@ def test_key_rows_describe_every_field_in_order():
 
 
 def test_keys_text_aligns_columns_and_wraps_descriptions():
-    text = config.format_keys_text(key_rows(), width=60)
+    text = format_keys_text(key_rows(), width=60)
     lines = text.splitlines()
     key_lines = [line for line in lines if not line.startswith(" ")]
     assert [line.split()[0] for line in key_lines] == ["KEY", *KEYS]
@@ -229,7 +230,7 @@ def test_float_keys_are_the_ones_expected():
 
 
 def test_seeds_up_to_seed_max_seed_every_generator_and_beyond_do_not():
-    """SEED_MAX is where the seeds data.py and train.py derive (per epoch, per rank) still fit torch's generators:
+    """SEED_MAX is where the seeds data.py and distributed.py derive (per epoch, per rank) still fit torch's generators:
     at it the last epoch of the longest run on 1024 ranks seeds fine; beyond it they overflow, in the worker."""
     import torch
 
@@ -238,7 +239,7 @@ def test_seeds_up_to_seed_max_seed_every_generator_and_beyond_do_not():
 
     def seed_everything(seed: int) -> None:
         cfg = TrainConfig.model_construct(**(TrainConfig().model_dump() | {"seed": seed, "batch_size": world}))
-        torch.manual_seed(train.rank_seed(seed, world - 1))
+        torch.manual_seed(rank_seed(seed, world - 1))
         next(data.iterate_train(split, cfg, config.EPOCHS_MAX, world - 1, world))  # seeds by epoch and rank
 
     seed_everything(TrainConfig(seed=SEED_MAX, epochs=config.EPOCHS_MAX).seed)

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cifar_ray.cli import main
-from cifar_ray.core.config import KEYS, ConfigError, load_yaml, parse_config, parse_overrides
+from cifar_ray.core.config import KEYS, ConfigError, parse_config, parse_overrides
+from cifar_ray.core.strict_yaml import load_yaml
 from cifar_ray.core.sweep import NAME_MAX, NAME_PATTERN, TRIAL_NAME_MAX, build_plan, trial_name
 
 scalars = st.one_of(

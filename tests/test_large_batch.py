@@ -192,8 +192,10 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
     """One of two gloo ranks (spawned by the test below); writes its findings to rank<N>.json."""
     import torch.distributed as dist
 
+    from cifar_ray.core.checkpoints import CHECKPOINT_FILE
     from cifar_ray.training import loop as train
     from cifar_ray.training.models import build_model
+    from cifar_ray.training.state import load_checkpoint, save_checkpoint
 
     torch.set_num_threads(1)
     # a timeout: a rank that fails mid-collective makes the other fail too, instead of waiting forever
@@ -233,7 +235,7 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
     ) -> bool:
         """Steps 3-5 after resuming from `checkpoint` equal the uninterrupted run's."""
         training = build(cfg, seed=123)  # other initial weights: everything must come from the checkpoint
-        train.load_checkpoint(checkpoint, training, cpu, rank, world)
+        load_checkpoint(checkpoint, training, cpu, rank, world)
         if as_saved:  # no layout record: bucket memories are used as they are, like torch's own load
             comm.hook_state(training.model).layouts = {}
         run(training, cfg, range(3, 6))
@@ -275,15 +277,15 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
             assert states is not None and len(states) == world
             full.mkdir()
             without_state.mkdir()
-            train.save_checkpoint(full, 1, first, comm_states=states)
-            train.save_checkpoint(without_state, 1, first)  # the control: no PowerSGD state saved
+            save_checkpoint(full, 1, first, comm_states=states)
+            save_checkpoint(without_state, 1, first)  # the control: no PowerSGD state saved
         dist.barrier()
-        saved = torch.load(full / train.CHECKPOINT_FILE, weights_only=False)["comm"]
+        saved = torch.load(full / CHECKPOINT_FILE, weights_only=False)["comm"]
         run(first, cfg, range(3, 6))
         continuous = [p.detach().clone() for p in first.raw_model.parameters()]
 
         resumed = build(cfg, seed=123)
-        epoch = train.load_checkpoint(full, resumed, cpu, rank, world)
+        epoch = load_checkpoint(full, resumed, cpu, rank, world)
         state = comm.hook_state(resumed.model)
         findings[f"resume_{bucket_cap_mb}"] = {
             "epoch": epoch,

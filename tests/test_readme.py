@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cifar_ray.core.config import key_rows, markdown_keys_table
+from cifar_ray.core.keys import key_rows, markdown_keys_table
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()

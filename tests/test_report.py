@@ -398,7 +398,7 @@ def test_no_finished_trial_still_reports(tmp_path):
 
 
 def test_float_and_string_grid_with_cli_parsed_baseline(tmp_path):
-    from cifar_ray.core.config import parse_value
+    from cifar_ray.core.strict_yaml import parse_value
 
     grid = {"lr": [0.1, 0.01], "amp": ["off", "bf16"]}
     run_dir = tmp_path / "lr-amp"

@@ -10,9 +10,11 @@ import torch
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
+from cifar_ray.core.checkpoints import CHECKPOINT_FILE
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.training import loop as train
 from cifar_ray.training.data import load_splits
+from cifar_ray.training.memory import peak_memory_mb, reset_peak_memory
 from cifar_ray.training.models import build_model
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -52,7 +54,7 @@ def trial(tmp_path_factory) -> tuple[Path, runlog.TrialLog]:
 
 def checkpointed_model(trial_dir: Path, epoch: int, cfg: TrainConfig) -> torch.nn.Module:
     """The model as rank 0 saved it after `epoch` (the same weights and batch-norm statistics it evaluated)."""
-    for path in trial_dir.rglob(train.CHECKPOINT_FILE):
+    for path in trial_dir.rglob(CHECKPOINT_FILE):
         state = torch.load(path, weights_only=True)
         if state["epoch"] == epoch:
             model = build_model(cfg)
@@ -87,11 +89,11 @@ def test_cpu_peak_memory_is_reset_per_epoch():
     """The CPU peak is the epoch's (VmHWM after /proc/self/clear_refs), not the process's lifetime peak: an
     earlier 256 MiB allocation must not show in the next epoch's number."""
     cpu = [torch.device("cpu")]
-    train.reset_peak_memory(cpu)
-    before = train.peak_memory_mb(cpu)
+    reset_peak_memory(cpu)
+    before = peak_memory_mb(cpu)
     block = bytearray(256 * 2**20)
     block[::4096] = b"x" * len(block[::4096])  # touch every page, so it is resident
-    assert train.peak_memory_mb(cpu) > before + 200
+    assert peak_memory_mb(cpu) > before + 200
     del block
-    train.reset_peak_memory(cpu)
-    assert train.peak_memory_mb(cpu) < before + 50
+    reset_peak_memory(cpu)
+    assert peak_memory_mb(cpu) < before + 50

@@ -16,11 +16,15 @@ import pytest
 import torch
 from torch import nn
 
+from cifar_ray.core.checkpoints import CHECKPOINT_FILE
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.training import comm, data
 from cifar_ray.training import loop as train
 from cifar_ray.training.checks import make_config, train_steps
+from cifar_ray.training.distributed import rank_seed, reduce_train_totals
+from cifar_ray.training.memory import peak_memory_mb, reset_peak_memory
 from cifar_ray.training.models import build_model
+from cifar_ray.training.state import CheckpointError, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 
 POISONED_STEP = 3  # 0-based optimizer step whose gradient overflows on rank 0 (PowerSGD compresses from step 2)
 STEPS = 8
@@ -67,7 +71,7 @@ def _powersgd_after_overflow(rank: int, world: int) -> dict:
         local += train.train_epoch(training, [_batches(step, rank)], cfg, cpu)
         moved.append((_flat(model) - before).abs().max().item())
     state = comm.hook_state(training.model)
-    totals = train.reduce_train_totals(local)
+    totals = reduce_train_totals(local)
     return {
         "moved": moved,
         "memories_finite": all(
@@ -117,13 +121,13 @@ def _rank_rng_resume(rank: int, world: int, folder: Path) -> dict:
     model = build_model(cfg)
     training = train.build_training(cfg, model, 4, cpu, world, rank=rank)
     torch.rand(rank + 3)  # advance each rank's stream by a different amount
-    states = comm.gather_on_rank0(train.rng_state(cpu))
+    states = comm.gather_on_rank0(rng_state(cpu))
     if rank == 0:
-        train.save_checkpoint(folder, 1, training, rng_states=states)
+        save_checkpoint(folder, 1, training, rng_states=states)
     dist.barrier()
     expected = torch.rand(4)
     torch.manual_seed(12345)  # lose the state
-    train.load_checkpoint(folder, training, cpu, rank=rank, world=world, seed=cfg.seed)
+    load_checkpoint(folder, training, cpu, rank=rank, world=world, seed=cfg.seed)
     return {"resumed_draw_equals_own": torch.equal(torch.rand(4), expected), "draw": expected.tolist()}
 
 
@@ -187,7 +191,7 @@ def test_each_rank_resumes_its_own_random_state(two_ranks):
 
 
 def test_rank_streams_differ_from_each_other_and_from_the_weight_seed():
-    seeds = {(seed, rank): train.rank_seed(seed, rank) for seed in range(3) for rank in range(8)}
+    seeds = {(seed, rank): rank_seed(seed, rank) for seed in range(3) for rank in range(8)}
     assert len(set(seeds.values())) == 24
     assert all(stream != seed for (seed, _), stream in seeds.items()), "a rank's stream is not the weights' seed"
 
@@ -195,11 +199,11 @@ def test_rank_streams_differ_from_each_other_and_from_the_weight_seed():
 def test_a_resume_on_another_number_of_workers_restarts_the_rank_stream():
     cpu = torch.device("cpu")
     torch.manual_seed(7)
-    saved = [train.rng_state(cpu)]
-    train.restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
-    torch.manual_seed(train.rank_seed(3, 1))
+    saved = [rng_state(cpu)]
+    restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
+    torch.manual_seed(rank_seed(3, 1))
     expected = torch.rand(3)
-    train.restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
+    restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -245,9 +249,9 @@ def test_dp_wraps_replicas_with_the_amp_dtype_on_rays_gpus(monkeypatch):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_peak_memory_is_the_max_over_the_workers_gpus():
     devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
-    train.reset_peak_memory(devices)
+    reset_peak_memory(devices)
     small, big = torch.empty(2**20, device=devices[0]), torch.empty(2**24, device=devices[1])
-    assert train.peak_memory_mb(devices) >= big.numel() * 4 / 2**20 > small.numel() * 4 / 2**20
+    assert peak_memory_mb(devices) >= big.numel() * 4 / 2**20 > small.numel() * 4 / 2**20
 
 
 # --- the data path
@@ -314,14 +318,14 @@ class _Exploit:
 
 def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(tmp_path):
     marker = tmp_path / "pwned"
-    torch.save({"epoch": 1, "model": _Exploit(marker)}, tmp_path / train.CHECKPOINT_FILE)
+    torch.save({"epoch": 1, "model": _Exploit(marker)}, tmp_path / CHECKPOINT_FILE)
     cfg = make_config()
     model = build_model(cfg)
     training = train.build_training(cfg, model, 4, torch.device("cpu"), 1)
-    with pytest.raises(train.CheckpointError) as error:
-        train.load_checkpoint(tmp_path, training, torch.device("cpu"))
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path, training, torch.device("cpu"))
     message = str(error.value)
-    assert "\n" not in message and str(tmp_path / train.CHECKPOINT_FILE) in message
+    assert "\n" not in message and str(tmp_path / CHECKPOINT_FILE) in message
     assert not marker.exists(), "loading the checkpoint ran code"
 
 
@@ -329,9 +333,9 @@ def test_a_real_checkpoint_loads_with_weights_only(tmp_path):
     cfg = make_config(dropout=0.1)
     cpu = torch.device("cpu")
     model = build_model(cfg)
-    train.save_checkpoint(tmp_path, 3, train.build_training(cfg, model, 4, cpu, 1))
+    save_checkpoint(tmp_path, 3, train.build_training(cfg, model, 4, cpu, 1))
     expected = torch.rand(3)
     other_cfg = make_config(dropout=0.1, seed=5)
     other = build_model(other_cfg)
-    assert train.load_checkpoint(tmp_path, train.build_training(other_cfg, other, 4, cpu, 1), cpu) == 3
+    assert load_checkpoint(tmp_path, train.build_training(other_cfg, other, 4, cpu, 1), cpu) == 3
     assert torch.equal(_flat(other), _flat(model)) and torch.equal(torch.rand(3), expected)

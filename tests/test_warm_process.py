@@ -15,6 +15,7 @@ from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.training import loop as train
+from cifar_ray.training.distributed import Worker
 
 TINY = {
     "dataset": "synthetic",
@@ -37,7 +38,7 @@ def trained_epochs(values: dict, folder: str) -> list[dict]:
     """The trial's epochs as training reports them, trained here by the worker code (one worker, no Ray)."""
     torch.set_num_threads(1)
     epochs: list[dict] = []
-    worker = train.Worker(rank=0, world=1, devices=[torch.device("cpu")])
+    worker = Worker(rank=0, world=1, devices=[torch.device("cpu")])
     train.run_trial(TrainConfig(**values), StoragePath.of(folder), worker, lambda metrics, _: epochs.append(metrics))
     return epochs
 

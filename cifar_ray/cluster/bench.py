@@ -25,8 +25,9 @@ from ..core.config import TrainConfig, parse_config
 from ..core.storage import StoragePath
 from ..core.sweep import build_plan
 from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits
-from ..training.loop import PhaseTimer, build_training, torch_threads, train_epoch
+from ..training.loop import build_training, torch_threads, train_epoch
 from ..training.models import build_model
+from ..training.timing import PhaseTimer
 
 GOALS = {
     "ray_vs_bare": 0.95,

@@ -28,7 +28,7 @@ from ..training.checks import (
     train_steps,
     update_rel_diff,
 )
-from ..training.loop import select_device
+from ..training.distributed import select_device
 from ..training.models import build_model
 
 

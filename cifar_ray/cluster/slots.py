@@ -245,7 +245,8 @@ def slot_loop(loop_config: dict) -> None:
     import torch
     from ray.train.collective import broadcast_from_rank_zero
 
-    from ..training.loop import Worker, run_trial, select_devices, worker_system
+    from ..training.distributed import Worker, select_devices, worker_system
+    from ..training.loop import run_trial
 
     dispatcher, shape, slot = loop_config["dispatcher"], loop_config["shape"], loop_config["slot"]
     launched = loop_config["launched_unix"]  # a one-trial slot's: its trial's wall includes the slot's start

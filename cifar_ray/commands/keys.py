@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.config import format_keys_text, key_rows, markdown_keys_table
+    from ..core.keys import format_keys_text, key_rows, markdown_keys_table
 
     rows = key_rows()
     text = markdown_keys_table(rows) if args.markdown else format_keys_text(rows, shutil.get_terminal_size().columns)

@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.config import parse_value
+    from ..core.strict_yaml import parse_value
     from ..report import write_report
 
     baseline = None

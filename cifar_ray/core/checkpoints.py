@@ -1,6 +1,6 @@
 """A trial's checkpoints in its own folder, on a disk or in a bucket:
 
-    <trial>/checkpoints/epoch-0003/state.pt     the state after epoch 3 (training.loop.save_checkpoint's file)
+    <trial>/checkpoints/epoch-0003/state.pt     the state after epoch 3 (training.state.save_checkpoint's file)
     <trial>/checkpoints/epoch-10000/state.pt    the number grows past four digits; it is read as a number
 
 state.pt is written whole or not at all (StoragePath.write_bytes: a temp file renamed over it on a disk, one PUT
@@ -17,7 +17,7 @@ from pathlib import Path
 from .storage import StoragePath
 
 CHECKPOINTS = "checkpoints"  # in the trial's folder
-CHECKPOINT_FILE = "state.pt"  # one epoch's state, written by training.loop.save_checkpoint
+CHECKPOINT_FILE = "state.pt"  # one epoch's state, written by training.state.save_checkpoint
 EPOCH_FOLDER = re.compile(r"epoch-(\d+)")  # only folders of this form are ours to choose or delete
 
 
@@ -36,7 +36,7 @@ def _epoch_folders(checkpoints: StoragePath) -> list[tuple[int, str, bool]]:
 
 
 def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int) -> None:
-    """The epoch's checkpoint (training.loop.save_checkpoint's folder) into the trial's folder. Then the newest `keep`
+    """The epoch's checkpoint (training.state.save_checkpoint's folder) into the trial's folder. Then the newest `keep`
     complete ones stay; an incomplete folder of an earlier epoch (its writer was killed) goes, a later one stays
     (epochs are stored in order: its writer may still come to it)."""
     checkpoints = trial_dir / CHECKPOINTS
@@ -49,7 +49,7 @@ def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int
 
 
 def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
-    """The trial's newest complete checkpoint as a loop.load_checkpoint folder under `into`; None without one."""
+    """The trial's newest complete checkpoint as a state.load_checkpoint folder under `into`; None without one."""
     checkpoints = trial_dir / CHECKPOINTS
     complete = [name for _, name, whole in _epoch_folders(checkpoints) if whole]
     if not complete:

@@ -1,4 +1,4 @@
-"""The one typed configuration of a training run, and strict parsing of user overrides.
+"""The one typed configuration of a training run, and strict parsing of user overrides (their YAML: strict_yaml.py).
 
 Every key is flat, documented and validated here; the CLI, sweep files and the training loop all
 read this class. Errors are `ConfigError`s with one line naming the key and what is allowed.
@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .datasets import DATASET_SIZES
 from .errors import ConfigError, YamlValueError
-from .text import markdown_table
+from .strict_yaml import parse_value
 
 
 def default_data_dir() -> str:
@@ -40,8 +37,8 @@ Amp = Literal["off", "fp16", "bf16"]
 GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
 LrScaling = Literal["none", "linear", "sqrt"]
 
-# The largest seed and epoch count: data.py and train.py derive per-epoch and per-rank seeds from them, up to
-# about seed x 1e8 + epoch x 1e3 + rank, and torch's generators take seeds below 2**64 only.
+# The largest seed and epoch count: training's data.py and distributed.py derive per-epoch and per-rank seeds from
+# them, up to about seed x 1e8 + epoch x 1e3 + rank, and torch's generators take seeds below 2**64 only.
 SEED_MAX = 2**32 - 1
 EPOCHS_MAX = 10**6
 # norm=group puts this many channels in each group (at least one group): models.NORMS builds it.
@@ -344,72 +341,6 @@ def allowed_values(key: str) -> str:
     )
 
 
-class KeyRow(NamedTuple):
-    """One config key as a table of keys shows it (docs/config-keys.md, `format_keys_text`)."""
-
-    key: str
-    type: str  # int, float, bool or str
-    allowed: str  # the choices, the numeric bounds, or "any"
-    default: str  # as written in --set and sweep files
-    description: str
-
-
-# Defaults computed when a config is made (default_factory): what the table shows instead of this machine's value.
-SHOWN_DEFAULTS = {"data_dir": "~/.cache/cifar-ray/data"}
-_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
-
-
-def _bound(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:g}"  # :g writes 2**32 - 1 as 4.29497e+09
-
-
-def _shown(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def key_rows() -> list[KeyRow]:
-    """Every TrainConfig key, in field order: its type, allowed values, default and description."""
-    rows = []
-    for key, field in TrainConfig.model_fields.items():
-        choices = get_args(field.annotation)
-        if choices:
-            kind, allowed = type(choices[0]).__name__, ", ".join(choices)
-        else:
-            kind = field.annotation.__name__
-            bounds = [
-                f"{symbol} {_bound(getattr(rule, name))}"
-                for rule in field.metadata
-                for name, symbol in _BOUNDS
-                if hasattr(rule, name)
-            ]
-            allowed = "true, false" if field.annotation is bool else ", ".join(bounds) or "any"
-        default = SHOWN_DEFAULTS[key] if field.default_factory else _shown(field.default)
-        rows.append(KeyRow(key, kind, allowed, default, field.description or ""))
-    return rows
-
-
-def markdown_keys_table(rows: list[KeyRow]) -> str:
-    """The rows as a Markdown table: docs/config-keys.md (tests/test_readme.py keeps them equal)."""
-    cells = [(f"`{row.key}`", row.type, row.allowed, f"`{row.default}`", row.description) for row in rows]
-    return markdown_table(["key", "type", "allowed", "default", "meaning"], cells) + "\n"
-
-
-def format_keys_text(rows: list[KeyRow], width: int = 100) -> str:
-    """The rows as plain text for a terminal: key, type, default and allowed values in aligned columns,
-    each key's description wrapped to `width` columns on the lines below it."""
-    header = KeyRow("KEY", "TYPE", "ALLOWED", "DEFAULT", "")
-    key_width = max(len(row.key) for row in rows)
-    type_width = max(len(row.type) for row in rows + [header])
-    default_width = max(len(row.default) for row in rows + [header])
-    lines = []
-    for row in [header, *rows]:
-        line = f"{row.key:<{key_width}}  {row.type:<{type_width}}  {row.default:<{default_width}}  {row.allowed}"
-        lines.append(line.rstrip())
-        if row.description:
-            lines += textwrap.wrap(row.description, width, initial_indent="    ", subsequent_indent="    ")
-    return "\n".join(lines) + "\n"
-
-
 def unknown_key_message(key: str, where: str = "") -> str:
     close = difflib.get_close_matches(key, KEYS, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -446,71 +377,6 @@ def parse_config(values: dict[str, Any], where: str = "") -> TrainConfig:
         return TrainConfig(**values)
     except ValidationError as error:
         raise ConfigError(validation_line(error, where, unknown_key_message, allowed_values)) from None
-
-
-_BOOL_TAG, _INT_TAG, _LEADING_ZERO_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:cifar-ray:leading-zero"
-
-
-class StrictLoader(yaml.SafeLoader):
-    """Safe YAML (Python object tags refused) read as a config means it, for sweep files and --set alike:
-    true/false are the only booleans (YAML 1.1 reads off/on/yes/no as booleans: `amp: off` would be False;
-    a bool key still takes them, as pydantic reads "off" as false), an integer with a leading zero is refused
-    (YAML 1.1 reads 010 as octal 8), 1:30 is text (not YAML 1.1's sexagesimal 90), and a mapping may not
-    repeat a key (YAML keeps the last one silently)."""
-
-    yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-            try:
-                if key in first_line:
-                    raise YamlValueError(
-                        f"duplicate key {key!r} (first at line {first_line[key]}); allowed: each key once", line
-                    )
-                first_line[key] = line
-            except TypeError:  # an unhashable key: the base constructor refuses it
-                break
-        return super().construct_mapping(node, deep)
-
-    def construct_leading_zero(self, node: yaml.ScalarNode) -> None:
-        digits = node.value.replace("_", "").lstrip("+-").lstrip("0") or "0"
-        raise YamlValueError(
-            f"{node.value} is an integer written with a leading zero (YAML 1.1 reads it as octal); "
-            f"allowed: {digits}, or '{node.value}' in quotes for text",
-            node.start_mark.line + 1,
-        )
-
-
-StrictLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-StrictLoader.add_implicit_resolver(
-    _INT_TAG, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0b[01_]+|0x[0-9a-fA-F_]+)$"), list("-+0123456789")
-)
-StrictLoader.add_implicit_resolver(_LEADING_ZERO_TAG, re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
-StrictLoader.add_constructor(_LEADING_ZERO_TAG, StrictLoader.construct_leading_zero)
-
-
-def load_yaml(text: str) -> Any:
-    """`text` read by StrictLoader; raises YamlValueError for what it refuses, yaml.YAMLError for bad YAML."""
-    return yaml.load(text, Loader=StrictLoader)  # safe: StrictLoader is a SafeLoader
-
-
-def parse_value(text: str) -> Any:
-    """A --set value, read as a YAML scalar (as a sweep file reads it) so `lr=0.1` is a number, `use_gpu=true`
-    a bool and `amp=off` the string off; raises YamlValueError for an integer written with a leading zero."""
-    try:
-        value = load_yaml(text)
-    except YamlValueError:
-        raise
-    except yaml.YAMLError:
-        return text
-    return value if isinstance(value, (str, int, float, bool)) else text
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

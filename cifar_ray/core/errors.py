@@ -37,7 +37,7 @@ class ConfigError(UserError, ValueError):
 
 
 class YamlValueError(ConfigError):
-    """YAML that config.StrictLoader refuses: the message names the value or key; `line` (from 1) says where."""
+    """YAML that strict_yaml.StrictLoader refuses: the message names the value or key; `line` (from 1) says where."""
 
     def __init__(self, message: str, line: int) -> None:
         super().__init__(message)

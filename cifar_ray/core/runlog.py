@@ -19,7 +19,7 @@ read (update_json, append_epoch, truncate_epochs). In metrics.jsonl a last line 
 its writer was killed mid-write on a store without atomic writes) is an epoch never logged and is skipped; any
 other line that is not an epoch's JSON is corruption and raises.
 
-Epoch keys: EPOCH_METRICS below, each with what it measures (train.py writes exactly these).
+Epoch keys: EPOCH_METRICS below, each with what it measures (training.loop.epoch_record writes exactly these).
 Trial status: pending | running | interrupted (its sweep was stopped: --resume continues it) | finished | failed |
 diverged | oom.
 """
@@ -43,11 +43,11 @@ SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
 EPOCHS_FILE = "metrics.jsonl"
 ERROR_FILE = "error.txt"
-# Step-time breakdown of an epoch in seconds, mean over ranks (train.PhaseTimer measures it).
+# Step-time breakdown of an epoch in seconds, mean over ranks (training.timing.PhaseTimer measures it).
 BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
 # One line of metrics.jsonl: every key training writes, in its order, and what it measures. This is the one place
 # an epoch metric is named; the report, the CLI summary and the sweep's objective import from here, and
-# tests/test_warm_process.py binds it to what train.py writes. Accuracies are fractions 0-1.
+# tests/test_warm_process.py binds it to what training.loop.epoch_record writes. Accuracies are fractions 0-1.
 EPOCH_METRICS = {
     "epoch": "the epoch, 1-based",
     "train_loss": "training loss, running mean over the epoch's steps (augmentation on, weights changing)",

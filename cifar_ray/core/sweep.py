@@ -34,7 +34,6 @@ from .config import (
     KEYS,
     TrainConfig,
     absolute_paths,
-    load_yaml,
     parse_config,
     unknown_key_message,
     validation_line,
@@ -42,6 +41,7 @@ from .config import (
 from .datasets import DATASET_SIZES
 from .errors import ConfigError, YamlValueError
 from .runlog import DEFAULT_OBJECTIVE, MODES, OBJECTIVES
+from .strict_yaml import load_yaml
 
 # Run names (--name, a sweep file's name) and bundle factor names become folder, CSV and PNG names: one path
 # component that stays inside its folder (no /, no leading dot, so no .. either). Trial names match it too.

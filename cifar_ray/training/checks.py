@@ -34,7 +34,8 @@ from torch import nn
 from ..core.config import TrainConfig, parse_config
 from ..core.errors import ConfigError
 from .data import Split, iterate_train, load_splits
-from .loop import build_training, memory_format, reduce_train_totals, torch_threads, train_epoch
+from .distributed import reduce_train_totals
+from .loop import build_training, memory_format, torch_threads, train_epoch
 from .models import build_model
 
 # Tolerances (see docs/semantics.md, "Evidence"): float64 exactness, float32 repeatability, mixed precision.

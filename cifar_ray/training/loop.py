@@ -1,4 +1,4 @@
-"""The training every worker of a slot runs for a trial: read `run_trial` top to bottom.
+"""The training every worker of a slot runs for a trial: read `run_trial` top to bottom, then `epoch_record`.
 
 Semantics (tests/test_equivalence.py proves them):
 - `batch_size` is the global micro-batch: each of W workers takes batch_size/W samples per step;
@@ -12,10 +12,7 @@ Semantics (tests/test_equivalence.py proves them):
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import pickle
-import resource
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -23,94 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ..core import runlog, sysinfo
-from ..core.checkpoints import CHECKPOINT_FILE
+from ..core import runlog
 from ..core.config import TrainConfig
 from . import comm
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
+from .distributed import Worker, all_reduce, broadcast_buffers, rank_seed, reduce_train_totals
+from .memory import reduce_peak_memory, reset_peak_memory
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
-
-logger = logging.getLogger(__name__)
+from .state import load_checkpoint, rng_state, save_checkpoint
+from .timing import PhaseTimer, allreduce_wait_per_step, reduce_time_breakdown
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
-
-
-def reset_peak_memory(devices: list[torch.device]) -> None:
-    """Start a new peak: of torch's allocations on each GPU, or of this process's RSS on CPU."""
-    for device in devices:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-    if devices[0].type == "cpu":
-        reset_peak_rss()
-
-
-def reset_peak_rss() -> None:
-    """Linux: writing 5 to /proc/self/clear_refs resets the process's peak RSS (VmHWM) to its current RSS
-    (proc(5)), so the peak is that of the epoch, not of the process's life (which would carry one trial's
-    peak into the next in a reused process). Where /proc cannot be written the peak stays the lifetime's."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS since the last reset_peak_rss (VmHWM), else since it started (ru_maxrss)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def peak_memory_per_device_mb(devices: list[torch.device]) -> list[float]:
-    """GPU: the peak of bytes allocated by torch since the last reset, one number per GPU of this
-    worker (dp drives several). CPU: one number, the peak RSS of this process since the last reset."""
-    if devices[0].type == "cuda":
-        return [torch.cuda.max_memory_allocated(device) / 2**20 for device in devices]
-    return [peak_rss_mb()]
-
-
-def peak_memory_mb(devices: list[torch.device]) -> float:
-    """The largest peak of one of this worker's devices: what must fit on one GPU (or in one process)."""
-    return max(peak_memory_per_device_mb(devices))
-
-
-def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float]:
-    """(per worker, total) over all ranks: the largest peak of any one device of any worker, and the
-    sum of the peaks of every device of every worker (what the whole run occupies)."""
-    peaks = peak_memory_per_device_mb(devices)
-    largest = torch.tensor([max(peaks)], device=devices[0], dtype=torch.float64)
-    total = torch.tensor([sum(peaks)], device=devices[0], dtype=torch.float64)
-    return all_reduce(largest, dist.ReduceOp.MAX).item(), all_reduce(total).item()
-
-
-def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=op)
-    return tensor
-
-
-def reduce_train_totals(local: torch.Tensor) -> torch.Tensor:
-    """train_epoch's [loss sum, correct, samples, skipped steps] over all ranks: the first three are
-    summed; a skipped optimizer step is skipped by every rank at once (DDP gives all ranks the same
-    gradients, so the same inf), so the count is taken once (max over ranks), not summed."""
-    sums = all_reduce(local[:3].clone())
-    skipped = all_reduce(local[3:].clone(), dist.ReduceOp.MAX)
-    return torch.cat([sums, skipped])
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """Seed of rank `rank`'s own random stream (dropout masks): fixed by (seed, rank), different per
-    rank, so a global batch of B sees B independent masks as in one process, not B / W repeated."""
-    return seed * 1_000_003 + rank + 1
 
 
 class ReplicaAutocast(nn.Module):
@@ -202,64 +126,6 @@ def build_training(
     return training
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that must not be loaded: the message is one line, fit to print as is."""
-
-
-class PhaseTimer:
-    """Wall time per phase of the training loop, accumulated lap by lap. On CPU, ops run
-    synchronously and perf_counter is exact; on CUDA, events are recorded on the stream and read
-    once when the epoch ends, so timing adds no synchronisation to the hot path."""
-
-    def __init__(self, device: torch.device, enabled: bool = True):
-        self.cuda = device.type == "cuda"
-        self.enabled = enabled
-        self.totals: dict[str, float] = {}
-        self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        self.mark = None
-
-    def _now(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def start(self) -> None:
-        if self.enabled:
-            self.mark = self._now()
-
-    def lap(self, phase: str) -> None:
-        """The time since the previous lap (or start) is spent in `phase`."""
-        if not self.enabled:
-            return
-        now = self._now()
-        if self.cuda:
-            self.pending.append((phase, self.mark, now))
-        else:
-            self.totals[phase] = self.totals.get(phase, 0.0) + now - self.mark
-        self.mark = now
-
-    def seconds(self) -> dict[str, float]:
-        if self.pending:
-            torch.cuda.synchronize()
-            for phase, begin, end in self.pending:
-                self.totals[phase] = self.totals.get(phase, 0.0) + begin.elapsed_time(end) / 1000
-            self.pending.clear()
-        return dict(self.totals)
-
-
-def allreduce_wait_per_step(model: nn.Module) -> float:
-    """Seconds per synchronised step that backward waits on DDP's gradient all-reduce beyond the
-    compute it overlaps with, from DDP's own runtime statistics (torch samples the first
-    iterations and every 100th; a private API, so 0.0 when absent)."""
-    try:
-        stats = model._get_ddp_logging_data()  # type: ignore[operator]
-        return max(0.0, stats["avg_backward_comm_time"] - stats["avg_backward_compute_comm_overlap_time"]) / 1e9
-    except (AttributeError, KeyError, RuntimeError):
-        return 0.0
-
-
 def train_epoch(
     training: Training,
     steps: Iterable[list[tuple[torch.Tensor, torch.Tensor]]],
@@ -335,119 +201,10 @@ def evaluation_metrics(prefix: str, totals: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}_loss": loss_sum / samples, f"{prefix}_acc": correct / samples}
 
 
-def broadcast_buffers(model: nn.Module) -> None:
-    """Give every rank rank 0's batch-norm running statistics before evaluation, so the test
-    metrics are those of one model (each rank's last forward pass updated its own copy)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        for buffer in model.buffers():
-            dist.broadcast(buffer, src=0)
-
-
-def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
-    """This rank's random state: the CPU generator and its own GPU's (dropout draws from them)."""
-    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
-
-def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int, device: torch.device) -> None:
-    """Give this rank its own saved random state back (each rank's, on its own device: another rank's
-    GPU list can be longer than this node has). Saved by another number of workers: this rank's
-    stream restarts from rank_seed, as in a fresh run."""
-    if not saved or len(saved) != world:
-        logger.warning(
-            "random state saved by %d workers, resumed on %d: dropout streams restart from the seed",
-            len(saved or []),
-            world,
-        )
-        torch.manual_seed(rank_seed(seed, rank))
-        return
-    torch.set_rng_state(saved[rank]["cpu"].cpu())
-    if saved[rank]["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(saved[rank]["cuda"].cpu(), device)
-
-
-def save_checkpoint(
-    folder: Path, epoch: int, training: Training, comm_states=None, rng_states: list[dict] | None = None
-) -> None:
-    """Everything needed to continue `training` after `epoch` as if never stopped. `comm_states` and
-    `rng_states` hold every rank's PowerSGD and random state (gathered to rank 0; one process: None takes
-    its own)."""
-    state = {
-        "epoch": epoch,
-        "model": training.raw_model.state_dict(),
-        "optimizer": training.optimizer.state_dict(),
-        "scheduler": training.scheduler.state_dict(),
-        "scaler": training.scaler.state_dict(),
-        "rng": rng_states if rng_states is not None else [rng_state(torch.device("cpu"))],
-        "comm": comm_states,  # PowerSGD state of every rank (comm.gather_hook_state), else None
-    }
-    torch.save(state, folder / CHECKPOINT_FILE)
-
-
-def load_checkpoint(
-    folder: Path, training: Training, device: torch.device, rank: int = 0, world: int = 1, seed: int = 0
-) -> int:
-    """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one);
-    returns the last finished epoch. weights_only: a checkpoint in shared storage is data, never code
-    (torch refuses anything but tensors and plain containers)."""
-    try:
-        state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(
-            f"refused to load checkpoint {folder / CHECKPOINT_FILE}: it holds more than tensors "
-            f"and plain data ({first})"
-        ) from None
-    training.raw_model.load_state_dict(state["model"])
-    training.optimizer.load_state_dict(state["optimizer"])
-    training.scheduler.load_state_dict(state["scheduler"])
-    training.scaler.load_state_dict(state["scaler"])
-    comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
-    restore_rng_state(state.get("rng"), rank, world, seed, device)
-    return state["epoch"]
-
-
-def select_devices(cfg: TrainConfig) -> list[torch.device]:
-    """This worker's devices as Ray assigned them: its GPUs (dp drives several; the first is the one
-    the model lives on), or the CPU."""
-    if cfg.use_gpu == "true":
-        import ray.train.torch
-
-        return ray.train.torch.get_devices()
-    return [torch.device("cpu")]
-
-
-def select_device(cfg: TrainConfig) -> torch.device:
-    return select_devices(cfg)[0]
-
-
 def memory_format(device: torch.device) -> torch.memory_format:
     """NHWC on CUDA lets cuDNN use tensor-core convolutions without transposes (airbench, torchvision
     recipes); the model and its inputs must share it, or every convolution converts the input."""
     return torch.channels_last if device.type == "cuda" else torch.contiguous_format
-
-
-@dataclass(frozen=True)
-class Worker:
-    """What stays the same for every trial a worker process runs: its rank among `world` and its devices."""
-
-    rank: int
-    world: int
-    devices: list[torch.device]
-
-    @property
-    def device(self) -> torch.device:
-        return self.devices[0]
-
-
-def worker_system(worker: Worker) -> dict:
-    """trial.json's `system`: the devices, versions, and the node and host of every rank. Collective."""
-    placement = sysinfo.gather_placement()  # node id + hostname of every rank, in rank order
-    gpus = len(worker.devices) if worker.device.type == "cuda" else 0
-    return (
-        sysinfo.device_info(worker.device.type, len(worker.devices))
-        | placement
-        | {"world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
-    )
 
 
 # An epoch's metrics and, on rank 0 unless the epoch diverged, the folder of its checkpoint (None elsewhere).
@@ -500,45 +257,10 @@ def run_trial(
         if train_eval is not None:
             train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, device, rank, world))
             evaluated |= evaluation_metrics("train_eval", train_eval_totals)
-        eval_time = time.perf_counter() - started - train_time
-        allreduce = min(allreduce_wait_per_step(training.model) * steps_per_epoch, phases.get("forward_backward", 0.0))
-        breakdown = torch.tensor(
-            [
-                phases.get("data", 0.0),
-                phases.get("forward_backward", 0.0) - allreduce,
-                allreduce,
-                phases.get("optimizer", 0.0),
-                eval_time,
-            ],
-            dtype=torch.float64,
-            device=device,
+        metrics = epoch_record(
+            cfg, epoch, lr, training, worker, steps_per_epoch, train_totals, evaluated, phases, started, train_time
         )
-        breakdown = (all_reduce(breakdown) / world).tolist()  # mean over ranks
-        peak_per_worker, peak_total = reduce_peak_memory(devices)
-        epoch_time = time.perf_counter() - started
-        loss_sum, correct, samples, skipped = train_totals.tolist()
-        metrics = {
-            "epoch": epoch,
-            "train_loss": loss_sum / samples,
-            "train_acc": correct / samples,
-            **evaluated,  # test_loss, test_acc, and train_eval_loss, train_eval_acc unless train_eval_size=0
-            "epoch_time_s": epoch_time,
-            "train_time_s": train_time,
-            **dict(zip(runlog.BREAKDOWN_KEYS, breakdown)),
-            "train_samples": int(samples),  # over all ranks: steps x effective batch
-            "samples_per_s": samples / train_time,
-            "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
-            "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
-            "lr": lr,
-            "peak_lr": peak_lr(cfg),  # lr after lr_scaling
-            "amp_skipped_steps": int(skipped),
-            "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(
-                raw_model, cfg, world, (epoch - 1) * steps_per_epoch, steps_per_epoch
-            ),
-            "end_unix": time.time(),
-        }
-        diverged = not math.isfinite(metrics["train_loss"])
-        metrics["diverged"] = diverged
+        diverged = metrics["diverged"]
         if rank == 0:
             runlog.append_epoch(trial_dir, metrics)
         if not diverged:  # collectives: every rank's PowerSGD and random state, gathered on rank 0
@@ -551,3 +273,48 @@ def run_trial(
             report(metrics, Path(folder) if saved else None)
         if diverged:
             break
+
+
+def epoch_record(
+    cfg: TrainConfig,
+    epoch: int,
+    lr: float,
+    training: Training,
+    worker: Worker,
+    steps_per_epoch: int,
+    train_totals: torch.Tensor,
+    evaluated: dict[str, float],
+    phases: dict[str, float],
+    started: float,
+    train_time: float,
+) -> dict:
+    """The epoch's line of metrics.jsonl: the keys of runlog.EPOCH_METRICS, in its order. Called as evaluation
+    ends (the time since training ended is evaluation's). Collective: the time breakdown and the peak memory are
+    reduced over the ranks here, before the epoch's wall time is read."""
+    eval_time = time.perf_counter() - started - train_time
+    allreduce_wait = allreduce_wait_per_step(training.model) * steps_per_epoch
+    breakdown = reduce_time_breakdown(phases, allreduce_wait, eval_time, worker.world, worker.device)
+    peak_per_worker, peak_total = reduce_peak_memory(worker.devices)
+    epoch_time = time.perf_counter() - started
+    loss_sum, correct, samples, skipped = train_totals.tolist()
+    return {
+        "epoch": epoch,
+        "train_loss": loss_sum / samples,
+        "train_acc": correct / samples,
+        **evaluated,  # test_loss, test_acc, and train_eval_loss, train_eval_acc unless train_eval_size=0
+        "epoch_time_s": epoch_time,
+        "train_time_s": train_time,
+        **breakdown,  # runlog.BREAKDOWN_KEYS
+        "train_samples": int(samples),  # over all ranks: steps x effective batch
+        "samples_per_s": samples / train_time,
+        "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
+        "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
+        "lr": lr,
+        "peak_lr": peak_lr(cfg),  # lr after lr_scaling
+        "amp_skipped_steps": int(skipped),
+        "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(
+            training.raw_model, cfg, worker.world, (epoch - 1) * steps_per_epoch, steps_per_epoch
+        ),
+        "end_unix": time.time(),
+        "diverged": not math.isfinite(loss_sum / samples),  # an inf/NaN training loss: the trial stops here
+    }

@@ -1,0 +1,79 @@
+"""Who this worker is among the ranks (its rank, world and devices) and the collectives the loop runs over them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..core import sysinfo
+from ..core.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What stays the same for every trial a worker process runs: its rank among `world` and its devices."""
+
+    rank: int
+    world: int
+    devices: list[torch.device]
+
+    @property
+    def device(self) -> torch.device:
+        return self.devices[0]
+
+
+def select_devices(cfg: TrainConfig) -> list[torch.device]:
+    """This worker's devices as Ray assigned them: its GPUs (dp drives several; the first is the one
+    the model lives on), or the CPU."""
+    if cfg.use_gpu == "true":
+        import ray.train.torch
+
+        return ray.train.torch.get_devices()
+    return [torch.device("cpu")]
+
+
+def select_device(cfg: TrainConfig) -> torch.device:
+    return select_devices(cfg)[0]
+
+
+def worker_system(worker: Worker) -> dict:
+    """trial.json's `system`: the devices, versions, and the node and host of every rank. Collective."""
+    placement = sysinfo.gather_placement()  # node id + hostname of every rank, in rank order
+    gpus = len(worker.devices) if worker.device.type == "cuda" else 0
+    return (
+        sysinfo.device_info(worker.device.type, len(worker.devices))
+        | placement
+        | {"world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
+    )
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Seed of rank `rank`'s own random stream (dropout masks): fixed by (seed, rank), different per
+    rank, so a global batch of B sees B independent masks as in one process, not B / W repeated."""
+    return seed * 1_000_003 + rank + 1
+
+
+def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=op)
+    return tensor
+
+
+def reduce_train_totals(local: torch.Tensor) -> torch.Tensor:
+    """train_epoch's [loss sum, correct, samples, skipped steps] over all ranks: the first three are
+    summed; a skipped optimizer step is skipped by every rank at once (DDP gives all ranks the same
+    gradients, so the same inf), so the count is taken once (max over ranks), not summed."""
+    sums = all_reduce(local[:3].clone())
+    skipped = all_reduce(local[3:].clone(), dist.ReduceOp.MAX)
+    return torch.cat([sums, skipped])
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's batch-norm running statistics before evaluation, so the test
+    metrics are those of one model (each rank's last forward pass updated its own copy)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)

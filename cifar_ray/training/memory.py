@@ -1,0 +1,63 @@
+"""Peak memory of an epoch: torch's allocations on each GPU, or this process's RSS on CPU, reduced over ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+
+import torch
+import torch.distributed as dist
+
+from .distributed import all_reduce
+
+
+def reset_peak_memory(devices: list[torch.device]) -> None:
+    """Start a new peak: of torch's allocations on each GPU, or of this process's RSS on CPU."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+    if devices[0].type == "cpu":
+        reset_peak_rss()
+
+
+def reset_peak_rss() -> None:
+    """Linux: writing 5 to /proc/self/clear_refs resets the process's peak RSS (VmHWM) to its current RSS
+    (proc(5)), so the peak is that of the epoch, not of the process's life (which would carry one trial's
+    peak into the next in a reused process). Where /proc cannot be written the peak stays the lifetime's."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS since the last reset_peak_rss (VmHWM), else since it started (ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def peak_memory_per_device_mb(devices: list[torch.device]) -> list[float]:
+    """GPU: the peak of bytes allocated by torch since the last reset, one number per GPU of this
+    worker (dp drives several). CPU: one number, the peak RSS of this process since the last reset."""
+    if devices[0].type == "cuda":
+        return [torch.cuda.max_memory_allocated(device) / 2**20 for device in devices]
+    return [peak_rss_mb()]
+
+
+def peak_memory_mb(devices: list[torch.device]) -> float:
+    """The largest peak of one of this worker's devices: what must fit on one GPU (or in one process)."""
+    return max(peak_memory_per_device_mb(devices))
+
+
+def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float]:
+    """(per worker, total) over all ranks: the largest peak of any one device of any worker, and the
+    sum of the peaks of every device of every worker (what the whole run occupies)."""
+    peaks = peak_memory_per_device_mb(devices)
+    largest = torch.tensor([max(peaks)], device=devices[0], dtype=torch.float64)
+    total = torch.tensor([sum(peaks)], device=devices[0], dtype=torch.float64)
+    return all_reduce(largest, dist.ReduceOp.MAX).item(), all_reduce(total).item()

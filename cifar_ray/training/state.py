@@ -1,0 +1,87 @@
+"""A trial's state between epochs: checkpoints (model, optimizer, schedule, scaler, PowerSGD) and each rank's
+random state, saved so that a resumed trial continues as if it had never stopped."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..core.checkpoints import CHECKPOINT_FILE
+from . import comm
+from .distributed import rank_seed
+
+if TYPE_CHECKING:
+    from .loop import Training
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that must not be loaded: the message is one line, fit to print as is."""
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """This rank's random state: the CPU generator and its own GPU's (dropout draws from them)."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int, device: torch.device) -> None:
+    """Give this rank its own saved random state back (each rank's, on its own device: another rank's
+    GPU list can be longer than this node has). Saved by another number of workers: this rank's
+    stream restarts from rank_seed, as in a fresh run."""
+    if not saved or len(saved) != world:
+        logger.warning(
+            "random state saved by %d workers, resumed on %d: dropout streams restart from the seed",
+            len(saved or []),
+            world,
+        )
+        torch.manual_seed(rank_seed(seed, rank))
+        return
+    torch.set_rng_state(saved[rank]["cpu"].cpu())
+    if saved[rank]["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(saved[rank]["cuda"].cpu(), device)
+
+
+def save_checkpoint(
+    folder: Path, epoch: int, training: Training, comm_states=None, rng_states: list[dict] | None = None
+) -> None:
+    """Everything needed to continue `training` after `epoch` as if never stopped. `comm_states` and
+    `rng_states` hold every rank's PowerSGD and random state (gathered to rank 0; one process: None takes
+    its own)."""
+    state = {
+        "epoch": epoch,
+        "model": training.raw_model.state_dict(),
+        "optimizer": training.optimizer.state_dict(),
+        "scheduler": training.scheduler.state_dict(),
+        "scaler": training.scaler.state_dict(),
+        "rng": rng_states if rng_states is not None else [rng_state(torch.device("cpu"))],
+        "comm": comm_states,  # PowerSGD state of every rank (comm.gather_hook_state), else None
+    }
+    torch.save(state, folder / CHECKPOINT_FILE)
+
+
+def load_checkpoint(
+    folder: Path, training: Training, device: torch.device, rank: int = 0, world: int = 1, seed: int = 0
+) -> int:
+    """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one);
+    returns the last finished epoch. weights_only: a checkpoint in shared storage is data, never code
+    (torch refuses anything but tensors and plain containers)."""
+    try:
+        state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"refused to load checkpoint {folder / CHECKPOINT_FILE}: it holds more than tensors "
+            f"and plain data ({first})"
+        ) from None
+    training.raw_model.load_state_dict(state["model"])
+    training.optimizer.load_state_dict(state["optimizer"])
+    training.scheduler.load_state_dict(state["scheduler"])
+    training.scaler.load_state_dict(state["scaler"])
+    comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
+    restore_rng_state(state.get("rng"), rank, world, seed, device)
+    return state["epoch"]
