@@ -76,7 +76,19 @@ def test_the_committed_bench_report_is_what_the_code_renders_from_its_json():
 
     record = json.loads((ROOT / "reports" / "bench" / "bench.json").read_text())
     assert render(record) == (ROOT / "reports" / "bench" / "README.md").read_text(), (
-        "reports/bench/README.md differs from what report.bench.render makes of reports/bench/bench.json"
+        "reports/bench/README.md differs from what report.bench.render makes of reports/bench/bench.json: "
+        "cifar-ray bench --render"
+    )
+
+
+def test_the_measurements_page_is_what_the_code_renders_from_its_record():
+    """Every timing lives in docs/measurements.md, rendered from reports/measurements.json: an edit of one alone
+    shows here."""
+    from cifar_ray.report import measurements
+
+    record = json.loads((ROOT / measurements.RECORD).read_text())
+    assert measurements.render(record) == (ROOT / measurements.PAGE).read_text(), (
+        f"{measurements.PAGE} differs from {measurements.RECORD}: cifar-ray bench --render"
     )
 
 

@@ -14,6 +14,7 @@ HELP = "measure loop, orchestration, data-path and scaling speed; writes reports
 EXAMPLES = (
     ("a smaller, faster run (what CI runs)", "cifar-ray bench --quick --out reports/bench-quick"),
     ("the full benchmark behind reports/bench/README.md", "cifar-ray bench"),
+    ("re-render reports/bench/README.md and docs/measurements.md from their records", "cifar-ray bench --render"),
 )
 
 
@@ -22,6 +23,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--quick", action="store_true", help="a smaller, faster run (for CI and a first look)")
     bench.add_argument(
         "--out", default="reports/bench", help="output folder for README.md and bench.json (default: reports/bench)"
+    )
+    bench.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: write OUT/README.md from OUT/bench.json, and docs/measurements.md from "
+        "reports/measurements.json (run from the repository's root)",
     )
 
 
@@ -44,6 +51,19 @@ def run_bench(
     return readme
 
 
+def render_pages(out_dir: str | Path = "reports/bench") -> list[Path]:
+    """The benchmark's page from its bench.json, and the measurements page from its record; returns both."""
+    from ..report import bench, measurements
+
+    readme, page = Path(out_dir) / "README.md", Path(measurements.PAGE)
+    readme.write_text(bench.render(json.loads((Path(out_dir) / "bench.json").read_text())))
+    page.write_text(measurements.render(json.loads(Path(measurements.RECORD).read_text())))
+    return [readme, page]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.render:
+        print("\n".join(map(str, render_pages(args.out))))
+        return 0
     print(run_bench(quick=args.quick, out_dir=args.out, say=lambda line: print(line, flush=True)))
     return 0
