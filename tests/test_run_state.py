@@ -15,16 +15,36 @@ from cifar_ray.core.sweep import SweepPlan, TrialSpec
 
 
 def test_every_sessions_wall_time_is_kept_and_summed_an_interrupted_one_too(tmp_path):
-    sweep_file = StoragePath.of(tmp_path) / runlog.SWEEP_FILE
+    run_dir = StoragePath.of(tmp_path)
+    sweep_file = run_dir / runlog.SWEEP_FILE
     runlog.write_json(sweep_file, {"name": "s", "wall_time_s": 100.0})  # a run from before sessions were kept
     now = time.time()
-    orchestrate.record_session(sweep_file, now - 30, done=False)  # interrupted: no finished_at
+    orchestrate.open_session(run_dir, now - 30)
+    orchestrate.close_session(sweep_file, done=False)  # interrupted: no finished_at
     assert "finished_at" not in runlog.read_json(sweep_file)
-    orchestrate.record_session(sweep_file, now - 10, done=True)
+    orchestrate.open_session(run_dir, now - 10)
+    orchestrate.close_session(sweep_file, done=True)
     sweep = runlog.read_json(sweep_file)
     walls = [s["wall_s"] for s in sweep["sessions"]]
     assert walls[0] == 100.0 and walls[1] == pytest.approx(30, abs=1) and walls[2] == pytest.approx(10, abs=1)
     assert sweep["wall_time_s"] == pytest.approx(sum(walls)) and sweep["finished_at"]
+
+
+def test_a_killed_drivers_session_ends_at_its_last_logged_epoch(tmp_path):
+    """SIGKILL runs no `finally`: the session it leaves open is closed by the next one, ended at the last thing its
+    trials logged, and counted in wall_time_s."""
+    run_dir = StoragePath.of(tmp_path)
+    sweep_file = run_dir / runlog.SWEEP_FILE
+    runlog.write_json(sweep_file, {"name": "s", "trials": ["t000"]})
+    killed_at = time.time() - 100
+    orchestrate.open_session(run_dir, killed_at - 60)  # killed 60 s in, after logging two epochs
+    runlog.write_json(run_dir / "t000" / runlog.TRIAL_FILE, {"status": "running", "started_unix": killed_at - 50})
+    for epoch, end in ((1, killed_at - 30), (2, killed_at)):
+        runlog.append_epoch(run_dir / "t000", {"epoch": epoch, "end_unix": end})
+    orchestrate.open_session(run_dir, time.time())
+    first, second = runlog.read_json(sweep_file)["sessions"]
+    assert first["wall_s"] == pytest.approx(60) and first["end"].startswith("killed") and "end_unix" not in second
+    assert runlog.read_json(sweep_file)["wall_time_s"] == pytest.approx(60)
 
 
 def plan_of(tmp_path, **config) -> tuple[SweepPlan, StoragePath]:

@@ -72,16 +72,43 @@ def mark_interrupted(run_dir: StoragePath, plan: SweepPlan) -> None:
             runlog.update_json(trial_file, status="interrupted", interrupted_at=runlog.now_iso())
 
 
-def record_session(sweep_file: StoragePath, started: float, done: bool) -> None:
-    """This session's start, end and wall time into sweep.json's sessions; wall_time_s is their sum (a run
-    from before sessions were kept counts its recorded wall time as one)."""
+def open_session(run_dir: StoragePath, started: float) -> None:
+    """This session's start into sweep.json's sessions, before any trial runs. A session an earlier driver left
+    open was killed (SIGKILL, a lost machine: no `finally` ran): it is closed first, ended at the last thing its
+    trials logged, `end` saying so, so that wall_time_s still sums every session (a run from before sessions were
+    kept counts its recorded wall time as one)."""
+    sweep_file = run_dir / runlog.SWEEP_FILE
     sweep = runlog.read_json(sweep_file)
     earlier = sweep.get("wall_time_s") or 0.0
     sessions = sweep.get("sessions") or ([{"wall_s": earlier}] if earlier else [])
-    ended = time.time()
-    sessions.append({"start_unix": started, "end_unix": ended, "wall_s": ended - started})
+    for session in sessions:
+        if "end_unix" not in session and "start_unix" in session:
+            ended = max(session["start_unix"], last_activity(run_dir, session["start_unix"]))
+            session |= {"end_unix": ended, "wall_s": ended - session["start_unix"], "end": "killed: last logged"}
+    sessions.append({"start_unix": started})
+    runlog.update_json(sweep_file, sessions=sessions, wall_time_s=_wall(sessions))
+
+
+def close_session(sweep_file: StoragePath, done: bool) -> None:
+    """This session's end and wall time; wall_time_s is the sum over sessions; finished_at once every trial is."""
+    sweep = runlog.read_json(sweep_file)
+    sessions, ended = sweep["sessions"], time.time()
+    sessions[-1] |= {"end_unix": ended, "wall_s": ended - sessions[-1]["start_unix"]}
     finished = {"finished_at": runlog.now_iso()} if done else {}
-    runlog.update_json(sweep_file, sessions=sessions, wall_time_s=sum(s["wall_s"] for s in sessions), **finished)
+    runlog.update_json(sweep_file, sessions=sessions, wall_time_s=_wall(sessions), **finished)
+
+
+def _wall(sessions: list[dict]) -> float:
+    return sum(session.get("wall_s", 0.0) for session in sessions)
+
+
+def last_activity(run_dir: StoragePath, since: float) -> float:
+    """When the run's trials last logged something (an epoch's end, a trial's start or end) after `since`."""
+    times = []
+    for trial in runlog.load_run(run_dir).trials:
+        times += [row.get("end_unix") for row in trial.epochs]
+        times += [trial.meta.get("started_unix"), trial.meta.get("finished_unix")]
+    return max((t for t in times if isinstance(t, (int, float)) and t >= since), default=since)
 
 
 def run_plan(
@@ -170,7 +197,8 @@ def run_plan(
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
     untrained = len(slot_plan.specs) if resume else None
     print_line(sweep_header(plan, capacity, limit, run_dir, untrained))
-    started, started_slots = time.time(), None
+    started_slots = None
+    open_session(run_dir, time.time())
     with progress_relay(print_line) if client else contextlib.nullcontext():
         try:
             started_slots = slot_plan.start()  # started last, inside the try: every way out stops them
@@ -190,7 +218,7 @@ def run_plan(
             if started_slots is not None:
                 started_slots.stop()
             mark_interrupted(run_dir, plan)
-            record_session(sweep_file, started, _all_final(run_dir, plan))
+            close_session(sweep_file, _all_final(run_dir, plan))
     return run_dir
 
 
