@@ -35,6 +35,7 @@ from ..training.checks import (
 from ..training.loop import select_device
 from ..training.models import build_model
 
+SAME_SUMS = "the same sums in another order"  # why float64 runs of one computation may differ at all
 # What the GPU variants of the DDP check may differ by from their reference run (update rel diff), and why.
 TOL_FP16_HOOK = 1e-2  # fp16 gradient all-reduce: each gradient rounded to 2^-11 relative, a few steps
 TOL_BF16_HOOK = 5e-2  # bf16 gradient all-reduce: each gradient rounded to 2^-8 relative, a few steps
@@ -99,7 +100,7 @@ def ddp_plan(device: torch.device, workers: int, gpu_count: int, n_steps: int = 
     share = f", {ddp.gpus_per_worker:g} GPU each" if ddp.use_gpu == "true" and ddp.gpus_per_worker < 1 else ""
     plural = "s" if workers > 1 else ""
     name = f"ddp {workers} worker{plural} ({ddp.backend}{share}) == 1 process, batch {ddp.batch_size}"
-    return Plan(name, {"ddp": ddp, "single": single}, TOL_FLOAT64, "float64")
+    return Plan(name, {"ddp": ddp, "single": single}, TOL_FLOAT64, SAME_SUMS)
 
 
 # The DDP paths only a GPU exercises, each vs one process: (name, keys of the ddp run, dtype, tolerance, why).
@@ -109,10 +110,10 @@ GPU_VARIANTS = (
         {"backend": "gloo", "gpus_per_worker": 1.0},
         torch.float64,
         TOL_FLOAT64,
-        "float64",
+        SAME_SUMS,
     ),
     # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); gloo runs them
-    ("2 ranks sharing 1 GPU", {"backend": "gloo", "gpus_per_worker": 0.5}, torch.float64, TOL_FLOAT64, "float64"),
+    ("2 ranks sharing 1 GPU", {"backend": "gloo", "gpus_per_worker": 0.5}, torch.float64, TOL_FLOAT64, SAME_SUMS),
     ("ddp fp16 autocast + GradScaler ~ fp32", {"amp": "fp16"}, torch.float32, TOL_AMP_UPDATE, "as the fp16 check"),
     ("ddp fp16 gradient hook", {"grad_compression": "fp16"}, torch.float32, TOL_FP16_HOOK, "fp16 gradients"),
     ("ddp bf16 gradient hook", {"grad_compression": "bf16"}, torch.float32, TOL_BF16_HOOK, "bf16 gradients"),
@@ -157,7 +158,7 @@ def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -
 def run_plan(plan: Plan, device: torch.device, n_steps: int) -> tuple[dict[str, Any], Trained]:
     """(what the ddp run's rank 0 saved, the single-process reference run)."""
     with tempfile.TemporaryDirectory(prefix="cifar-ray-check-") as tmp:
-        saved = run_ddp(plan.configs["ddp"], n_steps, Path(tmp) / "rank0.pt", str(plan.dtype).removeprefix("torch."))
+        saved = run_ddp(plan.configs["ddp"], n_steps, Path(tmp) / "rank0.pt", plan.dtype_name)
     return saved, train_steps(plan.configs["single"], n_steps, device, plan.dtype)
 
 
@@ -177,7 +178,7 @@ def compare_params(plan: Plan, saved: dict[str, Any], single: Trained) -> CheckR
     return result(
         plan.name,
         ok,
-        f"update rel diff {diff:.1e} (tol {plan.tolerance:.0e}, {plan.why}), {str(plan.dtype).removeprefix('torch.')}, "
+        f"update rel diff {diff:.1e} (tol {plan.tolerance:.0e}, {plan.why}), {plan.dtype_name}, "
         f"{int(saved['totals'][2])} samples, {skipped} skipped steps",
         update_rel_diff=diff,
         saved=saved,

@@ -141,6 +141,10 @@ class Plan:
     def skipped(self) -> CheckResult:
         return CheckResult(self.name, "SKIP", self.skip)
 
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
 
 def make_config(**overrides: Any) -> TrainConfig:
     return parse_config(BASE | overrides)
