@@ -69,15 +69,86 @@ def test_accumulation_with_batchnorm_differs_and_is_measured(accumulation_no_bn)
     assert bn > 1e-3 and bn > 1e6 * no_bn, (bn, no_bn)
 
 
-def test_single_dp_and_one_worker_ddp_agree():
+def test_single_and_one_worker_ddp_agree():
     result = check.check_strategies(CPU)
     assert result.passed, result.line()
-    assert all(diff == 0.0 for diff in result.values["diffs"].values())  # the same code path on CPU: bitwise
-    # on CPU wrap_model leaves the model alone for all three (no process group, no GPUs)
-    for strategy in ("single", "dp", "ddp"):
+    assert result.values["diffs"]["single"] == 0.0  # the same code path on CPU: bitwise
+    # one process: wrap_model leaves the model alone (no process group)
+    for strategy in ("single", "ddp"):
         cfg = check.make_config(strategy=strategy, workers=1)
         model = build_model(cfg)
         assert wrap_model(model, cfg, CPU, world=1) is model
+
+
+def fake_trained(loss_sum: float = 220.0, correct: int = 30, final_shift: float = 0.0, **kwargs) -> check.Trained:
+    """What a run left, made up: parameters moved from 0 to 1 (+ final_shift), loss sum ~220 as the seed check's."""
+    totals = torch.tensor([loss_sum, float(correct), 96.0, 0.0], dtype=torch.float64)
+    final = torch.ones(4, dtype=torch.float64) + final_shift
+    return check.Trained(torch.zeros(4, dtype=torch.float64), final, {}, totals, totals, **kwargs)
+
+
+def test_dp_check_skips_on_cpu_instead_of_comparing_the_model_with_itself(monkeypatch):
+    """Before: dp was built without its devices, so "single == dp" trained the bare model twice and passed.
+    On CPU (torch's DataParallel without GPUs runs the bare module) the check says it did not run."""
+    ran = []
+    monkeypatch.setattr(check, "train_steps", lambda *a, **k: ran.append(a) or fake_trained())
+    result = check.check_dp(CPU, workers=2)
+    assert result.status == "SKIP" and "CPU" in result.detail and ran == []
+    one_gpu = check.check_dp(torch.device("cuda", 0), workers=2, gpu_count=1)
+    assert one_gpu.status == "SKIP" and "needs 2 GPUs, torch sees 1" in one_gpu.detail and ran == []
+
+
+def test_dp_check_on_gpus_trains_dp_over_its_devices_and_requires_dataparallel(monkeypatch):
+    """The runner gives the dp run the planned GPUs; a dp run that did not run as DataParallel over them
+    (the bare model, as before the fix) FAILs even when its numbers equal the single run's."""
+    calls = []
+
+    def recording(cfg, n_steps, device, dtype=torch.float32, devices=(), **kwargs):
+        calls.append((cfg.strategy, cfg.workers, devices, dtype))
+        ran_as = {"wrapper": "DataParallel", "device_ids": (0, 1)} if cfg.strategy == "dp" else {}
+        return fake_trained(**ran_as)
+
+    monkeypatch.setattr(check, "train_steps", recording)
+    cuda = torch.device("cuda", 0)
+    result = check.check_dp(cuda, workers=2, gpu_count=4)
+    assert result.passed, result.line()
+    assert calls == [
+        ("single", 1, (), torch.float64),
+        ("dp", 2, (torch.device("cuda", 0), torch.device("cuda", 1)), torch.float64),
+    ]
+    plan = check.dp_plan(cuda, workers=3, gpu_count=4)
+    assert plan.devices == tuple(torch.device("cuda", i) for i in range(3)) and plan.configs["dp"].workers == 3
+    bare = fake_trained(wrapper="SimpleCNN")  # what the dp run was before: the model itself
+    assert check.compare_dp(check.dp_plan(cuda, 2, 2), fake_trained(), bare).status == "FAIL"
+
+
+def test_train_steps_hands_dp_devices_to_dataparallel(monkeypatch):
+    """The chain below check_dp: train_steps gives `devices` to build_training, and wrap_model builds
+    nn.DataParallel over exactly those GPUs (a recording DataParallel: no GPU needed to see the call)."""
+    seen = []
+    real_build = check.build_training
+
+    def recording_build(*args, **kwargs):
+        seen.append(args[7] if len(args) > 7 else kwargs.get("devices"))
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(check, "build_training", recording_build)
+    cfg = check.make_config(norm="group", batch_size=32)
+    trained = check.train_steps(cfg, 1, CPU, devices=(CPU,))
+    assert seen == [[CPU]]
+    assert trained.wrapper == "SimpleCNN" and trained.device_ids == ()  # what check_dp refuses as a dp run
+
+    class RecordingDataParallel(torch.nn.Module):
+        def __init__(self, module, device_ids=None, output_device=None):
+            super().__init__()
+            self.module, self.device_ids, self.output_device = module, device_ids, output_device
+
+    monkeypatch.setattr(torch.nn, "DataParallel", RecordingDataParallel)
+    dp_cfg = check.make_config(strategy="dp", workers=2, use_gpu="true", backend="nccl")
+    gpus = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    wrapped = wrap_model(build_model(dp_cfg), dp_cfg, gpus[0], world=1, devices=gpus)
+    assert isinstance(wrapped, RecordingDataParallel)
+    assert wrapped.device_ids == [0, 1] and wrapped.output_device == 0
 
 
 def test_same_seed_repeats_and_other_seed_differs():
@@ -87,6 +158,48 @@ def test_same_seed_repeats_and_other_seed_differs():
     assert torch.equal(first.final, again.final) and torch.equal(first.totals, again.totals)
     assert not torch.equal(first.initial, other.initial)
     assert first.totals[0].item() != other.totals[0].item()
+
+
+def test_seed_tolerance_is_bitwise_on_cpu_and_relative_on_cuda():
+    """Loss sums are ~220: cuDNN's atomics-ordered float32 sums differ by ~1e-7 relative, 2e-5 absolute, which
+    the old absolute 1e-5 failed on a correct setup; relative tolerances pass it and still catch real drift."""
+    cpu, cuda = check.seed_tolerance(CPU), check.seed_tolerance(torch.device("cuda", 0))
+    assert (cpu.update, cpu.loss, cpu.correct) == (0.0, 0.0, 0)
+    assert (cuda.update, cuda.loss) == (check.TOL_SEED_CUDA_UPDATE, check.TOL_SEED_CUDA_LOSS) and cuda.why
+    first = fake_trained()
+    rounding = fake_trained(loss_sum=220.0 * (1 + 1e-7), final_shift=1e-7, correct=31)
+    assert abs(rounding.totals[0] - first.totals[0]).item() > 1e-5  # what the absolute tolerance refused
+    assert check.compare_repeat(first, rounding, cuda)[0]
+    assert not check.compare_repeat(first, rounding, cpu)[0]
+    for drift in (
+        fake_trained(loss_sum=220.0 * (1 + 1e-3)),
+        fake_trained(final_shift=1e-2),
+        fake_trained(correct=33),
+    ):
+        assert not check.compare_repeat(first, drift, cuda)[0]
+
+
+def test_checkpoint_round_trip_equals_uninterrupted_on_cpu():
+    """The CUDA check's code path with device=cpu, for real: save after 2 of 4 steps, load with
+    map_location=cpu into a model of another seed, continue: bitwise the uninterrupted run."""
+    result = check.check_checkpoint_round_trip(CPU)
+    assert result.passed, result.line()
+    whole, resumed = result.values["whole"], result.values["resumed"]
+    assert torch.equal(whole.final, resumed.final)
+    assert (whole.final - whole.initial).norm() > 0
+
+
+def test_checkpoint_round_trip_check_sees_a_lost_random_state(monkeypatch):
+    """Control: a load that drops the saved random state (dropout masks then differ) FAILs the check."""
+    real_load = check.load_checkpoint
+
+    def load_without_rng(folder, training, device, *args, **kwargs):
+        epoch = real_load(folder, training, device, *args, **kwargs)
+        torch.manual_seed(12345)
+        return epoch
+
+    monkeypatch.setattr(check, "load_checkpoint", load_without_rng)
+    assert check.check_checkpoint_round_trip(CPU).status == "FAIL"
 
 
 def test_bf16_autocast_stays_near_fp32_on_cpu():

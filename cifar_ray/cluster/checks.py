@@ -3,6 +3,7 @@ of every check (training/checks.py holds the in-process ones and what they share
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -16,9 +17,12 @@ from ..core.config import TrainConfig
 from ..core.errors import ConfigError
 from ..training import checks
 from ..training.checks import (
+    TOL_AMP_UPDATE,
     TOL_FLOAT64,
     TOL_METRIC64,
     CheckResult,
+    Plan,
+    Trained,
     device_keys,
     failed,
     make_config,
@@ -30,6 +34,13 @@ from ..training.checks import (
 )
 from ..training.distributed import select_device
 from ..training.models import build_model
+
+SAME_SUMS = "the same sums in another order"  # why float64 runs of one computation may differ at all
+# What the GPU variants of the DDP check may differ by from their reference run (update rel diff), and why.
+TOL_FP16_HOOK = 1e-2  # fp16 gradient all-reduce: each gradient rounded to 2^-11 relative, a few steps
+TOL_BF16_HOOK = 5e-2  # bf16 gradient all-reduce: each gradient rounded to 2^-8 relative, a few steps
+TOL_POWERSGD = 1.0  # rank-r approximation + error feedback: not farther from fp32 than fp32 moved
+GPU_VARIANT_WORKERS = 2  # the GPU variants' ranks: the smallest world where DDP communicates
 
 
 def ddp_worker(loop_config: dict) -> None:
@@ -43,7 +54,8 @@ def ddp_worker(loop_config: dict) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     device = select_device(cfg)
     dtype = getattr(torch, loop_config["dtype"])
-    trained = train_steps(cfg, loop_config["steps"], device, dtype, rank, world)
+    scaler = torch.amp.GradScaler(device.type, init_scale=checks.CHECK_INIT_SCALE) if cfg.amp == "fp16" else None
+    trained = train_steps(cfg, loop_config["steps"], device, dtype, rank, world, scaler=scaler)
     if rank == 0:
         torch.save(
             {
@@ -58,17 +70,69 @@ def ddp_worker(loop_config: dict) -> None:
         )
 
 
-def ddp_configs(workers: int, device: torch.device, n_steps: int) -> tuple[TrainConfig, TrainConfig]:
+def ddp_shape(device: torch.device, workers: int, gpu_count: int) -> dict[str, Any]:
+    """Backend and GPU share of the DDP check's ranks: on CPU gloo; one GPU per rank with nccl where there are
+    enough; else ranks share GPUs, which NCCL refuses ("Duplicate GPU detected"), so gloo with a fractional
+    share (rounded down to Ray's 4 decimals, so the shares of one GPU never add up to more than 1)."""
+    if device.type != "cuda":
+        return {"use_gpu": "false", "backend": "gloo"}
+    if gpu_count >= workers:
+        return {"use_gpu": "true", "backend": "nccl", "gpus_per_worker": 1.0}
+    per_gpu = -(-workers // max(gpu_count, 1))  # ranks on the fullest GPU
+    return {"use_gpu": "true", "backend": "gloo", "gpus_per_worker": math.floor(1e4 / per_gpu) / 1e4}
+
+
+def ddp_configs(
+    workers: int, device: torch.device, n_steps: int, gpu_count: int = 0, **keys: Any
+) -> tuple[TrainConfig, TrainConfig]:
     """(ddp config, single-process config): the same global batch 16*workers, accumulation 2 (so
-    DDP's no_sync path is exercised), n_steps steps = the whole (tiny) epoch."""
+    DDP's no_sync path is exercised), n_steps steps = the whole (tiny) epoch. `keys` go to the ddp run only:
+    the single-process reference runs plain."""
     batch = 16 * workers
-    common = device_keys(device) | {
-        "norm": "group",
-        "batch_size": batch,
-        "accum_steps": 2,
-        "train_subset": n_steps * batch * 2,
-    }
-    return make_config(**common, strategy="ddp", workers=workers), make_config(**common, strategy="single", workers=1)
+    common = {"norm": "group", "batch_size": batch, "accum_steps": 2, "train_subset": n_steps * batch * 2}
+    ddp = common | ddp_shape(device, workers, gpu_count) | {"strategy": "ddp", "workers": workers} | keys
+    return make_config(**ddp), make_config(**common, **device_keys(device), strategy="single", workers=1)
+
+
+def ddp_plan(device: torch.device, workers: int, gpu_count: int, n_steps: int = 4) -> Plan:
+    """The DDP check: `workers` ranks == one process, float64."""
+    ddp, single = ddp_configs(workers, device, n_steps, gpu_count)
+    share = f", {ddp.gpus_per_worker:g} GPU each" if ddp.use_gpu == "true" and ddp.gpus_per_worker < 1 else ""
+    plural = "s" if workers > 1 else ""
+    name = f"ddp {workers} worker{plural} ({ddp.backend}{share}) == 1 process, batch {ddp.batch_size}"
+    return Plan(name, {"ddp": ddp, "single": single}, TOL_FLOAT64, SAME_SUMS)
+
+
+# The DDP paths only a GPU exercises, each vs one process: (name, keys of the ddp run, dtype, tolerance, why).
+GPU_VARIANTS = (
+    (
+        "gloo on CUDA tensors, 1 GPU per rank",
+        {"backend": "gloo", "gpus_per_worker": 1.0},
+        torch.float64,
+        TOL_FLOAT64,
+        SAME_SUMS,
+    ),
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); gloo runs them
+    ("2 ranks sharing 1 GPU", {"backend": "gloo", "gpus_per_worker": 0.5}, torch.float64, TOL_FLOAT64, SAME_SUMS),
+    ("ddp fp16 autocast + GradScaler ~ fp32", {"amp": "fp16"}, torch.float32, TOL_AMP_UPDATE, "as the fp16 check"),
+    ("ddp fp16 gradient hook", {"grad_compression": "fp16"}, torch.float32, TOL_FP16_HOOK, "fp16 gradients"),
+    ("ddp bf16 gradient hook", {"grad_compression": "bf16"}, torch.float32, TOL_BF16_HOOK, "bf16 gradients"),
+    ("ddp PowerSGD hook", {"grad_compression": "powersgd"}, torch.float32, TOL_POWERSGD, "low rank + error feedback"),
+)
+
+
+def gpu_variant_plans(device: torch.device, gpu_count: int, n_steps: int = 4) -> list[Plan]:
+    """One plan per GPU_VARIANTS row, GPU_VARIANT_WORKERS ranks each; a SKIP saying why where it cannot run."""
+    workers, plans = GPU_VARIANT_WORKERS, []
+    for name, keys, dtype, tolerance, why in GPU_VARIANTS:
+        if device.type != "cuda":  # the configs themselves need a GPU (amp=fp16, gloo with a GPU share)
+            plans.append(Plan(name, {}, tolerance, why, dtype, skip="needs a CUDA GPU"))
+            continue
+        ddp, single = ddp_configs(workers, device, n_steps, gpu_count, **keys)
+        gpus_needed = workers * ddp.gpus_per_worker
+        skip = f"needs {gpus_needed:g} GPUs, torch sees {gpu_count}" if gpus_needed > gpu_count else ""
+        plans.append(Plan(name, {"ddp": ddp, "single": single}, tolerance, why, dtype, skip=skip))
+    return plans
 
 
 def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -> dict[str, Any]:
@@ -91,27 +155,46 @@ def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -
     return torch.load(out, weights_only=True)
 
 
-def check_ddp(device: torch.device, workers: int = 2, n_steps: int = 4) -> tuple[CheckResult, CheckResult]:
-    """DDP with `workers` Ray Train workers == one process on the same global batch (float64):
-    (parameters after n_steps, all-reduced train metrics). One TorchTrainer run for both."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    ddp_cfg, single_cfg = ddp_configs(workers, device, n_steps)
-    batch = ddp_cfg.batch_size
+def run_plan(plan: Plan, device: torch.device, n_steps: int) -> tuple[dict[str, Any], Trained]:
+    """(what the ddp run's rank 0 saved, the single-process reference run)."""
     with tempfile.TemporaryDirectory(prefix="cifar-ray-check-") as tmp:
-        saved = run_ddp(ddp_cfg, n_steps, Path(tmp) / "rank0.pt")
-    single = train_steps(single_cfg, n_steps, device, torch.float64)
-    names = [name for name, _ in build_model(single_cfg).named_parameters()]
-    ddp_final = torch.cat([saved["state"][name].double().flatten() for name in names])
-    diff = update_rel_diff(single.initial, ddp_final, single.final)
+        saved = run_ddp(plan.configs["ddp"], n_steps, Path(tmp) / "rank0.pt", plan.dtype_name)
+    return saved, train_steps(plan.configs["single"], n_steps, device, plan.dtype)
+
+
+def ddp_final(saved: dict[str, Any], cfg: TrainConfig) -> torch.Tensor:
+    """The ddp run's parameters after training, in model.parameters() order, as float64."""
+    names = [name for name, _ in build_model(cfg).named_parameters()]
+    return torch.cat([saved["state"][name].double().flatten() for name in names])
+
+
+def compare_params(plan: Plan, saved: dict[str, Any], single: Trained) -> CheckResult:
+    """The ddp run vs the single process: the same start, an update within the plan's tolerance, finite,
+    no skipped step (a GradScaler skip would hide an fp16 path that does not train)."""
+    diff = update_rel_diff(single.initial, ddp_final(saved, plan.configs["single"]), single.final)
     init_diff = (saved["initial"] - single.initial).abs().max().item()
-    params = result(
-        f"ddp {workers} worker{'s' if workers > 1 else ''} ({backend}) == 1 process, batch {batch}",
-        diff <= TOL_FLOAT64 and init_diff == 0.0,
-        f"update rel diff {diff:.1e} (tol {TOL_FLOAT64:.0e}), float64, {n_steps} steps x accum 2",
+    skipped = int(saved["totals"][3])
+    ok = diff <= plan.tolerance and init_diff == 0.0 and skipped == 0  # a NaN diff fails the <=
+    return result(
+        plan.name,
+        ok,
+        f"update rel diff {diff:.1e} (tol {plan.tolerance:.0e}, {plan.why}), {plan.dtype_name}, "
+        f"{int(saved['totals'][2])} samples, {skipped} skipped steps",
         update_rel_diff=diff,
         saved=saved,
         single=single,
     )
+
+
+def check_ddp(
+    device: torch.device, workers: int = 2, n_steps: int = 4, gpu_count: int | None = None
+) -> tuple[CheckResult, CheckResult]:
+    """DDP with `workers` Ray Train workers == one process on the same global batch (float64):
+    (parameters after n_steps, all-reduced train metrics). One TorchTrainer run for both."""
+    gpus = torch.cuda.device_count() if gpu_count is None else gpu_count
+    plan = ddp_plan(device, workers, gpus if device.type == "cuda" else 0, n_steps)
+    saved, single = run_plan(plan, device, n_steps)
+    params = compare_params(plan, saved, single)
     totals, ref = saved["totals"], single.totals
     loss = rel_diff(totals[0].item(), ref[0].item())
     counts = [int(totals[1]), int(totals[2])] == [int(ref[1]), int(ref[2])]
@@ -124,6 +207,12 @@ def check_ddp(device: torch.device, workers: int = 2, n_steps: int = 4) -> tuple
         loss_rel_diff=loss,
     )
     return params, metrics
+
+
+def check_gpu_variant(plan: Plan, device: torch.device, n_steps: int = 4) -> CheckResult:
+    if plan.skip:
+        return plan.skipped()
+    return compare_params(plan, *run_plan(plan, device, n_steps))
 
 
 def run_checks(
@@ -142,11 +231,14 @@ def run_checks(
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     device = resolve_device(use_gpu)
+    gpu_count = torch.cuda.device_count() if device.type == "cuda" else 0
+    ddp = ddp_plan(device, workers, gpu_count).configs["ddp"]  # ranks share a GPU (gloo) where there are too few
     need, have = ("gpus", "GPUs") if device.type == "cuda" else ("cpus", "CPUs")
+    needed = workers * ddp.gpus_per_worker if device.type == "cuda" else workers
 
     def check_capacity(capacity: dict[str, float], where: str) -> None:
-        if workers > capacity[need]:
-            raise ConfigError(f"--workers {workers} needs {workers} {have} but {where} has {capacity[need]:g}")
+        if needed > capacity[need]:
+            raise ConfigError(f"--workers {workers} needs {needed:g} {have} but {where} has {capacity[need]:g}")
 
     import ray
 
@@ -182,12 +274,17 @@ def run_checks(
             "accumulation (batch-norm)",
             lambda: checks.check_accumulation_batchnorm(device, no_bn=no_bn if no_bn.values else None),
         )
-        run("strategies", lambda: checks.check_strategies(device, workers))
+        run("strategies", lambda: checks.check_strategies(device))
+        run("dp", lambda: checks.check_dp(device, workers, gpu_count=gpu_count))
         run("seeds", lambda: checks.check_seeds(device))
         run("bf16 autocast", lambda: checks.check_amp(device, "bf16"))
         run("fp16 autocast + GradScaler", lambda: checks.check_amp(device, "fp16"))
         run("GradScaler skipped steps", lambda: checks.check_grad_scaler(device))
+        run("checkpoint round trip", lambda: checks.check_checkpoint_round_trip(device))
         run(f"ddp {workers} workers", lambda: check_ddp(device, workers))
+        for plan in gpu_variant_plans(device, gpu_count):
+            if plan.configs.get("ddp") != ddp:  # on one GPU the ddp check above already is "2 ranks sharing 1 GPU"
+                run(plan.name, lambda plan=plan: check_gpu_variant(plan, device))
     finally:
         if owns_ray:
             import ray
