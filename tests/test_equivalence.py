@@ -26,7 +26,9 @@ import torch
 from helpers import shared_ddp_run
 
 from cifar_ray.cluster import checks as ddp_checks
+from cifar_ray.training import check_runs
 from cifar_ray.training import checks as check
+from cifar_ray.training.check_runs import cached_splits
 from cifar_ray.training.data import iterate_train
 from cifar_ray.training.loop import build_training, train_epoch, wrap_model
 from cifar_ray.training.models import build_model
@@ -126,13 +128,13 @@ def test_train_steps_hands_dp_devices_to_dataparallel(monkeypatch):
     """The chain below check_dp: train_steps gives `devices` to build_training, and wrap_model builds
     nn.DataParallel over exactly those GPUs (a recording DataParallel: no GPU needed to see the call)."""
     seen = []
-    real_build = check.build_training
+    real_build = build_training
 
     def recording_build(*args, **kwargs):
         seen.append(args[7] if len(args) > 7 else kwargs.get("devices"))
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(check, "build_training", recording_build)
+    monkeypatch.setattr(check_runs, "build_training", recording_build)
     cfg = check.make_config(norm="group", batch_size=32)
     trained = check.train_steps(cfg, 1, CPU, devices=(CPU,))
     assert seen == [[CPU]]
@@ -247,7 +249,7 @@ def test_grad_scaler_count_over_an_epoch_with_two_bad_steps():
         return torch.full_like(grad, float("nan")) if calls[0] in (1, 3) else grad
 
     next(model.parameters()).register_hook(hook)
-    train, _ = check.cached_splits(cfg)
+    train, _ = cached_splits(cfg)
     steps = list(iterate_train(train, cfg, 1, 0, 1))[:4]
     scaler = torch.amp.GradScaler("cpu", enabled=True, init_scale=1024.0)
     training = build_training(cfg, model, len(steps), CPU, 1, scaler)

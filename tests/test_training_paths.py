@@ -20,7 +20,7 @@ from cifar_ray.core.checkpoints import CHECKPOINT_FILE
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.training import comm, data
 from cifar_ray.training import loop as train
-from cifar_ray.training.checks import make_config, train_steps
+from cifar_ray.training.check_runs import make_config, train_steps
 from cifar_ray.training.distributed import rank_seed, reduce_train_totals
 from cifar_ray.training.memory import peak_memory_mb, reset_peak_memory
 from cifar_ray.training.models import build_model

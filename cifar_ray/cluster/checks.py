@@ -16,15 +16,11 @@ import torch
 from ..core.config import TrainConfig
 from ..core.errors import ConfigError
 from ..training import checks
-from ..training.checks import (
-    TOL_AMP_UPDATE,
-    TOL_FLOAT64,
-    TOL_METRIC64,
+from ..training.check_runs import (
     CheckResult,
     Plan,
     Trained,
     device_keys,
-    failed,
     make_config,
     rel_diff,
     resolve_device,
@@ -32,6 +28,7 @@ from ..training.checks import (
     train_steps,
     update_rel_diff,
 )
+from ..training.checks import TOL_AMP_UPDATE, TOL_FLOAT64, TOL_METRIC64, failed
 from ..training.distributed import select_device
 from ..training.models import build_model
 
