@@ -138,7 +138,7 @@ def test_two_workers_on_one_gpu_run_as_gloo_ranks_sharing_it_and_say_so():
         "NCCL refuses two ranks on one GPU); use_gpu=false runs them on CPU instead"
     ]
     three = TrainConfig(workers=3, batch_size=120)
-    assert placement.shared_gpu_share(three, ONE_GPU["per_node"]) == 0.3333  # Ray's 0.0001 steps: 3 fit
+    assert placement.gpu_share_that_fits(three, ONE_GPU["per_node"]) == 0.3333  # Ray's 0.0001 steps: 3 fit
 
 
 def test_a_trial_that_chose_its_gpus_is_refused_naming_the_way_out():

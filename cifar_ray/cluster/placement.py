@@ -113,7 +113,7 @@ def check_fits(plan: SweepPlan, capacity: dict[str, Any]) -> None:
             )
 
 
-def shared_gpu_share(cfg: TrainConfig, nodes: list[dict[str, float]]) -> float | None:
+def gpu_share_that_fits(cfg: TrainConfig, nodes: list[dict[str, float]]) -> float | None:
     """The GPU share per worker (1/k: k ranks per GPU, the fewest that fit) with which a trial of several
     ranks fits the nodes' GPUs when one GPU per rank does not (a one-GPU machine and workers=2); None when
     whole GPUs fit, or sharing cannot help (dp drives whole GPUs from one process; too few CPUs)."""
@@ -131,7 +131,7 @@ def _gpu_way_out(cfg: TrainConfig, nodes: list[dict[str, float]]) -> str:
     """The end of a refusal for a trial whose ranks have too few GPUs: how to run it anyway."""
     if cfg.use_gpu != "true":
         return ""
-    share = shared_gpu_share(cfg, nodes)
+    share = gpu_share_that_fits(cfg, nodes)
     # NCCL refuses two ranks on one GPU (ray-project/ray#48012): ranks that share a GPU talk over gloo
     shared = f"gpus_per_worker={share:g} backend=gloo (ranks share GPUs), or " if share else ""
     return f"; use {shared}use_gpu=false (CPU workers)"
@@ -196,11 +196,11 @@ def resolve_plan(
 
 
 def _auto_share(config: TrainConfig, capacity: dict[str, Any]) -> float | None:
-    """shared_gpu_share for a GPU trial (use_gpu auto or true) that leaves its backend to auto and asks whole
+    """gpu_share_that_fits for a GPU trial (use_gpu auto or true) that leaves its backend to auto and asks whole
     GPUs, else None."""
     if config.use_gpu == "false" or (config.backend, config.gpus_per_worker) != ("auto", 1.0):
         return None
-    return shared_gpu_share(config, capacity.get("per_node", []))
+    return gpu_share_that_fits(config, capacity.get("per_node", []))
 
 
 def _resolved(config: TrainConfig, has_gpus: bool) -> TrainConfig:
