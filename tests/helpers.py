@@ -6,6 +6,7 @@ tests/test_layers.py holds that). Fault injection lives apart, in tests/faults.p
 - `shared_ddp_run`: the suite's one TorchTrainer run of the DDP checks.
 - `wait_for`: poll a condition while a real run goes on.
 - `COMPUTED`: the epoch metrics a trial computes, equal from run to run.
+- `fake_gpus`: this machine's GPUs as torch.cuda reports them, monkeypatched (no GPU here).
 """
 
 from __future__ import annotations
@@ -289,3 +290,19 @@ COMPUTED = (
     "allreduce_bytes_per_step",
     "diverged",
 )
+
+
+def fake_gpus(monkeypatch, *gpus: tuple[str, tuple[int, int]]) -> None:
+    """This machine's GPUs as torch.cuda reports them: (name, compute capability) per index; the current
+    device is GPU 0. The functions take an index, a torch.device or nothing (the current device), as torch's do."""
+
+    def index_of(device=None) -> int:
+        if isinstance(device, int):
+            return device
+        return 0 if device is None else torch.device(device).index or 0
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: bool(gpus))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpus[index_of(device)][0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[index_of(device)][1])

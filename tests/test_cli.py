@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_cifar_fixture
+from helpers import fake_gpus
 
 from cifar_ray.cli import build_parser, main
 from cifar_ray.cluster import orchestrate
@@ -367,6 +368,28 @@ def test_values_that_fail_late_are_one_line_before_ray_starts(words, message, tm
     assert sorted(tmp_path.rglob("*")) == [sweep_file]  # no run folder, inside the storage or out of it
     [(code, err)] = no_torch_nor_ray(argvs[0])
     assert code == 2 and message in err
+
+
+def test_bf16_on_a_local_gpu_older_than_ampere_is_one_line_before_ray_starts(tmp_path, capsys, ray_start, monkeypatch):
+    fake_gpus(monkeypatch, ("NVIDIA A100", (8, 0)), ("Tesla V100-SXM2-16GB", (7, 0)))
+    storage = tmp_path / "runs"
+    for use_gpu in ("auto", "true"):
+        assert (
+            main(["train", "--storage", str(storage), "--set", "dataset=synthetic", "amp=bf16", f"use_gpu={use_gpu}"])
+            == 2
+        )
+        err = capsys.readouterr().err
+        assert err == (
+            "cifar-ray: error: amp=bf16 needs a GPU of compute capability 8.0 (Ampere) or newer, but Tesla "
+            "V100-SXM2-16GB is 7.0: bf16 runs emulated or fails in cuDNN there; use amp=fp16 or amp=off\n"
+        )
+    assert not storage.exists()
+    for words in (["amp=bf16", "use_gpu=false"], ["amp=fp16"]):  # on CPU, or not bf16: Ray starts
+        with pytest.raises(RayStarted):
+            main(["train", "--storage", str(storage), "--set", "dataset=synthetic", *words])
+    fake_gpus(monkeypatch, ("NVIDIA H100", (9, 0)))
+    with pytest.raises(RayStarted):
+        main(["train", "--storage", str(storage), "--set", "dataset=synthetic", "amp=bf16"])
 
 
 def test_yaml_1_1_words_are_amps_strings_in_set(capsys):

@@ -65,6 +65,10 @@ def test_bad_override_syntax(items, expected):
         ({"use_gpu": False, "backend": "nccl"}, "backend=nccl needs GPUs but use_gpu=false"),
         ({"use_gpu": "false", "amp": "fp16"}, "amp=fp16 needs a GPU"),
         (
+            {"compile": True, "strategy": "dp", "workers": 2},
+            "compile=true with strategy=dp recompiles the model on every step",
+        ),
+        (
             {"train_subset": 100, "batch_size": 64, "accum_steps": 2},
             "the effective batch 128 (batch_size x accum_steps) is larger than the 100 training images "
             "(cifar10, train_subset=100): not one optimizer step per epoch; allowed: an effective batch <= 100",

@@ -150,6 +150,36 @@ def test_a_worker_killed_for_memory_reads_as_oom_however_ray_wraps_it():
     assert failure_status(worker_group_error(RuntimeError("SIGSEGV"))) == "failed"
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call",
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+        "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+        "NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+        "NCCL version 2.27.5\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+        "Cuda failure 2 'out of memory'",
+        "NCCL error: ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device "
+        "error.\nLast error:\nFailed to CUDA calloc 6291456 bytes",
+    ],
+)
+def test_a_cuda_library_out_of_memory_reads_as_oom_however_ray_wraps_it(message):
+    """torch raises these as RuntimeError (torch's Exceptions.h, NCCL's CUDACHECK), not torch.OutOfMemoryError."""
+    from ray.exceptions import RayTaskError
+
+    cause = RuntimeError(message)
+    group = worker_group_error(cause)
+    task = RayTaskError("run_slot", "".join(traceback.format_exception(group)), group).as_instanceof_cause()
+    for error in (cause, group, task):
+        assert failure_status(error) == "oom", (type(error), message)
+
+
+def test_other_cuda_library_errors_read_as_failed():
+    for message in ("CUDA error: an illegal memory access was encountered", "cuDNN error: CUDNN_STATUS_BAD_PARAM"):
+        assert failure_status(worker_group_error(RuntimeError(message))) == "failed"
+
+
 def test_trials_travel_as_typed_specs_and_old_runs_dicts_still_read(tmp_path):
     trial = run_trials(tmp_path, count=1)[0]
     assert slots.tune_run_trial({"trial": {"name": trial.name, "run": trial}}) is trial

@@ -17,7 +17,7 @@ from cifar_ray.cluster import placement, progress
 from cifar_ray.cluster import session as ray_session
 from cifar_ray.cluster.placement import RESOURCE_CPU, RESOURCE_GPU
 from cifar_ray.core import sysinfo
-from cifar_ray.core.config import ConfigError
+from cifar_ray.core.config import ConfigError, TrainConfig
 from cifar_ray.core.errors import ClusterError
 from cifar_ray.core.sweep import build_plan
 from cifar_ray.training import data
@@ -101,8 +101,6 @@ def test_sweep_header_says_how_many_trials_of_each_shape_run_at_once():
 def test_fractional_gpus_pack_small_trials_onto_one_gpu_and_keep_nccl_ranks_apart():
     """Planning with fake GPUs (2 per node on this CPU machine): 0.25 GPU per worker packs four 1-worker
     trials per GPU; a 2-worker trial sharing GPUs must use gloo, since NCCL refuses two ranks on one GPU."""
-    from cifar_ray.core.config import TrainConfig
-
     two_gpus = capacity({"CPU": 16, "GPU": 2}, {"CPU": 16, "GPU": 2})["per_node"]
     quarter = TrainConfig(use_gpu="true", gpus_per_worker=0.25)
     assert placement.worker_resources(quarter) == {"CPU": 1.0, "GPU": 0.25}
@@ -117,6 +115,49 @@ def test_fractional_gpus_pack_small_trials_onto_one_gpu_and_keep_nccl_ranks_apar
     assert TrainConfig(gpus_per_worker=0.25).resolved(True).backend == "nccl"  # one rank: nothing to share
     with pytest.raises(ValueError, match="strategy=dp"):
         TrainConfig(use_gpu="true", strategy="dp", workers=2, gpus_per_worker=0.5)
+
+
+ONE_GPU = capacity({"CPU": 16, "GPU": 1})
+
+
+def test_two_workers_on_one_gpu_run_as_gloo_ranks_sharing_it_and_say_so():
+    """The defaults (use_gpu=auto, backend=auto, workers=2 as in the README quickstart) on a one-GPU machine."""
+    plan = build_plan({"name": "p", "base": {"dataset": "synthetic"}, "grid": {"workers": [1, 2, 4]}})
+    lines = []
+    resolved = placement.resolve_plan(plan, ONE_GPU, lines.append)
+    shapes = [(t.config.use_gpu, t.config.backend, t.config.gpus_per_worker) for t in resolved.trials]
+    assert shapes == [("true", "nccl", 1.0), ("true", "gloo", 0.5), ("true", "gloo", 0.25)]
+    placement.check_fits(resolved, ONE_GPU)
+    assert len(lines) == 2 and "1 trial(s) with 2 workers on 1 GPU(s): ranks share GPUs" in lines[0]
+    assert "gpus_per_worker=0.5, backend=gloo" in lines[0] and "gpus_per_worker=0.25" in lines[1]
+    two_gpus = capacity({"CPU": 16, "GPU": 2})  # whole GPUs fit 2 workers: they stay as they are
+    on_two = placement.resolve_plan(plan, two_gpus, lines.append).trials
+    assert [t.config.gpus_per_worker for t in on_two] == [1.0, 1.0, 0.5]
+    assert lines[2:] == [
+        "1 trial(s) with 4 workers on 2 GPU(s): ranks share GPUs (gpus_per_worker=0.5, backend=gloo: "
+        "NCCL refuses two ranks on one GPU); use_gpu=false runs them on CPU instead"
+    ]
+    three = TrainConfig(workers=3, batch_size=120)
+    assert placement.gpu_share_that_fits(three, ONE_GPU["per_node"]) == 0.3333  # Ray's 0.0001 steps: 3 fit
+
+
+def test_a_trial_that_chose_its_gpus_is_refused_naming_the_way_out():
+    for base in (
+        {"use_gpu": "true", "backend": "nccl"},
+        {"use_gpu": "true", "gpus_per_worker": 1.0, "backend": "nccl"},
+    ):
+        plan = build_plan({"name": "p", "base": {"dataset": "synthetic", "workers": 2} | base})
+        resolved = placement.resolve_plan(plan, ONE_GPU, print)
+        assert resolved.trials[0].config.backend == "nccl"
+        with pytest.raises(ConfigError) as error:
+            placement.check_fits(resolved, ONE_GPU)
+        message = str(error.value)
+        assert "\n" not in message and message.endswith(
+            "can never run; use gpus_per_worker=0.5 backend=gloo (ranks share GPUs), or use_gpu=false (CPU workers)"
+        )
+    dp = placement.resolve_plan(plan_of({}, use_gpu="true", strategy="dp", workers=2), ONE_GPU)
+    with pytest.raises(ConfigError, match=r"can never run; use use_gpu=false \(CPU workers\)$"):
+        placement.check_fits(dp, ONE_GPU)  # dp drives whole GPUs from one process: no sharing
 
 
 def test_trial_bundles():

@@ -130,7 +130,7 @@ def run_plan(
     from ray import tune
 
     capacity = cluster_capacity()
-    plan = resolve_plan(plan, capacity)
+    plan = resolve_plan(plan, capacity, print_line)
     check_fits(plan, capacity)
     run_dir = StoragePath.of(storage) / plan.name
     sweep_file = run_dir / runlog.SWEEP_FILE

@@ -16,9 +16,10 @@ deadlock, but a smaller trial may wait while a slot would be free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..core.config import TrainConfig
+from ..core.config import TrainConfig, parse_config
 from ..core.errors import ConfigError
 from ..core.sweep import SweepPlan, TrialSpec
 
@@ -102,7 +103,7 @@ def check_fits(plan: SweepPlan, capacity: dict[str, Any]) -> None:
         if workers_that_fit(per_worker, nodes) < cfg.ray_workers:
             raise ConfigError(
                 f"{need} but the cluster's {len(nodes)} node(s) have CPUs {_per_node(nodes, 'CPU')}, "
-                f"GPUs {_per_node(nodes, 'GPU')}: it can never run"
+                f"GPUs {_per_node(nodes, 'GPU')}: it can never run{_gpu_way_out(cfg, nodes)}"
             )
         if capacity["packing"] == "slots" and workers_that_fit(mirror_resources(per_worker), nodes) < cfg.ray_workers:
             raise ConfigError(
@@ -110,6 +111,30 @@ def check_fits(plan: SweepPlan, capacity: dict[str, Any]) -> None:
                 f"{RESOURCE_GPU} {_per_node(nodes, RESOURCE_GPU)}: start every node with "
                 f'--resources=\'{{"{RESOURCE_CPU}": <its CPUs>, "{RESOURCE_GPU}": <its GPUs>}}\', or none of them'
             )
+
+
+def gpu_share_that_fits(cfg: TrainConfig, nodes: list[dict[str, float]]) -> float | None:
+    """The GPU share per worker (1/k: k ranks per GPU, the fewest that fit) with which a trial of several
+    ranks fits the nodes' GPUs when one GPU per rank does not (a one-GPU machine and workers=2); None when
+    whole GPUs fit, or sharing cannot help (dp drives whole GPUs from one process; too few CPUs)."""
+    if cfg.strategy == "dp" or cfg.ray_workers < 2:
+        return None
+    cpus = {"CPU": float(cfg.cpus_per_worker)}
+    if workers_that_fit(cpus | {"GPU": 1.0}, nodes) >= cfg.ray_workers:
+        return None
+    # Ray counts fractional resources in steps of 0.0001: round down so k shares still fit one GPU
+    shares = (int(10_000 / ranks) / 10_000 for ranks in range(2, cfg.ray_workers + 1))
+    return next((share for share in shares if workers_that_fit(cpus | {"GPU": share}, nodes) >= cfg.ray_workers), None)
+
+
+def _gpu_way_out(cfg: TrainConfig, nodes: list[dict[str, float]]) -> str:
+    """The end of a refusal for a trial whose ranks have too few GPUs: how to run it anyway."""
+    if cfg.use_gpu != "true":
+        return ""
+    share = gpu_share_that_fits(cfg, nodes)
+    # NCCL refuses two ranks on one GPU (ray-project/ray#48012): ranks that share a GPU talk over gloo
+    shared = f"gpus_per_worker={share:g} backend=gloo (ranks share GPUs), or " if share else ""
+    return f"; use {shared}use_gpu=false (CPU workers)"
 
 
 def concurrency_cap(plan: SweepPlan, capacity: dict[str, Any], max_concurrent: int | None) -> int | None:
@@ -143,12 +168,39 @@ def trials_at_once(plan: SweepPlan, capacity: dict[str, Any], limit: int | None)
     return shapes
 
 
-def resolve_plan(plan: SweepPlan, capacity: dict[str, float]) -> SweepPlan:
+def resolve_plan(
+    plan: SweepPlan, capacity: dict[str, Any], print_line: Callable[[str], None] | None = None
+) -> SweepPlan:
     """`auto` use_gpu/backend made concrete for this cluster, for every trial; a trial this cluster or
-    this torch build cannot run is refused (ConfigError)."""
+    this torch build cannot run is refused (ConfigError). A GPU trial with backend=auto and whole GPUs whose
+    ranks outnumber the GPUs runs them as gloo ranks sharing GPUs rather than being refused (a one-GPU
+    machine and workers=2), said in one line per trial shape through `print_line`."""
     has_gpus = capacity["gpus"] > 0
-    trials = [TrialSpec(t.index, t.name, t.swept, _resolved(t.config, has_gpus)) for t in plan.trials]
+    shared: dict[tuple[int, float], list[str]] = {}
+    trials = []
+    for trial in plan.trials:
+        config = trial.config
+        share = _auto_share(config, capacity) if has_gpus else None
+        if share:
+            config = parse_config(config.model_dump() | {"backend": "gloo", "gpus_per_worker": share})
+            shared.setdefault((config.ray_workers, share), []).append(trial.name)
+        trials.append(TrialSpec(trial.index, trial.name, trial.swept, _resolved(config, has_gpus)))
+    for (workers, share), names in shared.items():
+        if print_line:
+            print_line(
+                f"{len(names)} trial(s) with {workers} workers on {capacity['gpus']:g} GPU(s): ranks share GPUs "
+                f"(gpus_per_worker={share:g}, backend=gloo: NCCL refuses two ranks on one GPU); "
+                "use_gpu=false runs them on CPU instead"
+            )
     return SweepPlan(**{**plan.__dict__, "trials": trials})
+
+
+def _auto_share(config: TrainConfig, capacity: dict[str, Any]) -> float | None:
+    """gpu_share_that_fits for a GPU trial (use_gpu auto or true) that leaves its backend to auto and asks whole
+    GPUs, else None."""
+    if config.use_gpu == "false" or (config.backend, config.gpus_per_worker) != ("auto", 1.0):
+        return None
+    return gpu_share_that_fits(config, capacity.get("per_node", []))
 
 
 def _resolved(config: TrainConfig, has_gpus: bool) -> TrainConfig:

@@ -205,6 +205,15 @@ def ensure_local_data(plan) -> None:
             ensure_cifar10(data_dir)
 
 
+def check_local_gpus(plan) -> None:
+    """amp=bf16 on this machine's GPUs refused before the embedded Ray starts when one is older than Ampere
+    (use_gpu auto or true: auto takes the GPUs where there are any). A cluster's workers refuse it themselves."""
+    if any(t.config.amp == "bf16" and t.config.use_gpu != "false" for t in plan.trials):
+        from ..training.gpu import check_local_gpus_for_bf16  # imports torch: only for a plan that may need it
+
+        check_local_gpus_for_bf16()
+
+
 def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     from ..cluster.orchestrate import run_plan  # these import Ray inside their functions only
     from ..cluster.session import cluster_address, init_ray
@@ -217,6 +226,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     if refusal:
         raise ConfigError(refusal)
     if cluster_address(args.address) is None:
+        check_local_gpus(plan)  # a refusal before the data download writes anything
         ensure_local_data(plan)
     owns_ray = init_ray(address=args.address, verbose=args.verbose)
     # Tune stops gracefully on SIGINT (saving its state; run_plan then marks the running trials interrupted);

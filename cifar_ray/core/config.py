@@ -249,6 +249,11 @@ class TrainConfig(BaseModel):
                 f"strategy=dp drives `workers` whole GPUs from one process: gpus_per_worker must be 1 "
                 f"(got {self.gpus_per_worker:g}); use strategy=ddp or single to share GPUs"
             )
+        if self.compile and self.strategy == "dp":
+            raise ValueError(
+                "compile=true with strategy=dp recompiles the model on every step (DataParallel replicates it "
+                "each forward); use compile=false, or strategy=ddp"
+            )
         if self.grad_compression != "none" and (self.strategy != "ddp" or self.workers < 2):
             raise ValueError(
                 f"grad_compression={self.grad_compression} compresses DDP's gradient all-reduce: it needs "

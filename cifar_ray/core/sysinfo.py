@@ -7,6 +7,10 @@ import socket
 import subprocess
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # core imports no torch at import time
+    import torch
 
 
 @lru_cache(maxsize=1)
@@ -20,15 +24,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_info(device_type: str, num_devices: int = 1) -> dict:
-    """The device a worker trains on: GPU model, or the CPU model and the cores it may use."""
+def device_info(device: torch.device | str, num_devices: int = 1) -> dict:
+    """The device a worker trains on (a torch.device or its type): the GPU's model (of `device` itself, not
+    of the process's current CUDA device) and the CUDA libraries' precision flags as they are set
+    (training/gpu.py chooses them), or the CPU model and the cores it may use."""
     import torch
 
-    if device_type == "cuda":
-        name = torch.cuda.get_device_name(torch.cuda.current_device())
-    else:
-        name = cpu_model()
-    return {"device_type": device_type, "device_name": name, "devices_per_worker": num_devices}
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {"device_type": device.type, "device_name": cpu_model(), "devices_per_worker": num_devices}
+    numerics = {
+        "matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,  # ieee: no TF32
+        "cudnn_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+    }
+    name = torch.cuda.get_device_name(device)
+    return {"device_type": "cuda", "device_name": name, "devices_per_worker": num_devices, "cuda_numerics": numerics}
 
 
 def versions() -> dict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -165,6 +166,24 @@ def _keep_memories_if_not_finite(state: PowerSGDState, index: int, before: dict[
     return callback
 
 
+class _CudaHidden:
+    """`torch` as the CPU copy of powerSGD_hook sees it: CUDA unavailable, everything else torch's own."""
+
+    cuda = types.SimpleNamespace(is_available=lambda: False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+# torch's powerSGD_hook synchronises `torch.cuda.synchronize(device)` whenever CUDA is available, even for a CPU
+# bucket (which then raises): CPU workers see the GPUs (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0). CPU buckets go
+# through this copy of the hook, whose module globals (read by its callbacks too, in whatever thread runs
+# them) hold a `torch` without CUDA; the module itself stays untouched.
+_cpu_powersgd_hook = types.FunctionType(
+    powersgd.powerSGD_hook.__code__, vars(powersgd) | {"torch": _CudaHidden()}, "cpu_powerSGD_hook"
+)
+
+
 def _guarded_powersgd_hook(state, bucket):  # no annotations: DDP compares them to real classes, not strings
     index = bucket.index()
     layout = tuple(state.param_index.get(id(p), -1) for p in bucket.parameters())
@@ -180,7 +199,8 @@ def _guarded_powersgd_hook(state, bucket):  # no annotations: DDP compares them 
         for name, memories in (("error", state.error_dict), ("q", state.q_memory_dict))
         if compressing and index in memories
     }
-    future = powersgd.powerSGD_hook(state, bucket)
+    hook = powersgd.powerSGD_hook if bucket.buffer().is_cuda else _cpu_powersgd_hook
+    future = hook(state, bucket)
     if compressing:
         future = future.then(_keep_memories_if_not_finite(state, index, before))
     if state.serialize and not bucket.is_last():
