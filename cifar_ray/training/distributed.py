@@ -10,6 +10,7 @@ from torch import nn
 
 from ..core import sysinfo
 from ..core.config import TrainConfig
+from . import gpu
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Worker:
 def select_devices(cfg: TrainConfig) -> list[torch.device]:
     """This worker's devices as Ray assigned them: its GPUs (dp drives several; the first is the one
     the model lives on), or the CPU."""
+    gpu.set_cuda_numerics()  # once per worker, before worker_system records them
     if cfg.use_gpu == "true":
         import ray.train.torch
 
@@ -44,7 +46,7 @@ def worker_system(worker: Worker) -> dict:
     placement = sysinfo.gather_placement()  # node id + hostname of every rank, in rank order
     gpus = len(worker.devices) if worker.device.type == "cuda" else 0
     return (
-        sysinfo.device_info(worker.device.type, len(worker.devices))
+        sysinfo.device_info(worker.device, len(worker.devices))
         | placement
         | {"world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
     )

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..core import runlog
 from ..core.config import TrainConfig
-from . import comm
+from . import comm, gpu
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, broadcast_buffers, rank_seed, reduce_train_totals
 from .memory import reduce_peak_memory, reset_peak_memory
@@ -227,6 +227,7 @@ def run_trial(
     hooks), so a process that ran other trials before trains this one exactly as a fresh process would
     (tests/test_train_eval.py)."""
     rank, world, devices, device = worker.rank, worker.world, worker.devices, worker.device
+    gpu.check_amp_supported(cfg, device)  # bf16 before Ampere: one line, not a cuDNN failure mid-epoch
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in loaded_splits(cfg))
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
