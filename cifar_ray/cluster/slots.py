@@ -20,6 +20,8 @@ slot: after its trial), so shapes never deadlock each other.
 Run state has one writer: the Dispatcher, pinned to the driver's node, writes trial.json from what the slots
 tell it (running, system, slot, timeline, each epoch's end, the outcome, failures and error.txt); rank 0 of a
 slot writes only metrics.jsonl and checkpoints; the driver writes sweep.json and the trials' first trial.json.
+The slot tasks (and with them their Ray Train controllers) live on the driver's node too, and the thin trials on
+the head (the driver's node wherever a sweep is started from): a lost node takes only workers with it.
 
 Failures: checkpoints are the trial's own (in the trial folder: core/checkpoints.py). A worker that dies, or a trial
 that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same trial back
