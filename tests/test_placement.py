@@ -19,6 +19,7 @@ from cifar_ray.cluster.placement import RESOURCE_CPU, RESOURCE_GPU
 from cifar_ray.core import sysinfo
 from cifar_ray.core.config import ConfigError, TrainConfig
 from cifar_ray.core.errors import ClusterError
+from cifar_ray.core.shapes import trial_shape
 from cifar_ray.core.sweep import build_plan
 from cifar_ray.training import data
 
@@ -103,7 +104,7 @@ def test_fractional_gpus_pack_small_trials_onto_one_gpu_and_keep_nccl_ranks_apar
     trials per GPU; a 2-worker trial sharing GPUs must use gloo, since NCCL refuses two ranks on one GPU."""
     two_gpus = capacity({"CPU": 16, "GPU": 2}, {"CPU": 16, "GPU": 2})["per_node"]
     quarter = TrainConfig(use_gpu="true", gpus_per_worker=0.25)
-    assert placement.worker_resources(quarter) == {"CPU": 1.0, "GPU": 0.25}
+    assert trial_shape(quarter).worker_resources == {"CPU": 1.0, "GPU": 0.25}
     assert placement.trials_that_fit(quarter, two_gpus, slots=False) == 16  # 4 per GPU, 2 GPUs on each of 2 nodes
     gloo_pairs = TrainConfig(use_gpu="true", gpus_per_worker=0.5, workers=2, backend="gloo")
     assert placement.trials_that_fit(gloo_pairs, two_gpus, slots=False) == 4
@@ -160,13 +161,13 @@ def test_a_trial_that_chose_its_gpus_is_refused_naming_the_way_out():
         placement.check_fits(dp, ONE_GPU)  # dp drives whole GPUs from one process: no sharing
 
 
-def test_trial_bundles():
-    cfg = plan_of({"workers": [2]}).trials[0].config
-    head = {"CPU": 0.0, "memory": 1.0}
-    assert placement.trial_bundles(cfg, slots=True) == [head, {RESOURCE_CPU: 1.0}, {RESOURCE_CPU: 1.0}]
-    assert placement.trial_bundles(cfg, slots=False) == [head]
-    gpu = plan_of({"workers": [2]}, use_gpu="true").trials[0].config
-    assert placement.trial_bundles(gpu)[1] == {RESOURCE_CPU: 1.0, RESOURCE_GPU: 1.0}
+def test_a_thin_trial_reserves_no_core_on_the_head_node():
+    """A thin trial lives on the head (the driver's node) so that losing another node cannot error its Tune trial;
+    HEAD_NODE_RESOURCE must be the name Ray gives the head's resource."""
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME
+
+    assert placement.HEAD_NODE_RESOURCE == HEAD_NODE_RESOURCE_NAME
+    assert placement.thin_trial_bundles() == [{"CPU": 0.0, "memory": 1.0, HEAD_NODE_RESOURCE_NAME: 0.001}]
 
 
 def test_address_comes_from_the_flag_or_ray_address(monkeypatch):

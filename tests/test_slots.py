@@ -1,8 +1,8 @@
 """Worker slots on real Ray (warm by default; `--isolate` gives each trial a one-trial slot): trials one after
 another in one worker group give the metrics of fresh runs; a diverged trial does not end its slot; a worker
 killed during a slot's second trial continues that trial from its own checkpoint; --resume trains a failed trial
-again; a slot task that dies is reported to the Dispatcher; no slot outlives a sweep that fails before
-Tuner.fit."""
+again; a slot task that dies is reported to the Dispatcher; a slot whose Dispatcher is gone ends; no slot outlives
+a sweep that fails before Tuner.fit."""
 
 from __future__ import annotations
 
@@ -222,3 +222,21 @@ def test_a_slot_task_that_dies_is_reported_to_the_dispatcher_as_failed():
     assert len(started.tasks) == 2  # slot-b started when slot-a ended
     assert [(slot, shape, status) for slot, shape, status, _ in told] == [("slot-a", "shape", "failed")]
     assert "WorkerCrashedError" in told[0][3] or "died" in told[0][3], told
+
+
+def test_a_slot_whose_dispatcher_is_gone_ends_instead_of_restarting():
+    """A slot cannot work without its Dispatcher: once the Dispatcher is gone (its run stopped), the slot's
+    question for its next trial ends the slot, where raising would restart its worker group to ask again."""
+    import ray
+
+    from cifar_ray.cluster.slots import next_trial
+
+    @ray.remote(num_cpus=0)
+    class Dispatcher:
+        def take(self, shape: str, slot: str) -> str:
+            return f"a trial of {shape} for {slot}"
+
+    dispatcher = Dispatcher.remote()
+    assert next_trial(dispatcher, "shape", "slot-a") == "a trial of shape for slot-a"
+    ray.kill(dispatcher)
+    assert next_trial(dispatcher, "shape", "slot-a") is None

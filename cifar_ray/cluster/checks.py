@@ -15,6 +15,7 @@ import torch
 
 from ..core.config import TrainConfig
 from ..core.errors import ConfigError
+from ..core.storage import StoragePath
 from ..training import checks
 from ..training.check_runs import (
     CheckResult,
@@ -31,6 +32,7 @@ from ..training.check_runs import (
 from ..training.checks import TOL_AMP_UPDATE, TOL_FLOAT64, TOL_METRIC64, failed
 from ..training.distributed import select_device
 from ..training.models import build_model
+from .trainer import torch_trainer
 
 SAME_SUMS = "the same sums in another order"  # why float64 runs of one computation may differ at all
 # What the GPU variants of the DDP check may differ by from their reference run (update rel diff), and why.
@@ -134,20 +136,8 @@ def gpu_variant_plans(device: torch.device, gpu_count: int, n_steps: int = 4) ->
 
 def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -> dict[str, Any]:
     """One TorchTrainer fit of `ddp_worker` on the connected Ray; returns what rank 0 saved."""
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from .placement import worker_resources
-
-    trainer = TorchTrainer(
-        ddp_worker,
-        train_loop_config={"config": cfg.model_dump(), "steps": n_steps, "dtype": dtype, "out": str(out)},
-        torch_config=TorchConfig(backend=cfg.backend),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=cfg.workers, use_gpu=cfg.use_gpu == "true", resources_per_worker=worker_resources(cfg)
-        ),
-        run_config=ray.train.RunConfig(name="cifar-ray-check", storage_path=str(out.parent)),
-    )
+    loop_config = {"config": cfg.model_dump(), "steps": n_steps, "dtype": dtype, "out": str(out)}
+    trainer = torch_trainer(ddp_worker, loop_config, cfg, "cifar-ray-check", StoragePath.of(out.parent))
     trainer.fit()
     return torch.load(out, weights_only=True)
 

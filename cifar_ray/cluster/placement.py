@@ -21,6 +21,7 @@ from typing import Any
 
 from ..core.config import TrainConfig, parse_config
 from ..core.errors import ConfigError
+from ..core.shapes import trial_shape
 from ..core.sweep import SweepPlan, TrialSpec
 
 RESOURCE_CPU = "cifar_ray_cpu"
@@ -46,14 +47,6 @@ def cluster_capacity() -> dict[str, float]:
     }
 
 
-def worker_resources(cfg: TrainConfig) -> dict[str, float]:
-    """Resources of ONE Ray Train worker (dp: the single worker holds all its GPUs; else gpus_per_worker)."""
-    resources = {"CPU": float(cfg.cpus_per_worker)}
-    if cfg.use_gpu == "true":
-        resources["GPU"] = float(cfg.workers if cfg.strategy == "dp" else cfg.gpus_per_worker)
-    return resources
-
-
 def mirror_resources(per_worker: dict[str, float]) -> dict[str, float]:
     """A worker's CPUs and GPUs under the mirror (slot) resource names."""
     mirror = {RESOURCE_CPU: per_worker["CPU"]}
@@ -62,12 +55,16 @@ def mirror_resources(per_worker: dict[str, float]) -> dict[str, float]:
     return mirror
 
 
-def trial_bundles(cfg: TrainConfig, slots: bool = True) -> list[dict[str, float]]:
-    """What a Tune trial (the driver of one TorchTrainer) reserves: no core for the driver
-    ("memory": 1 byte keeps Ray from rejecting a bundle with no CPU) and, with slot packing, one
-    bundle of mirror resources per worker (PACK: on one node if they fit, else spread)."""
-    head = {"CPU": 0.0, "memory": 1.0}
-    return [head] + [mirror_resources(worker_resources(cfg))] * cfg.ray_workers if slots else [head]
+# Ray's resource on the head node (ray._common.constants.HEAD_NODE_RESOURCE_NAME; Ray Train pins its state actor with
+# a 0.001 share of it). Named here so the fast paths import no Ray.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+
+
+def thin_trial_bundles() -> list[dict[str, float]]:
+    """What a thin Tune trial reserves: no core ("memory": 1 byte keeps Ray from rejecting a bundle with no CPU),
+    on the head node, where the driver and the Dispatcher live (the driver's node in every supported setup):
+    a thin trial on a node that is lost would error its Tune trial while the slots carry the trial on."""
+    return [{"CPU": 0.0, "memory": 1.0, HEAD_NODE_RESOURCE: 0.001}]
 
 
 def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
@@ -78,7 +75,7 @@ def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]
 
 def trials_that_fit(cfg: TrainConfig, nodes: list[dict[str, float]], slots: bool) -> int:
     """How many copies of this trial run at once on empty nodes (slots: also in the mirror resources)."""
-    per_worker = worker_resources(cfg)
+    per_worker = trial_shape(cfg).worker_resources
     fit = workers_that_fit(per_worker, nodes)
     if slots:
         fit = min(fit, workers_that_fit(mirror_resources(per_worker), nodes))
@@ -94,7 +91,7 @@ def check_fits(plan: SweepPlan, capacity: dict[str, Any]) -> None:
     nodes = capacity["per_node"]
     for trial in plan.trials:
         cfg = trial.config
-        per_worker = worker_resources(cfg)
+        per_worker = trial_shape(cfg).worker_resources
         gpus = f" and {per_worker['GPU']:g} GPU(s)" if "GPU" in per_worker else ""
         need = (
             f"trial {trial.name} needs {cfg.ray_workers} worker(s) x {per_worker['CPU']:g} CPU(s){gpus} "
@@ -146,18 +143,12 @@ def concurrency_cap(plan: SweepPlan, capacity: dict[str, Any], max_concurrent: i
     return min(fit, max_concurrent) if max_concurrent else fit
 
 
-def shape_label(cfg: TrainConfig) -> str:
-    per_worker = worker_resources(cfg)
-    gpus = f" + {per_worker['GPU']:g} GPU" if "GPU" in per_worker else ""
-    return f"{cfg.ray_workers} worker{'s' * (cfg.ray_workers > 1)} x {per_worker['CPU']:g} CPU{gpus}"
-
-
 def trials_at_once(plan: SweepPlan, capacity: dict[str, Any], limit: int | None) -> dict[str, tuple[int, int]]:
     """Per trial shape: (number of trials, how many of them run at once on the empty cluster).
     Slot packing: as many copies as fit the nodes; cap packing: Tune's cap for all."""
     shapes: dict[str, tuple[int, int]] = {}
     for trial in plan.trials:
-        label = shape_label(trial.config)
+        label = trial_shape(trial.config).label
         if capacity["packing"] == "slots":
             fit = trials_that_fit(trial.config, capacity["per_node"], slots=True)
             fit = min(fit, limit) if limit else fit

@@ -20,6 +20,8 @@ slot: after its trial), so shapes never deadlock each other.
 Run state has one writer: the Dispatcher, pinned to the driver's node, writes trial.json from what the slots
 tell it (running, system, slot, timeline, each epoch's end, the outcome, failures and error.txt); rank 0 of a
 slot writes only metrics.jsonl and checkpoints; the driver writes sweep.json and the trials' first trial.json.
+The slot tasks (and with them their Ray Train controllers) live on the driver's node too, and the thin trials on
+the head (the driver's node wherever a sweep is started from): a lost node takes only workers with it.
 
 Failures: checkpoints are the trial's own (in the trial folder: core/checkpoints.py). A worker that dies, or a trial
 that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same trial back
@@ -48,22 +50,18 @@ from typing import Any
 from ..core import runlog, sysinfo
 from ..core.checkpoints import fetch_checkpoint, store_checkpoint
 from ..core.config import TrainConfig
+from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, TrialSpec
-from .placement import trial_bundles, trials_that_fit, worker_resources
+from .placement import thin_trial_bundles, trials_that_fit
 from .session import error_line, failure_status
+from .trainer import torch_trainer
 
 DISPATCHER = "cifar-ray-dispatcher"
 LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
 STARTED = "slot_started_after_epoch"  # the result a thin trial reports when its slot takes the trial
 WORKER_DIED = "a worker of the trial's slot died"
-
-
-def shape_key(cfg: TrainConfig) -> str:
-    """Trials with the same key can run one after another in the same worker group."""
-    resources = ",".join(f"{k}={v:g}" for k, v in sorted(worker_resources(cfg).items()))
-    return f"{cfg.ray_workers}x[{resources}]/{cfg.backend}/{cfg.strategy}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +77,7 @@ class RunTrial:
 
     @classmethod
     def of(cls, trial: TrialSpec, run_dir: StoragePath) -> RunTrial:
-        return cls(trial.name, trial.swept, trial.config, run_dir, shape_key(trial.config))
+        return cls(trial.name, trial.swept, trial.config, run_dir, trial_shape(trial.config).key)
 
     @property
     def trial_dir(self) -> StoragePath:
@@ -103,7 +101,7 @@ def tune_run_trial(tune_config: dict) -> RunTrial:
     if "run" in trial:
         return trial["run"]
     cfg = TrainConfig(**trial["config"])
-    return RunTrial(trial["name"], trial["swept"], cfg, tune_config["run_dir"], shape_key(cfg))
+    return RunTrial(trial["name"], trial["swept"], cfg, tune_config["run_dir"], trial_shape(cfg).key)
 
 
 class Dispatcher:
@@ -237,6 +235,18 @@ def epoch_reporter(
     return report
 
 
+def next_trial(dispatcher, shape: str, slot: str) -> RunTrial | None:
+    """The slot's next trial from the Dispatcher; None, so that the slot ends, when it has none left or the
+    Dispatcher is gone (its run stopped): raising instead would restart the worker group to ask a dead actor
+    again, ~20 s per restart, until the slot's restarts are used up."""
+    import ray
+
+    try:
+        return ray.get(dispatcher.take.remote(shape, slot))
+    except ray.exceptions.ActorDiedError:
+        return None
+
+
 def slot_loop(loop_config: dict) -> None:
     """What every worker of a slot runs (Ray Train's train_loop_per_worker): trial after trial. Rank 0 writes
     the trial's metrics.jsonl and checkpoints; everything else it learns goes to the Dispatcher."""
@@ -254,9 +264,7 @@ def slot_loop(loop_config: dict) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     worker, system = None, None
     while True:
-        spec: RunTrial | None = broadcast_from_rank_zero(
-            ray.get(dispatcher.take.remote(shape, slot)) if rank == 0 else None
-        )
+        spec: RunTrial | None = broadcast_from_rank_zero(next_trial(dispatcher, shape, slot) if rank == 0 else None)
         if spec is None:
             return
         taken = time.time()
@@ -311,30 +319,14 @@ def run_slot(
 ) -> None:
     """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left, or, one_trial,
     their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails)."""
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    trainer = TorchTrainer(
-        slot_loop,
-        train_loop_config={
-            "dispatcher": dispatcher,
-            "shape": shape,
-            "slot": slot,
-            "launched_unix": time.time() if one_trial else None,
-        },
-        torch_config=TorchConfig(backend=shape_cfg.backend),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=shape_cfg.ray_workers,
-            use_gpu=shape_cfg.use_gpu == "true",
-            resources_per_worker=worker_resources(shape_cfg),
-        ),
-        run_config=ray.train.RunConfig(
-            name=slot,
-            **storage.ray_storage(),
-            failure_config=ray.train.FailureConfig(max_failures=restarts),
-            callbacks=[worker_deaths(dispatcher, slot)],
-        ),
-    )
+    loop_config = {
+        "dispatcher": dispatcher,
+        "shape": shape,
+        "slot": slot,
+        "launched_unix": time.time() if one_trial else None,
+    }
+    callbacks = [worker_deaths(dispatcher, slot)]
+    trainer = torch_trainer(slot_loop, loop_config, shape_cfg, slot, storage, restarts, callbacks)
     trainer.fit()
 
 
@@ -445,8 +437,9 @@ class SlotPlan:
             .options(name=dispatcher_name(self.run_name), scheduling_strategy=here)
             .remote(self.specs, self.slots, self.one_trial)
         )
-        # No retry: a slot lost with its node is reported to the Dispatcher, which hands its trial on.
-        task = ray.remote(num_cpus=0, max_retries=0)(run_slot)
+        # On this node too: a slot task hosts its Ray Train controller (which follows the task's node), so only
+        # workers live on other nodes. No retry: a slot lost all the same is reported to the Dispatcher.
+        task = ray.remote(num_cpus=0, max_retries=0)(run_slot).options(scheduling_strategy=here)
         storage = self.run_dir / ".slots"
 
         def launch(slot: SlotLaunch):
@@ -541,5 +534,4 @@ def thin_trainable() -> Callable[[dict], None]:
     def cifar_ray_thin_trial(config: dict) -> None:
         thin_trial(config)
 
-    head = trial_bundles(TrainConfig(), slots=False)
-    return tune.with_resources(cifar_ray_thin_trial, tune.PlacementGroupFactory(head))
+    return tune.with_resources(cifar_ray_thin_trial, tune.PlacementGroupFactory(thin_trial_bundles()))

@@ -4,8 +4,9 @@ after each trial ends. Both come from `sweep_state`, the one place that counts t
 It reads sweep.json, each trial.json and metrics.jsonl (runlog), and imports neither torch nor Ray, nor pyarrow for
 a local folder, so it answers in well under a second while the sweep runs elsewhere (`ray job submit`).
 
-ETA = wall time per epoch x epochs left / trials at once, summed over the trial shapes (workers, CPUs and GPUs
-per worker: trials of one shape share its slots, and shapes share the cluster's cores), where for each shape
+ETA = wall time per epoch x epochs left / trials at once, summed over the trial shapes (core/shapes.py: workers,
+CPUs and GPUs per worker, backend, strategy: trials of one shape share its slots, and shapes share the cluster's
+cores), where for each shape
 - wall time per epoch: over its trials with a finished epoch since their (latest) start, the time from the start
   to the last epoch's end divided by those epochs, pooled (trial start-up included, unlike `epoch_time_s`); the
   whole sweep's while no trial of the shape has finished an epoch;
@@ -29,6 +30,7 @@ from datetime import datetime
 
 from . import runlog
 from .errors import RunFolderError
+from .shapes import TrialShape, trial_shape
 from .storage import StoragePath
 from .text import rough_duration, text_table
 
@@ -38,8 +40,6 @@ ISO_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # runlog.now_iso's format (datetime.fromisof
 # The states a trial is counted in, in the order the totals name them: runlog.STATUSES, plus stalled.
 STATES = ("finished", "running", "stalled", "interrupted", "pending", "failed", "diverged", "oom")
 UNFINISHED = ("running", "stalled", "interrupted", "pending")
-# The config keys that decide a trial's resources (placement.worker_resources), so which trials share slots.
-SHAPE_KEYS = ("workers", "cpus_per_worker", "use_gpu", "gpus_per_worker", "strategy")
 
 
 @dataclass
@@ -57,7 +57,7 @@ class TrialState:
 
 @dataclass
 class ShapeEta:
-    shape: dict  # SHAPE_KEYS and their values
+    shape: dict  # the TrialShape's fields and values
     epoch_wall_s: float | None  # wall time per finished epoch, trial start-up included (see the module docstring)
     epochs_left: int
     at_once: int  # trials of the shape at once the ETA assumes
@@ -131,24 +131,19 @@ def _first_line(text: str | None) -> str | None:
     return text.strip().splitlines()[0] if text and text.strip() else None
 
 
-def _shape(trial: runlog.TrialLog) -> dict:
-    return {key: trial.config.get(key) for key in SHAPE_KEYS}
-
-
-def _shapes_left(trials: list[runlog.TrialLog], states: list[TrialState]) -> list[dict]:
-    shapes = [_shape(t) for t, s in zip(trials, states) if s.state in UNFINISHED]
-    return [shape for i, shape in enumerate(shapes) if shape not in shapes[:i]]
+def _shapes_left(trials: list[runlog.TrialLog], states: list[TrialState]) -> list[TrialShape]:
+    return list(dict.fromkeys(trial_shape(t.config) for t, s in zip(trials, states) if s.state in UNFINISHED))
 
 
 def _shape_eta(
-    shape: dict, trials: list[runlog.TrialLog], states: list[TrialState], sweep_wall: float | None, now: float
+    shape: TrialShape, trials: list[runlog.TrialLog], states: list[TrialState], sweep_wall: float | None, now: float
 ) -> ShapeEta:
-    members = [(t, s) for t, s in zip(trials, states) if _shape(t) == shape]
+    members = [(t, s) for t, s in zip(trials, states) if trial_shape(t.config) == shape]
     left = [s for _, s in members if s.state in UNFINISHED]
     wall = _epoch_wall([t for t, _ in members]) or sweep_wall
     at_once = max(min(_most_at_once([t for t, _ in members], [s.state for _, s in members], now), len(left)), 1)
     epochs_left = sum(max((s.epochs or 0) - s.epochs_done, 0) for s in left)
-    return ShapeEta(shape, wall, epochs_left, at_once, None if wall is None else wall * epochs_left / at_once)
+    return ShapeEta(asdict(shape), wall, epochs_left, at_once, None if wall is None else wall * epochs_left / at_once)
 
 
 def sweep_state(run: runlog.RunLog, now: float) -> SweepState:

@@ -1,0 +1,42 @@
+"""The one place a Ray Train run is built from a trial config: a slot's (slots.run_slot) and `cifar-ray check`'s DDP
+run (checks.run_ddp) get the same backend, workers, per-worker resources, storage and restarts for the same config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..core.config import TrainConfig
+from ..core.shapes import trial_shape
+from ..core.storage import StoragePath
+
+
+def torch_trainer(
+    train_loop: Callable[[dict], None],
+    loop_config: dict[str, Any],
+    cfg: TrainConfig,
+    name: str,
+    storage: StoragePath,
+    restarts: int = 0,
+    callbacks: Sequence[Any] = (),
+):
+    """A TorchTrainer of `cfg`'s shape running `train_loop(loop_config)` on every worker, its run named `name`
+    under `storage`, its worker group restarted up to `restarts` times."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    shape = trial_shape(cfg)
+    return TorchTrainer(
+        train_loop,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend=shape.backend),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=shape.workers, use_gpu=shape.gpus > 0, resources_per_worker=shape.worker_resources
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            **storage.ray_storage(),
+            failure_config=ray.train.FailureConfig(max_failures=restarts),
+            callbacks=list(callbacks),
+        ),
+    )
