@@ -9,9 +9,8 @@ import traceback
 
 import pytest
 
-from cifar_ray.cluster import slots
+from cifar_ray.cluster.dispatcher import Dispatcher, RunTrial, tune_run_trial
 from cifar_ray.cluster.session import failure_status
-from cifar_ray.cluster.slots import Dispatcher, RunTrial
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.core.storage import StoragePath
@@ -182,6 +181,6 @@ def test_other_cuda_library_errors_read_as_failed():
 
 def test_trials_travel_as_typed_specs_and_old_runs_dicts_still_read(tmp_path):
     trial = run_trials(tmp_path, count=1)[0]
-    assert slots.tune_run_trial({"trial": {"name": trial.name, "run": trial}}) is trial
+    assert tune_run_trial({"trial": {"name": trial.name, "run": trial}}) is trial
     record = runlog.read_json(trial.trial_file)  # what a run started before RunTrial saved in Tune's param_space
-    assert slots.tune_run_trial({"trial": record, "run_dir": trial.run_dir}) == trial
+    assert tune_run_trial({"trial": record, "run_dir": trial.run_dir}) == trial

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from cifar_ray.cluster import progress
-from cifar_ray.cluster.slots import STARTED, tune_trial
+from cifar_ray.cluster.dispatcher import tune_trial
+from cifar_ray.cluster.slots import STARTED
 from cifar_ray.core import runlog, status
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.core.storage import StoragePath

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from cifar_ray.cluster import placement
-from cifar_ray.cluster.slots import RunTrial
+from cifar_ray.cluster.dispatcher import RunTrial
 from cifar_ray.core import runlog, status
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.core.shapes import SHAPE_KEYS, TrialShape, trial_shape

@@ -23,6 +23,7 @@ from ..core.errors import ConfigError
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from . import slots
+from .dispatcher import tune_trial
 from .placement import check_fits, cluster_capacity, resolve_plan
 from .progress import progress_callback, progress_printer, progress_relay, sweep_header
 from .session import check_shared_storage, is_ray_client
@@ -184,7 +185,7 @@ def run_plan(
             runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
         tuner = tune.Tuner(
             trainable,
-            param_space={"trial": tune.grid_search([slots.tune_trial(t, run_dir) for t in plan.trials])},
+            param_space={"trial": tune.grid_search([tune_trial(t, run_dir) for t in plan.trials])},
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=limit,
                 trial_dirname_creator=_trial_folder_name,

@@ -14,8 +14,9 @@ from typing import Any
 from ..core import runlog, status
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
+from .dispatcher import RunTrial, tune_run_trial
 from .placement import trials_at_once
-from .slots import STARTED, RunTrial, tune_run_trial
+from .slots import STARTED
 
 
 def format_epoch(trial: str, result: dict, epochs: int) -> str:

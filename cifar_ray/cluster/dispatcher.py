@@ -1,0 +1,176 @@
+"""What a trial is as it travels (RunTrial: from the driver to Tune, the Dispatcher and the slots) and the
+Dispatcher: the trials not yet finished, per shape, handed to slots as they ask, and the one writer of trial.json
+while a sweep runs (an async Ray actor, pinned to the driver's node: cluster/slots.py starts it)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+from typing import Any
+
+from ..core import runlog
+from ..core.config import TrainConfig
+from ..core.shapes import trial_shape
+from ..core.storage import StoragePath
+from ..core.sweep import TrialSpec
+
+DISPATCHER = "cifar-ray-dispatcher"
+WORKER_DIED = "a worker of the trial's slot died"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTrial:
+    """A trial of a run as it travels from the driver to Tune, the Dispatcher and the slots: the plan's
+    TrialSpec with its run folder and shape."""
+
+    name: str
+    swept: dict[str, Any]
+    config: TrainConfig
+    run_dir: StoragePath
+    shape: str
+
+    @classmethod
+    def of(cls, trial: TrialSpec, run_dir: StoragePath) -> RunTrial:
+        return cls(trial.name, trial.swept, trial.config, run_dir, trial_shape(trial.config).key)
+
+    @property
+    def trial_dir(self) -> StoragePath:
+        return self.run_dir / self.name
+
+    @property
+    def trial_file(self) -> StoragePath:
+        return self.trial_dir / runlog.TRIAL_FILE
+
+
+def tune_trial(trial: TrialSpec, run_dir: StoragePath) -> dict:
+    """A thin Tune trial's value in the param_space: Tune sees the name as is (its folder and trial name are made
+    from it before anything else is resolved), the RunTrial only once it runs the trial."""
+    return {"name": trial.name, "run": RunTrial.of(trial, run_dir)}
+
+
+def tune_run_trial(tune_config: dict) -> RunTrial:
+    """The RunTrial in a thin Tune trial's config. A run started before trials travelled as RunTrials saved
+    its trial.json dict and its run folder there instead (Tune restores its param_space as saved)."""
+    trial = tune_config["trial"]
+    if "run" in trial:
+        return trial["run"]
+    cfg = TrainConfig(**trial["config"])
+    return RunTrial(trial["name"], trial["swept"], cfg, tune_config["run_dir"], trial_shape(cfg).key)
+
+
+class Dispatcher:
+    """The trials not yet finished, per shape, and what happened to each (an async Ray actor), and the one
+    writer of trial.json while a sweep runs. A slot takes trials from it and tells it what happens; a thin Tune
+    trial waits on it for its trial's news (no polling: on 2 cores, five thin trials asking five times a second
+    slowed the training next to them). `one_trial`: each slot takes one trial, then ends (--isolate)."""
+
+    def __init__(self, specs: list[RunTrial], slots: dict[str, list[str]], one_trial: bool = False):
+        self.specs = {spec.name: spec for spec in specs}
+        self.live = {shape: set(names) for shape, names in slots.items()}  # slots that may still take a trial
+        self.pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        for spec in specs:
+            self.pending[spec.shape].append(spec)
+        self.one_trial = one_trial
+        self.served: set[str] = set()  # slots that took a trial
+        self.in_flight: dict[str, RunTrial] = {}  # slot -> the trial it runs
+        self.attempts: collections.Counter = collections.Counter()
+        self.errors: dict[str, tuple[str, str]] = {}  # trial -> (status, one-line error) of its last failure
+        self.news: dict[str, list[dict]] = collections.defaultdict(list)
+        self.changed: asyncio.Condition | None = None  # made in the actor's event loop, on first use
+
+    def _condition(self) -> asyncio.Condition:
+        if self.changed is None:
+            self.changed = asyncio.Condition()
+        return self.changed
+
+    async def _tell(self, trial: str, event: dict) -> None:
+        async with self._condition():
+            self.news[trial].append(event)
+            self._condition().notify_all()
+
+    async def read(self, trial: str, since: int, wait_s: float) -> list[dict]:
+        """The trial's news from index `since`, waiting up to wait_s for some."""
+        async with self._condition():
+            if len(self.news[trial]) <= since:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._condition().wait_for(lambda: len(self.news[trial]) > since), wait_s)
+            return self.news[trial][since:]
+
+    async def take(self, shape: str, slot: str) -> RunTrial | None:
+        """The slot's next trial: the one it was running, if its worker group was restarted (continued
+        from its checkpoint while it has failures left), else the next of its shape; None when none is left
+        (or, one_trial, once the slot took its trial): the slot then ends."""
+        spec = self.in_flight.get(slot)
+        if spec is not None and self.attempts[spec.name] > spec.config.max_failures:
+            await self._fail(slot, spec)
+            spec = None
+        if spec is None:
+            if not self.pending[shape] or (self.one_trial and slot in self.served):
+                self.live[shape].discard(slot)  # it ends: a trial handed back later must not wait for it
+                return None
+            spec = self.in_flight[slot] = self.pending[shape].popleft()
+            self.served.add(slot)
+        self.attempts[spec.name] += 1
+        await self._tell(spec.name, {"start": len(runlog.read_epochs(spec.trial_dir))})
+        return spec
+
+    async def record(self, trial: str, fields: dict) -> None:
+        """Facts a slot's rank 0 found about the trial (running, system, slot, timeline) into its trial.json."""
+        runlog.update_json(self.specs[trial].trial_file, **fields)
+
+    async def epoch(self, trial: str, metrics: dict) -> None:
+        """An epoch ended, logged and checkpointed: the last one (or a diverged one) ends the trial, recorded
+        before the news goes out, so the progress line counts it and an interrupted sweep keeps it."""
+        if metrics["epoch"] == self.specs[trial].config.epochs or metrics.get("diverged"):
+            runlog.record_outcome(self.specs[trial].trial_dir)
+        await self._tell(trial, {"epoch": metrics})
+
+    async def done(self, slot: str, trial: str) -> None:
+        runlog.record_outcome(self.specs[trial].trial_dir)
+        self.in_flight.pop(slot, None)
+        await self._tell(trial, {"done": True})
+
+    async def failed_attempt(self, trial: str, status: str, error: str, trace: str | None) -> None:
+        """An attempt of the trial raised (`trace`: rank 0's traceback, kept in error.txt)."""
+        self.errors[trial] = (status, error)
+        if trace is not None:
+            (self.specs[trial].trial_dir / runlog.ERROR_FILE).write_text(trace)
+
+    async def worker_died(self, slot: str, status: str, error: str) -> None:
+        """A worker of the slot died (killed, out of memory, its node lost): the attempt of its trial failed."""
+        spec = self.in_flight.get(slot)
+        if spec is not None:
+            self.errors[spec.name] = (status, error)
+
+    async def slot_failed(self, slot: str, shape: str, status: str, error: str) -> None:
+        """A slot's Ray Train run gave up (its restarts used up, or its workers never started) or its task died
+        (with its node): its trial goes to another slot of its shape while it has attempts left, else fails; every
+        trial of its shape still waiting fails when no other slot of the shape is left to run it."""
+        self.live[shape].discard(slot)
+        spec = self.in_flight.get(slot)
+        if spec is not None and self.live[shape] and self.attempts[spec.name] <= spec.config.max_failures:
+            del self.in_flight[slot]
+            self.pending[shape].appendleft(spec)  # continued from its checkpoint by the next slot that asks
+        elif spec is not None:
+            self.errors.setdefault(spec.name, (status, error))
+            await self._fail(slot, spec)
+        while not self.live[shape] and self.pending[shape]:
+            spec = self.pending[shape].popleft()
+            self.errors[spec.name] = (status, f"no slot left to run it: {error}")
+            await self._fail(None, spec)
+
+    async def _fail(self, slot: str | None, spec: RunTrial) -> None:
+        """The trial failed for good. Its thin trial is told even when trial.json cannot be written (else it
+        would wait forever); the slot keeps it in flight until the write succeeds: a restarted slot retries it."""
+        status, error = self.errors.get(spec.name, ("failed", WORKER_DIED))
+        try:
+            runlog.update_json(spec.trial_file, status=status, error=error, finished_at=runlog.now_iso())
+        finally:
+            await self._tell(spec.name, {"failed": error, "status": status})
+        self.in_flight.pop(slot, None)
+
+
+def dispatcher_name(run_name: str) -> str:
+    return f"{DISPATCHER}-{run_name}"
