@@ -203,7 +203,7 @@ def test_runtime_env_leaves_the_jobs_own_settings_alone(monkeypatch):
 def test_placement_of_a_single_process():
     import ray
 
-    placement = sysinfo.gather_placement()
+    placement = sysinfo.placement_of(sysinfo.gather_ranks(sysinfo.worker_placement()))
     # this process's node when an earlier test started the session's Ray, else none
     expected = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     assert placement["nodes"] == [expected] and len(placement["hostnames"]) == 1

@@ -49,6 +49,7 @@ from typing import Any
 from ..core import runlog, sysinfo
 from ..core.checkpoints import fetch_checkpoint, store_checkpoint
 from ..core.config import TrainConfig
+from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from .dispatcher import Dispatcher, RunTrial, dispatcher_name, tune_run_trial
@@ -117,7 +118,7 @@ def slot_loop(loop_config: dict) -> None:
         if worker is None:  # the first trial sets the worker up; every trial of the shape shares it
             torch.set_num_threads(cfg.cpus_per_worker)
             worker = Worker(rank, world, select_devices(cfg))
-            system = worker_system(worker)
+            system = worker_system(worker, trial_shape(cfg).gpus)  # GPUs per Ray worker, dp's all
         if cfg.compile:  # dynamo's caches hold the previous trial's model: past 8 recompiles it runs eager
             torch._dynamo.reset()
         if rank == 0:

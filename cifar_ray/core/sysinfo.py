@@ -96,14 +96,32 @@ def worker_placement() -> dict:
     return {"node_id": node_id, "hostname": socket.gethostname()}
 
 
-def gather_placement() -> dict:
-    """{"nodes": [...], "hostnames": [...]} of every rank, in rank order. Collective when
-    torch.distributed runs with several ranks: every rank must call it."""
+def gather_ranks(mine: dict) -> list[dict]:
+    """Every rank's `mine`, in rank order. Collective when torch.distributed runs with several ranks: every
+    rank must call it."""
     import torch.distributed as dist
 
-    mine = worker_placement()
     every = [mine]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
+    return every
+
+
+def placement_of(every: list[dict]) -> dict:
+    """{"nodes": [...], "hostnames": [...]} from every rank's worker_placement(), in rank order."""
     return {"nodes": [p["node_id"] for p in every], "hostnames": [p["hostname"] for p in every]}
+
+
+def gpu_record(uuids_per_rank: list[list[str]], gpus_per_rank: float) -> dict:
+    """trial.json's GPU keys from the UUIDs of every rank's GPUs (rank order) and the GPUs Ray gave each rank
+    (a fraction when ranks share one): num_gpus counts distinct physical GPUs, so two ranks on one GPU are 1
+    GPU, not 2; gpu_share is the fraction of each of its GPUs a rank holds (0.5: it shares the GPU by design,
+    with its own trial's ranks or another trial's, whose contention its times then include)."""
+    distinct = {uuid for uuids in uuids_per_rank for uuid in uuids}
+    per_rank = max((len(uuids) for uuids in uuids_per_rank), default=0)
+    return {
+        "num_gpus": len(distinct),
+        "gpu_uuids": uuids_per_rank,
+        "gpu_share": min(1.0, gpus_per_rank / per_rank) if per_rank else None,
+    }

@@ -21,6 +21,7 @@ from .format import (
 )
 from .header import run_level_text
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
+from .sharing import gpu_neighbours
 
 
 def _best(frame: pd.DataFrame, column: str, better: str) -> tuple[int, int] | None:
@@ -29,6 +30,20 @@ def _best(frame: pd.DataFrame, column: str, better: str) -> tuple[int, int] | No
     if len(values) < 1:
         return None
     return (values.idxmax(), values.idxmin()) if better == "max" else (values.idxmin(), values.idxmax())
+
+
+def shared_gpu_note(report: Report) -> str:
+    """One line naming the finished trials that shared a GPU (report/sharing.py), whose times the time comparisons
+    use; "" when none did (CPU trials never)."""
+    finished = set(report.trials.loc[report.trials["status"] == "finished", "trial"])
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in gpu_neighbours(report.run.trials).items():
+        if name in finished:
+            by_reason.setdefault(reason, []).append(name)
+    if not by_reason:
+        return ""
+    shared = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
+    return f"Time/epoch of trials that shared a GPU includes their neighbours' contention: {shared}."
 
 
 def findings(report: Report) -> list[str]:
@@ -77,6 +92,8 @@ def findings(report: Report) -> list[str]:
             f"**Fastest** {unit}: {name(fast)} at {fmt_num(t_fast)} s/epoch{n_note(fast)}; "
             f"{t_slow / t_fast:.2f}× faster than the slowest, {name(slow)} ({fmt_num(t_slow)} s/epoch)."
         )
+        if note := shared_gpu_note(report):
+            lines.append(note)
     pick = _best(configs, "final_test_acc_mean", "max")
     if pick:
         top, low = pick

@@ -4,7 +4,7 @@ page order."""
 from __future__ import annotations
 
 from .build import Report
-from .findings import findings, pair_partner, run_level_note
+from .findings import findings, pair_partner, run_level_note, shared_gpu_note
 from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_section, status_counts
 from .metrics import PAIRED_METRICS
@@ -136,6 +136,7 @@ def _paired_effect_text(report: Report, key: str) -> list[str]:
         "",
         paired_table(report, key),
         "",
+        *([note, ""] if (note := shared_gpu_note(report)) else []),
     ]
 
 

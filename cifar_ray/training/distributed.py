@@ -41,14 +41,20 @@ def select_device(cfg: TrainConfig) -> torch.device:
     return select_devices(cfg)[0]
 
 
-def worker_system(worker: Worker) -> dict:
-    """trial.json's `system`: the devices, versions, and the node and host of every rank. Collective."""
-    placement = sysinfo.gather_placement()  # node id + hostname of every rank, in rank order
-    gpus = len(worker.devices) if worker.device.type == "cuda" else 0
+def worker_system(worker: Worker, gpus_per_rank: float) -> dict:
+    """trial.json's `system`: the devices, versions, the node and host of every rank and, on GPUs, the UUIDs
+    of every rank's GPUs with the share of a GPU each rank holds (`gpus_per_rank`: the trial shape's GPUs per
+    Ray worker; sysinfo.gpu_record). Collective."""
+    cuda = worker.device.type == "cuda"
+    uuids = [str(torch.cuda.get_device_properties(device).uuid) for device in worker.devices] if cuda else []
+    every = sysinfo.gather_ranks(sysinfo.worker_placement() | {"gpu_uuids": uuids})
+    gpus = sysinfo.gpu_record([rank["gpu_uuids"] for rank in every], gpus_per_rank) if cuda else {"num_gpus": 0}
     return (
         sysinfo.device_info(worker.device, len(worker.devices))
-        | placement
-        | {"world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
+        | sysinfo.placement_of(every)  # node id + hostname of every rank, in rank order
+        | {"world_size": worker.world}
+        | gpus
+        | {"versions": sysinfo.versions()}
     )
 
 
