@@ -44,3 +44,26 @@ def test_a_powersgd_checkpoint_resumes_on_another_device(tmp_path, monkeypatch):
     assert load_checkpoint(tmp_path, on_device, META) == 2
     assert resumed_state.iter == 9 and resumed_state.error_dict[0].device == META  # memories go to the device
     assert resumed_state.rng.randint(10**9) == expected_draw.randint(10**9)
+
+
+def test_optimizer_state_takes_the_layout_of_its_parameters(tmp_path):
+    """A CPU checkpoint (contiguous buffers) resumed where the parameters are channels_last (CUDA's layout):
+    after load_checkpoint every state tensor has its parameter's strides, as fused optimizer kernels require."""
+    cfg = make_config(optimizer="adam")
+    cpu = torch.device("cpu")
+    saved = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
+    for param in saved.raw_model.parameters():
+        param.grad = torch.ones_like(param)
+    saved.optimizer.step()  # Adam's exp_avg and exp_avg_sq, contiguous
+    save_checkpoint(tmp_path, 1, saved)
+
+    model = build_model(cfg).to(memory_format=torch.channels_last)
+    resumed = train.build_training(cfg, model, 4, cpu, 1)
+    load_checkpoint(tmp_path, resumed, cpu)
+    convolutions = [p for p in model.parameters() if p.ndim == 4]
+    assert convolutions and all(not p.is_contiguous() for p in convolutions)  # the layout really differs
+    buffers = [(p, v) for p in model.parameters() for v in resumed.optimizer.state[p].values() if v.shape == p.shape]
+    assert len(buffers) == 2 * len(list(model.parameters()))
+    assert all(value.stride() == param.stride() for param, value in buffers)
+    for before, after in zip(saved.raw_model.parameters(), model.parameters(), strict=True):  # values kept
+        assert torch.equal(resumed.optimizer.state[after]["exp_avg"], saved.optimizer.state[before]["exp_avg"])

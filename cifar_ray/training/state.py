@@ -64,6 +64,19 @@ def save_checkpoint(
     torch.save(state, folder / CHECKPOINT_FILE)
 
 
+def match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Give every optimizer state tensor shaped like its parameter the parameter's strides. A checkpoint's
+    buffers keep the layout they were saved in (contiguous from a CPU run) while the parameters take this
+    device's (channels_last on CUDA, loop.memory_format); load_state_dict moves them without changing their
+    strides, and the fused and foreach kernels refuse tensor lists of mismatched strides."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != param.stride():
+                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
 def load_checkpoint(
     folder: Path, training: Training, device: torch.device, rank: int = 0, world: int = 1, seed: int = 0
 ) -> int:
@@ -82,6 +95,7 @@ def load_checkpoint(
         ) from None
     training.raw_model.load_state_dict(state["model"])
     training.optimizer.load_state_dict(state["optimizer"])
+    match_parameter_layouts(training.optimizer)
     training.scheduler.load_state_dict(state["scheduler"])
     training.scaler.load_state_dict(state["scaler"])
     comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
