@@ -13,7 +13,7 @@ from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.check_runs import make_config
 from cifar_ray.training.models import build_model
-from cifar_ray.training.state import load_checkpoint, save_checkpoint
+from cifar_ray.training.state import load_checkpoint, rng_state, save_checkpoint
 
 META = torch.device("meta")
 
@@ -67,3 +67,20 @@ def test_optimizer_state_takes_the_layout_of_its_parameters(tmp_path):
     assert all(value.stride() == param.stride() for param, value in buffers)
     for before, after in zip(saved.raw_model.parameters(), model.parameters(), strict=True):  # values kept
         assert torch.equal(resumed.optimizer.state[after]["exp_avg"], saved.optimizer.state[before]["exp_avg"])
+
+
+def test_every_gpu_of_a_dp_worker_keeps_its_random_state(tmp_path, monkeypatch):
+    """A dp worker's replicas draw dropout masks on each of its GPUs: the checkpoint saves every GPU's
+    generator and the resume gives each its own back (torch.cuda's generators replaced by recorders)."""
+    gpus = [torch.device("cuda", 2), torch.device("cuda", 5)]  # Ray's assignment: not the first GPUs
+    generators = {gpu: torch.tensor([gpu.index], dtype=torch.uint8) for gpu in gpus}
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: generators[device].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.__setitem__(device, state))
+
+    cfg = make_config()
+    cpu = torch.device("cpu")
+    save_checkpoint(tmp_path, 1, train.build_training(cfg, build_model(cfg), 4, cpu, 1), rng_states=[rng_state(*gpus)])
+    load_checkpoint(tmp_path, train.build_training(cfg, build_model(cfg), 4, cpu, 1), gpus[0], devices=gpus)
+    assert restored.keys() == set(gpus)
+    assert all(torch.equal(restored[gpu], generators[gpu]) and restored[gpu].device == cpu for gpu in gpus)

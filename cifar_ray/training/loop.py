@@ -237,7 +237,7 @@ def run_trial(
 
     last_done = 0
     if resume_from is not None:
-        last_done = load_checkpoint(resume_from, training, device, rank, world, cfg.seed)
+        last_done = load_checkpoint(resume_from, training, device, rank, world, cfg.seed, devices)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
         if ready is not None:  # where a trial's time goes outside the epochs (read by `cifar-ray bench`)
@@ -265,7 +265,7 @@ def run_trial(
             runlog.append_epoch(trial_dir, metrics)
         if not diverged:  # collectives: every rank's PowerSGD and random state, gathered on rank 0
             comm_states = comm.gather_hook_state(comm.hook_state(training.model), device)
-            rng_states = comm.gather_on_rank0(rng_state(device), device)
+            rng_states = comm.gather_on_rank0(rng_state(*devices), device)
         with tempfile.TemporaryDirectory() as folder:
             saved = rank == 0 and not diverged
             if saved:
