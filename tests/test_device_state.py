@@ -5,6 +5,9 @@ refuses both in .numpy() and copies out of neither without a move); torch.cuda f
 
 from __future__ import annotations
 
+import math
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +15,10 @@ import torch
 from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.check_runs import make_config
+from cifar_ray.training.distributed import Worker
 from cifar_ray.training.models import build_model
 from cifar_ray.training.state import load_checkpoint, rng_state, save_checkpoint
+from cifar_ray.training.timing import PhaseTimer
 
 META = torch.device("meta")
 
@@ -84,3 +89,41 @@ def test_every_gpu_of_a_dp_worker_keeps_its_random_state(tmp_path, monkeypatch):
     load_checkpoint(tmp_path, train.build_training(cfg, build_model(cfg), 4, cpu, 1), gpus[0], devices=gpus)
     assert restored.keys() == set(gpus)
     assert all(torch.equal(restored[gpu], generators[gpu]) and restored[gpu].device == cpu for gpu in gpus)
+
+
+def _fp16_epoch(overflow_steps: set[int], scaler_enabled: bool = True, steps: int = 4) -> tuple[dict, train.Training]:
+    """An epoch of `steps` steps through train_epoch and epoch_record whose forward overflows (an inf input,
+    as an fp16 activation overflow) in `overflow_steps`; GradScaler as with amp=fp16 (CPU autocast stays off)."""
+    cfg = make_config()
+    cpu = torch.device("cpu")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=scaler_enabled)
+    training = train.build_training(cfg, build_model(cfg), steps, cpu, 1, scaler)
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for step in range(steps):
+        images = torch.randn(8, 3, 32, 32, generator=generator)
+        if step in overflow_steps:
+            images[0] = float("inf")
+        batches.append([(images, torch.randint(0, 10, (8,), generator=generator))])
+    timer = PhaseTimer(cpu)
+    started = time.perf_counter()
+    totals = train.train_epoch(training, batches, cfg, cpu, timer)
+    worker = Worker(0, 1, [cpu])
+    record = train.epoch_record(cfg, 1, 0.1, training, worker, steps, totals, {}, timer.seconds(), started, 1.0)
+    return record, training
+
+
+def test_an_overflow_the_scaler_skipped_is_not_a_divergence():
+    record, _ = _fp16_epoch({2})
+    assert record["amp_skipped_steps"] == 1 and not math.isfinite(record["train_loss"])  # the skipped step's loss
+    assert record["diverged"] is False
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # every step skipped
+def test_what_was_trained_decides_divergence():
+    assert _fp16_epoch({0, 1, 2, 3})[0]["diverged"] is True  # every step overflowed: nothing trains any more
+    assert _fp16_epoch({2}, scaler_enabled=False)[0]["diverged"] is True  # the inf loss reached the weights
+    record, training = _fp16_epoch(set())
+    assert record["diverged"] is False
+    next(training.raw_model.parameters()).data[0] = float("nan")
+    assert train.diverged(training, 1.0, 0, 4) is True  # finite loss, broken weights

@@ -74,7 +74,8 @@ EPOCH_METRICS = {
     "amp_skipped_steps": "optimizer steps the fp16 grad scaler skipped (inf/NaN gradients)",
     "allreduce_bytes_per_step": "bytes each worker sends to the gradient all-reduce per optimizer step",
     "end_unix": "when the epoch ended (Unix time)",
-    "diverged": "the training loss was not finite: the trial stops",
+    "diverged": "the weights or a trained step's loss were not finite (with fp16: every step skipped on a "
+    "non-finite loss; one the grad scaler skipped is not a divergence): the trial stops",
 }
 assert set(BREAKDOWN_KEYS) <= set(EPOCH_METRICS)
 # Epoch metrics a sweep file may name as its `metric` (the one Tune ranks trials by).

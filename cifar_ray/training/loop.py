@@ -316,5 +316,17 @@ def epoch_record(
             training.raw_model, cfg, worker.world, (epoch - 1) * steps_per_epoch, steps_per_epoch
         ),
         "end_unix": time.time(),
-        "diverged": not math.isfinite(loss_sum / samples),  # an inf/NaN training loss: the trial stops here
+        "diverged": diverged(training, loss_sum, int(skipped), steps_per_epoch),  # the trial stops here
     }
+
+
+def diverged(training: Training, loss_sum: float, skipped: int, steps: int) -> bool:
+    """Whether what was trained broke: non-finite weights, or a non-finite loss that reached the optimizer.
+    With fp16 an inf/NaN loss gives inf/NaN gradients and GradScaler skips that step (the weights stay as
+    they were), so the loss sum alone would end a trial for one overflow; only an epoch whose every step
+    was skipped with a non-finite loss (nothing trains any more) has diverged."""
+    if not torch.stack([torch.isfinite(p).all() for p in training.raw_model.parameters()]).all():
+        return True
+    if math.isfinite(loss_sum):
+        return False
+    return not training.scaler.is_enabled() or skipped == steps
