@@ -15,7 +15,8 @@ import torch
 from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.check_runs import make_config
-from cifar_ray.training.distributed import Worker
+from cifar_ray.training.distributed import Worker, worker_system
+from cifar_ray.training.memory import peak_reserved_mb
 from cifar_ray.training.models import build_model
 from cifar_ray.training.state import load_checkpoint, rng_state, save_checkpoint
 from cifar_ray.training.timing import PhaseTimer
@@ -127,3 +128,26 @@ def test_what_was_trained_decides_divergence():
     assert record["diverged"] is False
     next(training.raw_model.parameters()).data[0] = float("nan")
     assert train.diverged(training, 1.0, 0, 4) is True  # finite loss, broken weights
+
+
+def test_reserved_memory_is_read_from_each_of_the_workers_gpus(monkeypatch):
+    gpus = [torch.device("cuda", 1), torch.device("cuda", 3)]
+    reserved = {gpus[0]: 300 * 2**20, gpus[1]: 700 * 2**20}
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: reserved[device])
+    assert peak_reserved_mb(gpus) == 700
+    assert peak_reserved_mb([torch.device("cpu")]) is None  # the RSS already counts what a CPU worker holds
+
+
+def test_an_epoch_logs_reserved_memory_beside_allocated():
+    record, _ = _fp16_epoch(set(), scaler_enabled=False)
+    assert list(record).index("peak_mem_reserved_mb") == list(record).index("peak_mem_total_mb") + 1
+    assert record["peak_mem_reserved_mb"] is None and record["peak_mem_mb"] > 0  # CPU: RSS only
+
+
+def test_device_info_names_the_workers_gpu_not_the_current_one(monkeypatch):
+    named = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: named.append(device) or "GPU model")
+    system = worker_system(Worker(0, 1, [torch.device("cuda", 3), torch.device("cuda", 4)]))
+    assert named == [torch.device("cuda", 3)]
+    assert system["device_name"] == "GPU model" and system["devices_per_worker"] == 2

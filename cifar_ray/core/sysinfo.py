@@ -7,6 +7,10 @@ import socket
 import subprocess
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @lru_cache(maxsize=1)
@@ -20,15 +24,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_info(device_type: str, num_devices: int = 1) -> dict:
-    """The device a worker trains on: GPU model, or the CPU model and the cores it may use."""
+def device_info(device: torch.device, num_devices: int = 1) -> dict:
+    """The device a worker trains on (its model's GPU, named explicitly: the current CUDA device is
+    whatever was set last, not necessarily the worker's), or the CPU model."""
     import torch
 
-    if device_type == "cuda":
-        name = torch.cuda.get_device_name(torch.cuda.current_device())
-    else:
-        name = cpu_model()
-    return {"device_type": device_type, "device_name": name, "devices_per_worker": num_devices}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return {"device_type": device.type, "device_name": name, "devices_per_worker": num_devices}
 
 
 def versions() -> dict:

@@ -44,7 +44,7 @@ def worker_system(worker: Worker) -> dict:
     placement = sysinfo.gather_placement()  # node id + hostname of every rank, in rank order
     gpus = len(worker.devices) if worker.device.type == "cuda" else 0
     return (
-        sysinfo.device_info(worker.device.type, len(worker.devices))
+        sysinfo.device_info(worker.device, len(worker.devices))
         | placement
         | {"world_size": worker.world, "num_gpus": gpus * worker.world, "versions": sysinfo.versions()}
     )

@@ -294,7 +294,7 @@ def epoch_record(
     eval_time = time.perf_counter() - started - train_time
     allreduce_wait = allreduce_wait_per_step(training.model) * steps_per_epoch
     breakdown = reduce_time_breakdown(phases, allreduce_wait, eval_time, worker.world, worker.device)
-    peak_per_worker, peak_total = reduce_peak_memory(worker.devices)
+    peak_per_worker, peak_total, peak_reserved = reduce_peak_memory(worker.devices)
     epoch_time = time.perf_counter() - started
     loss_sum, correct, samples, skipped = train_totals.tolist()
     return {
@@ -309,6 +309,7 @@ def epoch_record(
         "samples_per_s": samples / train_time,
         "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
         "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
+        "peak_mem_reserved_mb": peak_reserved,  # GPUs: the caching allocator's largest peak on one GPU; CPU: None
         "lr": lr,
         "peak_lr": peak_lr(cfg),  # lr after lr_scaling
         "amp_skipped_steps": int(skipped),
