@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 
 import numpy as np
 import pytest
 import torch
 
+from cifar_ray.cluster.session import failure_status
 from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.check_runs import make_config
 from cifar_ray.training.distributed import Worker, worker_system
-from cifar_ray.training.memory import peak_reserved_mb
+from cifar_ray.training.memory import GpuOutOfMemoryError, peak_reserved_mb, release_trial
 from cifar_ray.training.models import build_model
 from cifar_ray.training.state import load_checkpoint, rng_state, save_checkpoint
 from cifar_ray.training.timing import PhaseTimer
@@ -151,3 +153,47 @@ def test_device_info_names_the_workers_gpu_not_the_current_one(monkeypatch):
     system = worker_system(Worker(0, 1, [torch.device("cuda", 3), torch.device("cuda", 4)]))
     assert named == [torch.device("cuda", 3)]
     assert system["device_name"] == "GPU model" and system["devices_per_worker"] == 2
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_release_trial_collects_cycles_before_emptying_the_cuda_cache(monkeypatch):
+    left = weakref.ref(_Cycle())  # what a finished trial leaves in a reference cycle
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(left() is None))
+    release_trial([torch.device("cpu")])
+    assert left() is None and emptied == []  # CPU: nothing cached to hand back
+    left = weakref.ref(_Cycle())
+    release_trial([torch.device("cuda", 1)])
+    assert emptied == [True]  # emptied once, after the collection freed the trial's tensors
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),
+        torch.AcceleratorError("CUDA error: out of memory\nCUDA kernel errors might be reported asynchronously"),
+    ],
+)
+def test_running_out_of_gpu_memory_ends_a_trial_as_one_final_error(monkeypatch, error):
+    def out_of_memory(cfg):
+        raise error
+
+    monkeypatch.setattr(train, "loaded_splits", out_of_memory)
+    with pytest.raises(GpuOutOfMemoryError) as raised:
+        train.run_trial(make_config(), None, Worker(0, 1, [torch.device("cpu")]), lambda metrics, folder: None)
+    assert raised.value.__cause__ is error and "\n" not in str(raised.value)
+    assert failure_status(raised.value) == "oom"
+
+
+def test_other_errors_pass_through_run_trial_as_they_are(monkeypatch):
+    error = RuntimeError("Expected all tensors to be on the same device")
+    monkeypatch.setattr(train, "loaded_splits", lambda cfg: (_ for _ in ()).throw(error))
+    with pytest.raises(RuntimeError) as raised:
+        train.run_trial(make_config(), None, Worker(0, 1, [torch.device("cpu")]), lambda metrics, folder: None)
+    assert raised.value is error

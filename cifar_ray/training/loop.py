@@ -27,7 +27,7 @@ from ..core.config import TrainConfig
 from . import comm
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, broadcast_buffers, rank_seed, reduce_train_totals
-from .memory import reduce_peak_memory, reset_peak_memory
+from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
 from .state import load_checkpoint, rng_state, save_checkpoint
@@ -211,6 +211,7 @@ def memory_format(device: torch.device) -> torch.memory_format:
 ReportEpoch = Callable[[dict, "Path | None"], None]
 
 
+@gpu_out_of_memory_is_final()  # GpuOutOfMemoryError: the slot path does not retry it
 def run_trial(
     cfg: TrainConfig,
     trial_dir,

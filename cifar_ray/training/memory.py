@@ -5,6 +5,7 @@ process and GPU that torch does not allocate): nvidia-smi shows more."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import resource
 
 import torch
@@ -75,3 +76,37 @@ def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float, float
     total = torch.tensor([sum(peaks)], device=devices[0], dtype=torch.float64)
     largest_peak, largest_reserved = all_reduce(largest, dist.ReduceOp.MAX).tolist()
     return largest_peak, all_reduce(total).item(), None if reserved is None else largest_reserved
+
+
+# How the CUDA libraries say they ran out of GPU memory outside torch's caching allocator (which raises
+# torch.OutOfMemoryError): cudaMalloc's "CUDA error: out of memory", NCCL's "Cuda failure 'out of memory'",
+# cuBLAS's CUBLAS_STATUS_ALLOC_FAILED, cuDNN's ..._ALLOC_FAILED and ..._ALLOCATION_FAILED (cuDNN 9).
+GPU_OOM_MARKS = ("out of memory", "ALLOC_FAILED", "ALLOCATION_FAILED")
+
+
+class GpuOutOfMemoryError(RuntimeError):
+    """A trial ran out of GPU memory. Final: the same trial on the same GPU runs out again, and on a shared GPU
+    each retry squeezes the neighbours too, so the slot path does not retry it (its name carries "MemoryError":
+    failure_status calls it oom)."""
+
+
+@contextlib.contextmanager
+def gpu_out_of_memory_is_final():
+    """Raise every way of running out of GPU memory (torch's allocator, cuBLAS, cuDNN, NCCL) as one type,
+    GpuOutOfMemoryError, with the original error as its cause. Used as run_trial's decorator."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not isinstance(error, torch.OutOfMemoryError) and not any(mark in str(error) for mark in GPU_OOM_MARKS):
+            raise
+        raise GpuOutOfMemoryError(str(error).strip().splitlines()[0]) from error
+
+
+def release_trial(devices: list[torch.device]) -> None:
+    """Call after each trial in a warm slot (and after dropping a failed trial's exception, whose traceback holds
+    its tensors): collect what the finished trial left in reference cycles, then hand the CUDA caching
+    allocator's unused blocks back to the driver, where a neighbour on a shared GPU can have them (the next trial
+    allocates its own again)."""
+    gc.collect()  # first: the tensors it frees go back to the cache that empty_cache then releases
+    if any(device.type == "cuda" for device in devices):
+        torch.cuda.empty_cache()
