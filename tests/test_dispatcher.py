@@ -184,3 +184,18 @@ def test_trials_travel_as_typed_specs_and_old_runs_dicts_still_read(tmp_path):
     assert tune_run_trial({"trial": {"name": trial.name, "run": trial}}) is trial
     record = runlog.read_json(trial.trial_file)  # what a run started before RunTrial saved in Tune's param_space
     assert tune_run_trial({"trial": record, "run_dir": trial.run_dir}) == trial
+
+
+def test_running_out_of_gpu_memory_is_final_where_other_failures_are_retried(tmp_path):
+    """A trial out of GPU memory runs out again (and on a shared GPU squeezes its neighbours each time): the
+    restarted slot's question fails it as oom, where another error gets its max_failures retries."""
+    trials = run_trials(tmp_path, max_failures=2)
+    d = dispatcher(trials)
+    shape = trials[0].shape
+    assert asyncio.run(d.take(shape, "slot-a")) == trials[0]
+    asyncio.run(d.failed_attempt("t000", "failed", "RuntimeError: a bug", None))
+    assert asyncio.run(d.take(shape, "slot-a")) == trials[0]  # retried from its checkpoint
+    asyncio.run(d.failed_attempt("t000", "oom", "GpuOutOfMemoryError: CUDA out of memory", None, final=True))
+    assert asyncio.run(d.take(shape, "slot-a")) == trials[1]  # not retried: failed, the slot goes on
+    meta = runlog.read_json(trials[0].trial_file)
+    assert meta["status"] == "oom" and meta["error"] == "GpuOutOfMemoryError: CUDA out of memory"

@@ -200,10 +200,10 @@ def test_a_resume_on_another_number_of_workers_restarts_the_rank_stream():
     cpu = torch.device("cpu")
     torch.manual_seed(7)
     saved = [rng_state(cpu)]
-    restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
+    restore_rng_state(saved, rank=1, world=2, seed=3, devices=[cpu])
     torch.manual_seed(rank_seed(3, 1))
     expected = torch.rand(3)
-    restore_rng_state(saved, rank=1, world=2, seed=3, device=cpu)
+    restore_rng_state(saved, rank=1, world=2, seed=3, devices=[cpu])
     assert torch.equal(torch.rand(3), expected)
 
 

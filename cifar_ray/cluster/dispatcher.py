@@ -132,9 +132,12 @@ class Dispatcher:
         self.in_flight.pop(slot, None)
         await self._tell(trial, {"done": True})
 
-    async def failed_attempt(self, trial: str, status: str, error: str, trace: str | None) -> None:
-        """An attempt of the trial raised (`trace`: rank 0's traceback, kept in error.txt)."""
+    async def failed_attempt(self, trial: str, status: str, error: str, trace: str | None, final: bool = False) -> None:
+        """An attempt of the trial raised (`trace`: rank 0's traceback, kept in error.txt). `final` (out of GPU
+        memory): no attempt is left, so the restarted slot's question fails the trial instead of retrying it."""
         self.errors[trial] = (status, error)
+        if final:
+            self.attempts[trial] = self.specs[trial].config.max_failures + 1
         if trace is not None:
             (self.specs[trial].trial_dir / runlog.ERROR_FILE).write_text(trace)
 

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..core.errors import ClusterError, StorageError
+from ..core.errors import GPU_OOM_MARKS, ClusterError, StorageError
 from ..core.storage import StoragePath
 from .placement import RESOURCE_CPU, RESOURCE_GPU
 
@@ -285,21 +285,10 @@ def check_shared_storage(
 
 
 # How running out of memory reads in an error's text: Python's and torch's errors, Ray's OutOfMemoryError (a task
-# the memory monitor killed), and an actor the memory monitor killed (a worker of a slot): Ray Train wraps its
-# ActorDiedError ("Worker exit type: NODE_OUT_OF_MEMORY") in a WorkerHealthCheckFailedError and WorkerGroupError.
-# The CUDA libraries report it in their own words (torch's ATen/cuda/Exceptions.h, NCCL's CUDACHECK): "CUDA error:
-# out of memory", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "cuDNN error:
-# CUDNN_STATUS_ALLOC_FAILED" (cuDNN 8) or "..._INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED" (cuDNN 9), and NCCL's
-# "ncclUnhandledCudaError ... Last error: Cuda failure 2 'out of memory'" or "Failed to CUDA calloc 608 bytes".
-OOM_MARKS = (
-    "MemoryError",
-    "NODE_OUT_OF_MEMORY",
-    "out of memory",
-    "_ALLOC_FAILED",
-    "_ALLOCATION_FAILED",
-    "Failed to CUDA calloc",
-    "Failed to CUDA malloc",
-)
+# the memory monitor killed), an actor the memory monitor killed (a worker of a slot: Ray Train wraps its
+# ActorDiedError, "Worker exit type: NODE_OUT_OF_MEMORY", in a WorkerHealthCheckFailedError and WorkerGroupError),
+# and the CUDA libraries' own words (GPU_OOM_MARKS).
+OOM_MARKS = ("MemoryError", "NODE_OUT_OF_MEMORY", *GPU_OOM_MARKS)
 
 
 def failure_status(error: BaseException) -> str:

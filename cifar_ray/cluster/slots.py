@@ -103,6 +103,7 @@ def slot_loop(loop_config: dict) -> None:
 
     from ..training.distributed import Worker, select_devices, worker_system
     from ..training.loop import run_trial
+    from ..training.memory import GpuOutOfMemoryError, release_trial
 
     dispatcher, shape, slot = loop_config["dispatcher"], loop_config["shape"], loop_config["slot"]
     launched = loop_config["launched_unix"]  # a one-trial slot's: its trial's wall includes the slot's start
@@ -136,11 +137,13 @@ def slot_loop(loop_config: dict) -> None:
                 run_trial(cfg, spec.trial_dir, worker, report, resume_from, taken, ready)
             except Exception as error:
                 trace = "".join(traceback.format_exception(error)) if rank == 0 else None
-                failure = (spec.name, failure_status(error), error_line(error), trace)
+                final = isinstance(error, GpuOutOfMemoryError)  # it would run out again: not retried
+                failure = (spec.name, failure_status(error), error_line(error), trace, final)
                 ray.get(dispatcher.failed_attempt.remote(*failure))
-                raise  # Ray Train restarts the worker group, whose rank 0 gets this trial back
+                raise  # Ray Train restarts the worker group (a rank may wait in a collective); rank 0 asks again
         if rank == 0:
             ray.get(dispatcher.done.remote(slot, spec.name))
+        release_trial(worker.devices)  # a warm slot hands the trial's cached GPU memory back before the next
 
 
 def worker_deaths(dispatcher, slot: str):

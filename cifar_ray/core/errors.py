@@ -50,3 +50,18 @@ class DataError(UserError, RuntimeError):
 
 class ViewerError(UserError):
     """The export cannot run: a viewer's package is missing, or --out does not fit the viewer."""
+
+
+# How the CUDA libraries say they ran out of GPU memory outside torch's caching allocator (which raises
+# torch.OutOfMemoryError), in their own words (torch's ATen/cuda/Exceptions.h, NCCL's CUDACHECK): "CUDA error: out
+# of memory", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "cuDNN error:
+# CUDNN_STATUS_ALLOC_FAILED" (cuDNN 8) or "..._INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED" (cuDNN 9), and NCCL's
+# "ncclUnhandledCudaError ... Last error: Cuda failure 2 'out of memory'" or "Failed to CUDA calloc 608 bytes".
+# Read by training/memory.py (one final error type) and cluster/session.py (the oom status).
+GPU_OOM_MARKS = (
+    "out of memory",
+    "_ALLOC_FAILED",
+    "_ALLOCATION_FAILED",
+    "Failed to CUDA calloc",
+    "Failed to CUDA malloc",
+)

@@ -67,14 +67,18 @@ EPOCH_METRICS = {
     "time_eval_s": "step-time breakdown: the test set and the train_eval pass (s, mean over ranks)",
     "train_samples": "images trained in the epoch over all workers: steps x effective batch",
     "samples_per_s": "training throughput over all workers: train_samples / train_time_s",
-    "peak_mem_mb": "the largest peak memory of one worker process, or on GPUs of one GPU (MB)",
+    "peak_mem_mb": "the largest peak memory of one worker process (RSS), or on GPUs of one GPU (torch's "
+    "allocations, without the CUDA context) (MB)",
     "peak_mem_total_mb": "peak memory summed over every worker (and every GPU of a dp worker) (MB)",
+    "peak_mem_reserved_mb": "on GPUs, the largest peak of memory torch's caching allocator reserved on one GPU "
+    "(allocations and cached blocks, without the CUDA context: nvidia-smi shows more) (MB); null on CPU",
     "lr": "the scheduled learning rate at the epoch's last step",
     "peak_lr": "the learning rate after lr_scaling, before the schedule",
     "amp_skipped_steps": "optimizer steps the fp16 grad scaler skipped (inf/NaN gradients)",
     "allreduce_bytes_per_step": "bytes each worker sends to the gradient all-reduce per optimizer step",
     "end_unix": "when the epoch ended (Unix time)",
-    "diverged": "the training loss was not finite: the trial stops",
+    "diverged": "the weights or a trained step's loss were not finite (with fp16: every step skipped on a "
+    "non-finite loss; one the grad scaler skipped is not a divergence): the trial stops",
 }
 assert set(BREAKDOWN_KEYS) <= set(EPOCH_METRICS)
 # Epoch metrics a sweep file may name as its `metric` (the one Tune ranks trials by).

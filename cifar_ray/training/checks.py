@@ -12,7 +12,7 @@ then compares two ways of computing the same thing:
 - strategies: single == ddp with one worker; dp == single over >= 2 GPUs (SKIP with the reason elsewhere:
   DataParallel without GPUs runs the bare model, which would compare the model with itself);
 - seeds: the same seed repeats exactly (CPU; within relative tolerances on CUDA), another seed differs;
-- checkpoint round trip: save, load with map_location to the device, continue == uninterrupted;
+- checkpoint round trip: save, load (to the CPU, then onto the device), continue == uninterrupted;
 - mixed precision: bf16 autocast (and fp16 + GradScaler on CUDA) stays near fp32 over a few steps;
 - GradScaler: a step with an inf gradient is skipped and counted (train_epoch's totals[3]).
 
@@ -238,7 +238,7 @@ def check_seeds(device: torch.device, n_steps: int = 3) -> CheckResult:
 
 def resumed_steps(cfg: TrainConfig, n_steps: int, stop: int, device: torch.device, folder: Path) -> Trained:
     """`stop` steps, save_checkpoint into `folder`, then a new model from another seed loads it (load_checkpoint:
-    map_location to `device`) and runs steps stop..n_steps-1: what a restarted trial does mid-epoch."""
+    to the CPU, then onto `device`) and runs steps stop..n_steps-1: what a restarted trial does mid-epoch."""
     train, initial, first = _build(cfg, device, torch.float32, 0, 1)
     _train_range(first, train, cfg, device, torch.float32, 0, 1, 0, stop)
     save_checkpoint(folder, 1, first, rng_states=[rng_state(device)])  # this device's generator: dropout draws on it

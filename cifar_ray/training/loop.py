@@ -27,7 +27,7 @@ from ..core.config import TrainConfig
 from . import comm, gpu
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, broadcast_buffers, rank_seed, reduce_train_totals
-from .memory import reduce_peak_memory, reset_peak_memory
+from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
 from .state import load_checkpoint, rng_state, save_checkpoint
@@ -211,6 +211,7 @@ def memory_format(device: torch.device) -> torch.memory_format:
 ReportEpoch = Callable[[dict, "Path | None"], None]
 
 
+@gpu_out_of_memory_is_final()  # GpuOutOfMemoryError: the slot path does not retry it
 def run_trial(
     cfg: TrainConfig,
     trial_dir,
@@ -238,7 +239,7 @@ def run_trial(
 
     last_done = 0
     if resume_from is not None:
-        last_done = load_checkpoint(resume_from, training, device, rank, world, cfg.seed)
+        last_done = load_checkpoint(resume_from, training, device, rank, world, cfg.seed, devices)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
         if ready is not None:  # where a trial's time goes outside the epochs (read by `cifar-ray bench`)
@@ -266,7 +267,7 @@ def run_trial(
             runlog.append_epoch(trial_dir, metrics)
         if not diverged:  # collectives: every rank's PowerSGD and random state, gathered on rank 0
             comm_states = comm.gather_hook_state(comm.hook_state(training.model), device)
-            rng_states = comm.gather_on_rank0(rng_state(device), device)
+            rng_states = comm.gather_on_rank0(rng_state(*devices), device)
         with tempfile.TemporaryDirectory() as folder:
             saved = rank == 0 and not diverged
             if saved:
@@ -295,7 +296,7 @@ def epoch_record(
     eval_time = time.perf_counter() - started - train_time
     allreduce_wait = allreduce_wait_per_step(training.model) * steps_per_epoch
     breakdown = reduce_time_breakdown(phases, allreduce_wait, eval_time, worker.world, worker.device)
-    peak_per_worker, peak_total = reduce_peak_memory(worker.devices)
+    peak_per_worker, peak_total, peak_reserved = reduce_peak_memory(worker.devices)
     epoch_time = time.perf_counter() - started
     loss_sum, correct, samples, skipped = train_totals.tolist()
     return {
@@ -310,6 +311,7 @@ def epoch_record(
         "samples_per_s": samples / train_time,
         "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
         "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
+        "peak_mem_reserved_mb": peak_reserved,  # GPUs: the caching allocator's largest peak on one GPU; CPU: None
         "lr": lr,
         "peak_lr": peak_lr(cfg),  # lr after lr_scaling
         "amp_skipped_steps": int(skipped),
@@ -317,5 +319,17 @@ def epoch_record(
             training.raw_model, cfg, worker.world, (epoch - 1) * steps_per_epoch, steps_per_epoch
         ),
         "end_unix": time.time(),
-        "diverged": not math.isfinite(loss_sum / samples),  # an inf/NaN training loss: the trial stops here
+        "diverged": diverged(training, loss_sum, int(skipped), steps_per_epoch),  # the trial stops here
     }
+
+
+def diverged(training: Training, loss_sum: float, skipped: int, steps: int) -> bool:
+    """Whether what was trained broke: non-finite weights, or a non-finite loss that reached the optimizer.
+    With fp16 an inf/NaN loss gives inf/NaN gradients and GradScaler skips that step (the weights stay as
+    they were), so the loss sum alone would end a trial for one overflow; only an epoch whose every step
+    was skipped with a non-finite loss (nothing trains any more) has diverged."""
+    if not torch.stack([torch.isfinite(p).all() for p in training.raw_model.parameters()]).all():
+        return True
+    if math.isfinite(loss_sum):
+        return False
+    return not training.scaler.is_enabled() or skipped == steps

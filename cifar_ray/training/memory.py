@@ -1,13 +1,17 @@
-"""Peak memory of an epoch: torch's allocations on each GPU, or this process's RSS on CPU, reduced over ranks."""
+"""Peak memory of an epoch: torch's allocations on each GPU (and what its caching allocator reserved), or this
+process's RSS on CPU, reduced over ranks. On GPUs neither number counts the CUDA context (a few hundred MB per
+process and GPU that torch does not allocate): nvidia-smi shows more."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import resource
 
 import torch
 import torch.distributed as dist
 
+from ..core.errors import GPU_OOM_MARKS
 from .distributed import all_reduce
 
 
@@ -54,10 +58,50 @@ def peak_memory_mb(devices: list[torch.device]) -> float:
     return max(peak_memory_per_device_mb(devices))
 
 
-def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float]:
-    """(per worker, total) over all ranks: the largest peak of any one device of any worker, and the
-    sum of the peaks of every device of every worker (what the whole run occupies)."""
+def peak_reserved_mb(devices: list[torch.device]) -> float | None:
+    """GPU: the largest peak of bytes torch's caching allocator reserved (allocated and cached blocks) on one
+    of this worker's GPUs since the last reset: what a neighbour on a shared GPU cannot have. CPU: None (the
+    RSS already counts all a process holds)."""
+    if devices[0].type != "cuda":
+        return None
+    return max(torch.cuda.max_memory_reserved(device) / 2**20 for device in devices)
+
+
+def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float, float | None]:
+    """(per worker, total, reserved) over all ranks: the largest peak of any one device of any worker, the
+    sum of the peaks of every device of every worker (what the whole run occupies), and the largest
+    peak_reserved_mb of any one GPU (None on CPU)."""
     peaks = peak_memory_per_device_mb(devices)
-    largest = torch.tensor([max(peaks)], device=devices[0], dtype=torch.float64)
+    reserved = peak_reserved_mb(devices)
+    largest = torch.tensor([max(peaks), reserved or 0.0], device=devices[0], dtype=torch.float64)
     total = torch.tensor([sum(peaks)], device=devices[0], dtype=torch.float64)
-    return all_reduce(largest, dist.ReduceOp.MAX).item(), all_reduce(total).item()
+    largest_peak, largest_reserved = all_reduce(largest, dist.ReduceOp.MAX).tolist()
+    return largest_peak, all_reduce(total).item(), None if reserved is None else largest_reserved
+
+
+class GpuOutOfMemoryError(RuntimeError):
+    """A trial ran out of GPU memory. Final: the same trial on the same GPU runs out again, and on a shared GPU
+    each retry squeezes the neighbours too, so the slot path does not retry it (its name carries "MemoryError":
+    failure_status calls it oom)."""
+
+
+@contextlib.contextmanager
+def gpu_out_of_memory_is_final():
+    """Raise every way of running out of GPU memory (torch's allocator, cuBLAS, cuDNN, NCCL) as one type,
+    GpuOutOfMemoryError, with the original error as its cause. Used as run_trial's decorator."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not isinstance(error, torch.OutOfMemoryError) and not any(mark in str(error) for mark in GPU_OOM_MARKS):
+            raise
+        raise GpuOutOfMemoryError(str(error).strip().splitlines()[0]) from error
+
+
+def release_trial(devices: list[torch.device]) -> None:
+    """Call after each trial in a warm slot (and after dropping a failed trial's exception, whose traceback holds
+    its tensors): collect what the finished trial left in reference cycles, then hand the CUDA caching
+    allocator's unused blocks back to the driver, where a neighbour on a shared GPU can have them (the next trial
+    allocates its own again)."""
+    gc.collect()  # first: the tensors it frees go back to the cache that empty_cache then releases
+    if any(device.type == "cuda" for device in devices):
+        torch.cuda.empty_cache()

@@ -24,15 +24,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint that must not be loaded: the message is one line, fit to print as is."""
 
 
-def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
-    """This rank's random state: the CPU generator and its own GPU's (dropout draws from them)."""
-    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+def rng_state(*devices: torch.device) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
+    """This rank's random state: the CPU generator and the generator of each of its GPUs (dropout draws
+    from them; a dp worker's replicas draw on each of its GPUs). CPU ByteTensors, as torch returns them."""
+    cuda = [torch.cuda.get_rng_state(device) for device in devices if device.type == "cuda"]
+    return {"cpu": torch.get_rng_state(), "cuda": cuda or None}
 
 
-def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int, device: torch.device) -> None:
-    """Give this rank its own saved random state back (each rank's, on its own device: another rank's
+def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int, devices: list[torch.device]) -> None:
+    """Give this rank its own saved random state back (each rank's, on its own GPUs: another rank's
     GPU list can be longer than this node has). Saved by another number of workers: this rank's
-    stream restarts from rank_seed, as in a fresh run."""
+    stream restarts from rank_seed, as in a fresh run. GPUs beyond those saved keep build_training's seed."""
     if not saved or len(saved) != world:
         logger.warning(
             "random state saved by %d workers, resumed on %d: dropout streams restart from the seed",
@@ -41,9 +43,10 @@ def restore_rng_state(saved: list[dict] | None, rank: int, world: int, seed: int
         )
         torch.manual_seed(rank_seed(seed, rank))
         return
-    torch.set_rng_state(saved[rank]["cpu"].cpu())
-    if saved[rank]["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(saved[rank]["cuda"].cpu(), device)
+    torch.set_rng_state(saved[rank]["cpu"])
+    gpus = [device for device in devices if device.type == "cuda"]
+    for device, state in zip(gpus, saved[rank]["cuda"] or [], strict=False):
+        torch.cuda.set_rng_state(state, device)
 
 
 def save_checkpoint(
@@ -58,20 +61,42 @@ def save_checkpoint(
         "optimizer": training.optimizer.state_dict(),
         "scheduler": training.scheduler.state_dict(),
         "scaler": training.scaler.state_dict(),
-        "rng": rng_states if rng_states is not None else [rng_state(torch.device("cpu"))],
+        "rng": rng_states if rng_states is not None else [rng_state()],
         "comm": comm_states,  # PowerSGD state of every rank (comm.gather_hook_state), else None
     }
     torch.save(state, folder / CHECKPOINT_FILE)
 
 
+def match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Give every optimizer state tensor shaped like its parameter the parameter's strides. A checkpoint's
+    buffers keep the layout they were saved in (contiguous from a CPU run) while the parameters take this
+    device's (channels_last on CUDA, loop.memory_format); load_state_dict moves them without changing their
+    strides, and the fused and foreach kernels refuse tensor lists of mismatched strides."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != param.stride():
+                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
 def load_checkpoint(
-    folder: Path, training: Training, device: torch.device, rank: int = 0, world: int = 1, seed: int = 0
+    folder: Path,
+    training: Training,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+    seed: int = 0,
+    devices: list[torch.device] | None = None,
 ) -> int:
     """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one);
-    returns the last finished epoch. weights_only: a checkpoint in shared storage is data, never code
-    (torch refuses anything but tensors and plain containers)."""
+    returns the last finished epoch. `devices`: all of the worker's devices, `device` first (a dp worker's
+    GPUs each have a random state); default [device]. weights_only: a checkpoint in shared storage is data, never code
+    (torch refuses anything but tensors and plain containers). Loaded to the CPU: the random states (the
+    generators' ByteTensors, PowerSGD's numpy keys) must stay there, and each load_state_dict below moves
+    its own tensors to where the model lives (parameters, optimizer state, PowerSGD memories)."""
     try:
-        state = torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)
+        state = torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(
@@ -80,8 +105,9 @@ def load_checkpoint(
         ) from None
     training.raw_model.load_state_dict(state["model"])
     training.optimizer.load_state_dict(state["optimizer"])
+    match_parameter_layouts(training.optimizer)
     training.scheduler.load_state_dict(state["scheduler"])
     training.scaler.load_state_dict(state["scaler"])
     comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
-    restore_rng_state(state.get("rng"), rank, world, seed, device)
+    restore_rng_state(state.get("rng"), rank, world, seed, devices or [device])
     return state["epoch"]
