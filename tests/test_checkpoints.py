@@ -72,3 +72,16 @@ def test_keep_leaves_the_newest_complete_ones_and_removes_only_stale_folders_of_
     complete = [f"epoch-{epoch:04d}" for epoch in (3, 4, 5, 6)][-keep:]
     assert (trial_dir / CHECKPOINTS).subfolders() == sorted([*complete, ahead.name, "mine"])
     assert fetched(trial_dir, tmp_path) == "state of epoch 6"
+
+
+def test_a_checkpoint_that_cannot_be_read_for_a_while_is_read_again(tmp_path, monkeypatch):
+    """A storage timeout while a restarted trial fetches its checkpoint failed the attempt (the fault-injection
+    sweep lost a trial to it): the read is retried like every other run-file read."""
+    from cifar_ray.core import storage
+
+    monkeypatch.setattr(storage, "RETRY_S", 0.0)
+    handler = FaultyFiles(tmp_path / "faults", share=0.0)
+    trial_dir = faulty_storage(tmp_path / "runs", handler) / "t000"
+    store_checkpoint(trial_dir, saved(tmp_path, 1), 1, keep=2)
+    handler.share, handler.burst = 1.0, 2  # the next read fails twice, then works
+    assert fetched(trial_dir, tmp_path) == "state of epoch 1"

@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .storage import StoragePath
+from .errors import StorageError
+from .storage import StoragePath, read_retrying
 
 CHECKPOINTS = "checkpoints"  # in the trial's folder
 CHECKPOINT_FILE = "state.pt"  # one epoch's state, written by training.state.save_checkpoint
@@ -54,5 +55,9 @@ def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
     complete = [name for _, name, whole in _epoch_folders(checkpoints) if whole]
     if not complete:
         return None
-    (into / CHECKPOINT_FILE).write_bytes((checkpoints / complete[-1] / CHECKPOINT_FILE).read_bytes())
+    newest = checkpoints / complete[-1] / CHECKPOINT_FILE
+    state = read_retrying(newest, bytes, None)  # a read that fails for a while is read again, never given up at once
+    if state is None:
+        raise StorageError(f"cannot read {newest}: it was listed as the newest complete checkpoint, then was gone")
+    (into / CHECKPOINT_FILE).write_bytes(state)
     return into
