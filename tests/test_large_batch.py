@@ -369,30 +369,49 @@ def test_powersgd_state_dict_round_trip_without_a_process_group():
     assert fresh.rng.randint(10**9) == expected_next.randint(10**9)  # the next random Q seed is the same
 
 
-def test_powersgd_on_cpu_tensors_never_synchronises_cuda(tmp_path, monkeypatch):
+# Run in a fresh Python: a gloo process group made in the pytest process is freed later from one of gloo's own
+# threads, whose ~ProcessGroupGloo joins itself and aborts the whole test session (seen in CI: SIGABRT in
+# ProcessGroupGloo::runLoop during the next test).
+POWERSGD_CPU_WITH_CUDA_VISIBLE = """
+import sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+from cifar_ray.core.config import TrainConfig
+from cifar_ray.training import comm
+
+
+def no_sync(device=None):
+    raise AssertionError(f"torch.cuda.synchronize({device}) on a CPU bucket")
+
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+torch.manual_seed(0)
+ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Flatten(), nn.Linear(48, 32), nn.Linear(32, 10)))
+cfg = TrainConfig(workers=2, batch_size=8, grad_compression="powersgd", powersgd_rank=1, powersgd_start_iter=2)
+state = comm.register_comm_hook(ddp, cfg)
+torch.cuda.is_available = lambda: True
+torch.cuda.synchronize = no_sync
+for _ in range(4):  # 2 plain all-reduces, then 2 compressed steps
+    ddp(torch.randn(8, 3, 4, 4)).sum().backward()
+assert state.iter == 4 and state.error_dict and state.q_memory_dict  # compression ran
+assert powersgd.torch is torch  # torch's module keeps its own `torch`
+print("ok")
+"""
+
+
+def test_powersgd_on_cpu_tensors_never_synchronises_cuda(tmp_path):
     """A CPU worker sees the GPUs (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0): torch's powerSGD_hook then calls
     torch.cuda.synchronize with the CPU device, which raises. Here CUDA reads as available and any sync raises;
     compressed steps on CPU must still run, and torch's own hook is left as it was."""
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    import subprocess
+    import sys
 
-    def no_sync(device=None):
-        raise AssertionError(f"torch.cuda.synchronize({device}) on a CPU bucket")
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Flatten(), nn.Linear(48, 32), nn.Linear(32, 10)))
-        cfg = TrainConfig(workers=2, batch_size=8, grad_compression="powersgd", powersgd_rank=1, powersgd_start_iter=2)
-        state = comm.register_comm_hook(ddp, cfg)
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
-        for _ in range(4):  # 2 plain all-reduces, then 2 compressed steps
-            ddp(torch.randn(8, 3, 4, 4)).sum().backward()
-        assert state.iter == 4 and state.error_dict and state.q_memory_dict  # compression ran
-        assert powersgd.torch is torch  # torch's module keeps its own `torch`
-    finally:
-        dist.destroy_process_group()
+    script = [sys.executable, "-c", POWERSGD_CPU_WITH_CUDA_VISIBLE, str(tmp_path / "store")]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 # --- end to end through Ray: `cifar-ray train` with PowerSGD on 2 gloo workers
