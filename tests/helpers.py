@@ -266,9 +266,12 @@ def shared_ddp_run() -> tuple[check.CheckResult, check.CheckResult]:
     return _check_ddp(CPU, workers=2, n_steps=4)
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
+def wait_for(condition, timeout: float, what: str, proc=None) -> None:
+    """Until `condition()` holds; TimeoutError after `timeout` s, or at once when `proc` (a Popen) has ended."""
     deadline = time.monotonic() + timeout
     while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process ended (rc {proc.returncode}) before {what}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout:.0f} s for {what}")
         time.sleep(0.2)

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from faults import FAILURE_LOG, FaultyFiles, failures
+from helpers import wait_for
 
 from cifar_ray.core import runlog, storage
 from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder
@@ -65,16 +66,6 @@ def raw_epochs(trial_dir: Path) -> list[int]:
     """The epochs metrics.jsonl holds, line by line (runlog.read_epochs would hide a repeated one)."""
     path = trial_dir / runlog.EPOCHS_FILE
     return [json.loads(line)["epoch"] for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the driver ended (rc {proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
-        time.sleep(0.2)
 
 
 def descendants(proc: subprocess.Popen) -> list[psutil.Process]:
