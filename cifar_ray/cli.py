@@ -8,6 +8,7 @@ usage errors, `--dry-run` and the refusals before a run answer in well under a s
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +45,17 @@ def build_parser() -> Parser:
     return parser
 
 
+def unrecognized(parser: Parser, command: str, extras: Sequence[str]) -> UsageError:
+    """argparse's "unrecognized arguments" with the nearest option of the subcommand and where the allowed ones are."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    options = [o for action in sub._actions for o in action.option_strings]
+    near = [m for word in extras if word.startswith("-") for m in difflib.get_close_matches(word, options, n=1)]
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    return UsageError(
+        f"unrecognized arguments: {' '.join(extras)}{hint}; allowed: the options of `{PROG} {command} --help`"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -51,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(parser.format_help(), end="", file=sys.stderr)
         return USAGE_ERROR
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            raise unrecognized(parser, args.command, extras)
         args.argv = argv  # the words as given: a run records them (common.rerun_command)
         return COMMANDS[args.command].run(args)
     except UserError as error:

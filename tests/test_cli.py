@@ -253,20 +253,32 @@ def test_train_takes_several_set_flags():
     assert (args.set, args.name) == (["epochs=1", "lr=0.1", "seed=3"], "x")
 
 
+ALLOWED = "; allowed: the options of `cifar-ray {} --help`"
+
+
 @pytest.mark.parametrize(
     "argv, error",
     [
         (
             ["sweep", "--set", "epochs=1", QUICKSTART, "lr=0.1"],
-            "cifar-ray: error: unrecognized arguments: lr=0.1",
+            "cifar-ray: error: unrecognized arguments: lr=0.1" + ALLOWED.format("sweep"),
         ),
         (["sweep", "--set", "epochs=1"], "cifar-ray sweep: error: the following arguments are required: file"),
         (["train", "--set", "epochs"], "cifar-ray: error: --set expects KEY=VALUE, got 'epochs'"),
         (["train", "--set"], "cifar-ray train: error: argument --set: expected at least one argument"),
-        (["train", "--set", "epochs=1", "bogus"], "cifar-ray: error: unrecognized arguments: bogus"),
+        (
+            ["train", "--set", "epochs=1", "bogus"],
+            "cifar-ray: error: unrecognized arguments: bogus" + ALLOWED.format("train"),
+        ),
         # no abbreviations: --resume and --set are what rerun_command and the --set rewriting look for
-        (["sweep", QUICKSTART, "--res"], "cifar-ray: error: unrecognized arguments: --res"),
-        (["sweep", QUICKSTART, "--se", "epochs=1"], "cifar-ray: error: unrecognized arguments: --se epochs=1"),
+        (
+            ["sweep", QUICKSTART, "--res"],
+            "cifar-ray: error: unrecognized arguments: --res (did you mean --resume?)" + ALLOWED.format("sweep"),
+        ),
+        (
+            ["sweep", QUICKSTART, "--se", "epochs=1"],
+            "cifar-ray: error: unrecognized arguments: --se epochs=1 (did you mean --set?)" + ALLOWED.format("sweep"),
+        ),
     ],
 )
 def test_set_errors_stay_one_line(argv, error, capsys, ray_start):
