@@ -61,7 +61,7 @@ def test_page_is_self_contained_and_every_table_is_sortable_by_one_script(tmp_pa
         Bullets(("one", "**two**")),
         Table(("trial", "acc (%)"), (("`t0`", "1,234"), ("`t1`", "—")), "lr", name="trials"),
         Table(("a",), (("1",),), name="effects-optimizer"),
-        Table(("b",), ()),
+        Table(("", ""), (("Date", "today"),)),
     ]
     page = to_html(doc, tmp_path, "Sweep <x> & co")
     assert page.startswith("<!DOCTYPE html>") and "<title>Sweep &lt;x&gt; &amp; co</title>" in page
@@ -69,7 +69,8 @@ def test_page_is_self_contained_and_every_table_is_sortable_by_one_script(tmp_pa
     assert page.count("<script>") == 1 and page.count(SORT_SCRIPT) == 1
     assert page.count('<table class="sortable"') == 3
     assert '<table class="sortable" id="trials">' in page and 'id="effects-optimizer"' in page
-    assert '<td style="text-align:right">1,234</td>' in page
+    assert '<td class="right">1,234</td>' in page and '<th class="left">trial</th>' in page
+    assert "<thead>" not in page.split('<table class="sortable">')[1]  # no empty header row
     # Nothing is fetched: no URL to load anything from, and the policy allows only what is inline.
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page) and "@import" not in page
     policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1)

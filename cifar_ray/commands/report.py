@@ -14,7 +14,6 @@ EXAMPLES = (
         "deltas measured against batch size 128, written beside the run",
         "cifar-ray report runs/batch-size --baseline batch_size=128 --out runs/batch-size-report",
     ),
-    ("the aggregated tables as CSV files in reports/batch-size", "cifar-ray report runs/batch-size --format csv"),
     ("one file to attach or publish: reports/quickstart/report.html", "cifar-ray report runs/quickstart --format html"),
     (
         "the quickstart run here vs the same sweep run on a GPU box (its run folder copied into gpu-runs/): "

@@ -16,6 +16,7 @@ import pandas as pd
 from ..core.errors import ConfigError
 from ..core.runlog import Where
 from .build import Report, build_report
+from .document import Document
 from .findings import findings
 from .header import header_info
 from .html import document_from_markdown, to_html
@@ -93,11 +94,16 @@ def export_markdown(report: Report, out_dir: Path) -> Path:
     return path
 
 
+def report_document(report: Report, out_dir: Path) -> Document:
+    """The report's blocks, its plots drawn into `out_dir`. Until the layout builds the Document, they are read back
+    from README.md's text (document_from_markdown)."""
+    return document_from_markdown(_markdown(report, out_dir))
+
+
 def export_html(report: Report, out_dir: Path) -> Path:
     """report.html, the plots inside it (their PNG files stay beside it, as for README.md)."""
-    document = document_from_markdown(_markdown(report, out_dir))
     path = out_dir / "report.html"
-    path.write_text(to_html(document, out_dir, report.name), encoding="utf-8")
+    path.write_text(to_html(report_document(report, out_dir), out_dir, report.name), encoding="utf-8")
     return path
 
 

@@ -16,7 +16,7 @@ from ..core.storage import StoragePath, read_retrying
 from .document import Bullets, Document, Figure, Heading, Paragraph, Table
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-ALIGN = {"l": "left", "r": "right", "c": "center"}
+ALIGN = {"l": "left", "r": "right", "c": "center"}  # a column's class: numbers (right) never wrap
 
 # Inline spans: a code span or a link; the text between them gets bold and italic. Code is never formatted further.
 _SPANS = re.compile(r"`([^`]+)`|\[([^\]]+)\]\(([^()\s]+)\)")
@@ -32,7 +32,8 @@ code { font: 85% ui-monospace, "DejaVu Sans Mono", monospace; background: #eff1f
   border-radius: 4px; }
 .table { overflow-x: auto; margin: 1em 0; }
 table { border-collapse: collapse; font-size: 90%; }
-th, td { border: 1px solid #d1d9e0; padding: .3em .6em; }
+th, td { border: 1px solid #d1d9e0; padding: .3em .6em; text-align: left; }
+.right { text-align: right; white-space: nowrap; } .center { text-align: center; }
 th { background: #f6f8fa; cursor: pointer; user-select: none; }
 th[aria-sort=ascending]::after { content: " \\25B2"; } th[aria-sort=descending]::after { content: " \\25BC"; }
 tbody tr:nth-child(even) { background: #f6f8fa; }
@@ -113,16 +114,13 @@ def _table_html(table: Table) -> str:
     align = table.align or "l" * len(table.headers)
 
     def cells(tag: str, row: tuple[str, ...]) -> str:
-        return "".join(
-            f'<{tag} style="text-align:{ALIGN[a]}">{inline_html(str(cell))}</{tag}>' for cell, a in zip(row, align)
-        )
+        return "".join(f'<{tag} class="{ALIGN[a]}">{inline_html(str(cell))}</{tag}>' for cell, a in zip(row, align))
 
     table_id = f' id="{html.escape(table.name)}"' if table.name else ""
+    # A table without header text (the report's header table of name/value rows) shows no empty header row.
+    head = f"<thead><tr>{cells('th', table.headers)}</tr></thead>\n" if any(table.headers) else ""
     rows = "\n".join(f"<tr>{cells('td', row)}</tr>" for row in table.rows)
-    return (
-        f'<div class="table"><table class="sortable"{table_id}>\n<thead><tr>{cells("th", table.headers)}</tr></thead>\n'
-        f"<tbody>\n{rows}\n</tbody></table></div>"
-    )
+    return f'<div class="table"><table class="sortable"{table_id}>\n{head}<tbody>\n{rows}\n</tbody></table></div>'
 
 
 def block_html(block, figures_dir: str | Path | StoragePath) -> str:
