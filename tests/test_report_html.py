@@ -90,7 +90,7 @@ def test_the_adapter_reads_the_blocks_of_the_markdown_report():
     markdown = (
         "# name\n\n> what it asks\n\n|  |  |\n|---|---|\n| Date | today |\n\n## Trials\n\n"
         "| trial | acc | note |\n|---|---:|:---:|\n| `t0` | 1,234 | a \\| b |\n| `t1` | — |  |\n\n"
-        "Two lines\nof text.\n\n- one\n- two\n\n![Loss](loss.png)\n![Acc](acc.png)\n"
+        "Two lines\nof text.\n\n- one\n- two\n### Curves\n![Loss](loss.png)\n![Acc](acc.png)\n"
     )
     assert document_from_markdown(markdown) == [
         Heading("name", 1),
@@ -100,6 +100,7 @@ def test_the_adapter_reads_the_blocks_of_the_markdown_report():
         Table(("trial", "acc", "note"), (("`t0`", "1,234", "a | b"), ("`t1`", "—", "")), "lrc", "trials"),
         Paragraph("Two lines of text."),
         Bullets(("one", "two")),
+        Heading("Curves", 3),
         Figure("loss.png", "Loss"),
         Figure("acc.png", "Acc"),
     ]

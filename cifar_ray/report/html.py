@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..core.errors import StorageError
 from ..core.storage import StoragePath, read_retrying
-from .document import Bullets, Document, Figure, Heading, Paragraph, Table
+from .document import Block, Bullets, Document, Figure, Heading, Paragraph, Table
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALIGN = {"l": "left", "r": "right", "c": "center"}  # a column's class: numbers (right) never wrap
@@ -123,7 +123,7 @@ def _table_html(table: Table) -> str:
     return f'<div class="table"><table class="sortable"{table_id}>\n{head}<tbody>\n{rows}\n</tbody></table></div>'
 
 
-def block_html(block, figures_dir: str | Path | StoragePath) -> str:
+def block_html(block: Block, figures_dir: str | Path | StoragePath) -> str:
     if isinstance(block, Heading):
         return f"<h{block.level}>{inline_html(block.text)}</h{block.level}>"
     if isinstance(block, Paragraph):
@@ -172,13 +172,14 @@ def _table_row(line: str) -> tuple[str, ...]:
     return tuple(cell.strip().replace("\\|", "|") for cell in _CELL_BORDER.split(line.strip()[1:-1]))
 
 
-def document_from_markdown(markdown: str) -> list:
+def document_from_markdown(markdown: str) -> list[Block]:
     """Until the report's layout builds the Document itself: the blocks of the README.md that sections.py writes
     (headings, `>` quotes, tables, bullets, figure lines, paragraphs). Each table is named after the heading above
     it ("trials"; "effect-of-workers-2" for the second under its heading)."""
-    blocks: list = []
+    blocks: list[Block] = []
     heading, count = "", 0
-    for chunk in re.split(r"\n\s*\n", markdown.strip()):
+    headings_apart = re.sub(r"^(#+ .*)$", r"\n\1\n", markdown, flags=re.M)  # a heading is a block of its own
+    for chunk in re.split(r"\n\s*\n", headings_apart.strip()):
         lines = chunk.splitlines()
         if lines[0].startswith("#"):
             marks, _, text = lines[0].partition(" ")
