@@ -7,14 +7,14 @@ import argparse
 from ..core.errors import UsageError
 from .common import add_command
 
-HELP = "write a Markdown report (with plots) from a run folder, or compare several"
+HELP = "write a Markdown (or one-file HTML) report with plots from a run folder, or compare several"
 EXAMPLES = (
     ("README.md with tables and plots in reports/quickstart", "cifar-ray report runs/quickstart"),
     (
         "deltas measured against batch size 128, written beside the run",
         "cifar-ray report runs/batch-size --baseline batch_size=128 --out runs/batch-size-report",
     ),
-    ("the aggregated tables as CSV files in reports/batch-size", "cifar-ray report runs/batch-size --format csv"),
+    ("one file to attach or publish: reports/quickstart/report.html", "cifar-ray report runs/quickstart --format html"),
     (
         "the quickstart run here vs the same sweep run on a GPU box (its run folder copied into gpu-runs/): "
         "one more factor, run; -> reports/runs-quickstart-vs-gpu-runs-quickstart",
@@ -47,8 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument(
         "--format",
         default="md",
-        choices=("md", "csv", "json"),
-        help="md: README.md + PNG plots; csv/json: the aggregated tables",
+        metavar="FORMAT",
+        help="md (default): README.md + PNG plots; html: report.html, one self-contained file (plots inside, "
+        "tables sortable); csv/json: the aggregated tables",
     )
 
 

@@ -3,12 +3,14 @@
     write_report(run_dir)                 -> reports/<sweep name>/README.md (+ *.png beside it)
     write_report(run_dir, fmt="csv")      -> reports/<sweep name>/trials.csv (+ factor_<key>.csv, effect_<key>.csv, ...)
     write_report(run_dir, fmt="json")     -> reports/<sweep name>/report.json
+    write_report(run_dir, fmt="html")     -> reports/<sweep name>/report.html: the README's blocks in one page
     write_report([run_a, run_b])          -> reports/<a>-vs-<b>/README.md: the runs compared, one more factor `run`
 
 One concern per module. The numbers: load (run folders -> frames), compare (several runs as one), metrics (what
 is measured, what "best" means), stats (means, paired effects, seed noise, overfitting), build (all of it, once:
 `Report`). The text: format (values and numbers), header, findings, tables, sections (README.md, section by
-section). Then plots (what each plot shows, and drawing it) and export (the files).
+section), document (the blocks) and html (the blocks as one self-contained page). Then plots (what each plot
+shows, and drawing it) and export (the files).
 Imports only core (and numpy, pandas; matplotlib only inside the drawing functions).
 """
 

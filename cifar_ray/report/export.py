@@ -1,6 +1,6 @@
-"""The report's files: README.md with its plots, CSV tables or report.json. Only the logs are read, never the clock
-or the current checkout: the same logs give byte-identical files. In CSV/JSON, accuracies stay fractions 0-1 as in
-metrics.jsonl."""
+"""The report's files: README.md with its plots, one self-contained report.html, CSV tables or report.json. Only
+the logs are read, never the clock or the current checkout: the same logs give byte-identical files. In CSV/JSON,
+accuracies stay fractions 0-1 as in metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ import pandas as pd
 from ..core.errors import ConfigError
 from ..core.runlog import Where
 from .build import Report, build_report
+from .document import Document
 from .findings import findings
 from .header import header_info
+from .html import document_from_markdown, to_html
 from .plots import plot_curves, plot_factor
 from .sections import render_markdown
 
-FORMATS = ("md", "csv", "json")
+FORMATS = ("md", "csv", "json", "html")
 
 
 def _plain(value: Any) -> Any:
@@ -75,15 +77,33 @@ def export_csv(report: Report, out_dir: Path) -> Path:
     return path
 
 
-def export_markdown(report: Report, out_dir: Path) -> Path:
+def _markdown(report: Report, out_dir: Path) -> str:
+    """README.md's text, its plots drawn into `out_dir`."""
     import matplotlib.style
 
     with matplotlib.style.context("default"):
         plots = {"": plot_curves(report, out_dir)}
         for key in report.factors:
             plots[key] = plot_factor(report, key, out_dir)
+    return render_markdown(report, plots)
+
+
+def export_markdown(report: Report, out_dir: Path) -> Path:
     path = out_dir / "README.md"
-    path.write_text(render_markdown(report, plots), encoding="utf-8")
+    path.write_text(_markdown(report, out_dir), encoding="utf-8")
+    return path
+
+
+def report_document(report: Report, out_dir: Path) -> Document:
+    """The report's blocks, its plots drawn into `out_dir`. Until the layout builds the Document, they are read back
+    from README.md's text (document_from_markdown)."""
+    return document_from_markdown(_markdown(report, out_dir))
+
+
+def export_html(report: Report, out_dir: Path) -> Path:
+    """report.html, the plots inside it (their PNG files stay beside it, as for README.md)."""
+    path = out_dir / "report.html"
+    path.write_text(to_html(report_document(report, out_dir), out_dir, report.name), encoding="utf-8")
     return path
 
 
@@ -94,7 +114,7 @@ def write_report(
     fmt: str = "md",
 ) -> Path:
     """Write the report of the run at `run_dir`, or of several runs compared (a list: the runs become the factor
-    `run`); returns the main file (README.md, trials.csv or report.json).
+    `run`); returns the main file (README.md, trials.csv, report.json or report.html).
 
     `out_dir` defaults to reports/<sweep name>, for several runs reports/<label>-vs-<label>...; `baseline`
     ({key: grid value}, {"run": label} among them) picks the reference value of a factor for the Δ columns
@@ -105,4 +125,4 @@ def write_report(
     report = build_report(run_dir, baseline)
     out = Path(out_dir) if out_dir is not None else Path("reports") / report.name
     out.mkdir(parents=True, exist_ok=True)
-    return {"md": export_markdown, "csv": export_csv, "json": export_json}[fmt](report, out)
+    return {"md": export_markdown, "csv": export_csv, "json": export_json, "html": export_html}[fmt](report, out)
