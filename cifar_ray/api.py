@@ -5,7 +5,7 @@
     run = cifar_ray.train({"dataset": "synthetic", "epochs": 1})    # one configuration -> Run
     run = cifar_ray.load("runs/quickstart")                          # a run folder -> Run
     run.trials, run.epochs                                           # pandas frames, as the report reads them
-    run.report("reports/quickstart")                                 # README.md with plots (or fmt="csv"/"json")
+    run.report("reports/quickstart")                                 # README.md with plots, or fmt="csv", ...
 
 Bad input raises the command line's one-line refusals as UserError subclasses (core/errors.py), before Ray starts
 where it can; nothing here calls sys.exit. A Ray already initialised (ray.init in the notebook) is used as is and
@@ -50,7 +50,9 @@ def _override_values(overrides: Overrides) -> dict[str, Any]:
     return parse_overrides(list(overrides))
 
 
-def sweep_plan(source: str | os.PathLike | Mapping[str, Any], overrides: Overrides = None, name: str | None = None):
+def sweep_plan(
+    source: str | os.PathLike | Mapping[str, Any], overrides: Overrides = None, name: str | None = None
+) -> SweepPlan:
     """The validated trials of a sweep file or of a sweep given as a dict (the file's keys: name, base, grid,
     repeats, ...), with `overrides` applied to every trial and `name` for the run folder; runs nothing
     (`cifar-ray sweep FILE --dry-run`). Returns a core.sweep.SweepPlan; ConfigError for bad input."""
@@ -62,7 +64,7 @@ def sweep_plan(source: str | os.PathLike | Mapping[str, Any], overrides: Overrid
     return load_sweep(source, values, name)
 
 
-def train_plan(overrides: Overrides = None, name: str | None = None):
+def train_plan(overrides: Overrides = None, name: str | None = None) -> SweepPlan:
     """One trial: the default config with `overrides`, in a run named `name` (default train-<date>-<time>)."""
     from .core.sweep import single_run_plan
 
@@ -208,8 +210,9 @@ def report(
     fmt: str = "md",
 ) -> Path:
     """Write the report of one run folder, or of several compared (a list), into `out` (default
-    reports/<sweep name>); returns its main file: README.md with plots (fmt="md"), trials.csv ("csv") or
-    report.json ("json"). `baseline`: {key: grid value} or "KEY=VALUE", the reference of the deltas."""
+    reports/<sweep name>), as `cifar-ray report` does; returns its main file: README.md with plots (fmt="md"), or
+    that of another format of report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or
+    "KEY=VALUE", the reference of the deltas. ConfigError or UsageError for bad input."""
     from .report import write_report
 
     return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt)
