@@ -15,11 +15,12 @@ import pytest
 from conftest import write_cifar_fixture
 from helpers import fake_gpus
 
+from cifar_ray.api import ensure_local_data
 from cifar_ray.cli import build_parser, main
 from cifar_ray.cluster import orchestrate
 from cifar_ray.cluster import session as ray_session
 from cifar_ray.commands import COMMANDS
-from cifar_ray.commands.common import ensure_local_data, rerun_command
+from cifar_ray.commands.common import rerun_command
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig, parse_overrides
 from cifar_ray.core.keys import key_rows, markdown_keys_table

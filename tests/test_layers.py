@@ -1,6 +1,6 @@
 """The packages' layers: core imports neither torch nor Ray, training no Ray, and each package imports only the
-packages below it (core <- training <- cluster; core <- report; all of them <- commands, the top). In tests/, no
-test module imports another."""
+packages below it (core <- training <- cluster; core <- report; all of them <- api.py <- commands, the top). In
+tests/, no test module imports another."""
 
 import ast
 import json
@@ -20,8 +20,10 @@ ALLOWED = {
     "training": {"core"},
     "cluster": {"core", "training"},
     "report": {"core"},
-    "commands": {"core", "training", "cluster", "report", "viewers"},
+    "commands": {"core", "training", "cluster", "report", "viewers", "api"},
 }
+# top-level module -> the packages of cifar_ray it may import
+TOP_LEVEL = {"api": {"core", "training", "cluster", "report"}}
 
 
 def modules_of(package: str) -> list[str]:
@@ -53,14 +55,15 @@ def test_training_imports_torch_and_no_ray():
     assert imported_after(modules) == ["torch"]
 
 
-def package_imports(path: Path, package: str) -> set[str]:
-    """What of cifar_ray (core, training, ..., or a top-level module's name) `path`, a module of `package`, imports
-    anywhere, function-local imports included."""
+def package_imports(path: Path, package: str | None) -> set[str]:
+    """What of cifar_ray (core, training, ..., or a top-level module's name) `path`, a module of `package` (None: a
+    top-level module), imports anywhere, function-local imports included."""
     found = set()
+    here = ["cifar_ray", package] if package else ["cifar_ray"]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            if node.level:  # level 1: cifar_ray.<package>, level 2: cifar_ray
-                full = ["cifar_ray", package][: 3 - node.level] + (node.module.split(".") if node.module else [])
+            if node.level:  # level 1: the module's own package, level 2: the one above
+                full = here[: len(here) + 1 - node.level] + (node.module.split(".") if node.module else [])
             else:
                 full = (node.module or "").split(".")
             if full[0] == "cifar_ray":
@@ -78,6 +81,12 @@ def test_package_imports_only_the_layers_below_it(package):
         if outside:
             wrong[path.name] = sorted(outside)
     assert not wrong, f"{package} may import only {sorted(ALLOWED[package]) or 'itself'}: {wrong}"
+
+
+@pytest.mark.parametrize("module", sorted(TOP_LEVEL))
+def test_a_top_level_module_imports_only_the_layers_below_it(module):
+    outside = package_imports(PACKAGE_ROOT / f"{module}.py", None) - TOP_LEVEL[module]
+    assert not outside, f"{module}.py may import only {sorted(TOP_LEVEL[module])}: {sorted(outside)}"
 
 
 def test_every_package_has_its_layer():

@@ -1,5 +1,5 @@
 """What several commands share: the parser class, the option groups of `train` and `sweep`, and running a plan
-(Ray start/stop, the end-of-run summary table, the resume and rerun commands).
+(through api.execute_plan; the end-of-run summary table, the resume and rerun commands).
 
 Importing this module imports neither torch nor Ray: the functions that need them import them when called.
 """
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import runlog
-from ..core.errors import ConfigError, UsageError
-from ..core.storage import StoragePath, redact
+from ..core.errors import UsageError
+from ..core.storage import redact
 from ..core.text import text_table
 
 if TYPE_CHECKING:
@@ -193,60 +193,24 @@ def summary_rows(run: runlog.RunLog) -> list[dict[str, Any]]:
     return [trial_result(t) | {"epochs": f"{len(t.epochs)}/{t.config.get('epochs', '?')}"} for t in run.trials]
 
 
-def ensure_local_data(plan) -> None:
-    """CIFAR-10 in every data_dir of the plan, found or downloaded here before Ray starts: no data is then
-    one DataError line in seconds, not a failed trial's traceback after 36 s of Ray start-up (measured
-    offline). For the embedded Ray only: its workers read this machine's folders; a cluster node reads its own."""
-    data_dirs = dict.fromkeys(t.config.data_dir for t in plan.trials if t.config.dataset == "cifar10")
-    if data_dirs:
-        from ..training.data import ensure_cifar10  # imports torch: only for a plan that needs CIFAR-10
-
-        for data_dir in data_dirs:
-            ensure_cifar10(data_dir)
-
-
-def check_local_gpus(plan) -> None:
-    """amp=bf16 on this machine's GPUs refused before the embedded Ray starts when one is older than Ampere
-    (use_gpu auto or true: auto takes the GPUs where there are any). A cluster's workers refuse it themselves."""
-    if any(t.config.amp == "bf16" and t.config.use_gpu != "false" for t in plan.trials):
-        from ..training.gpu import check_local_gpus_for_bf16  # imports torch: only for a plan that may need it
-
-        check_local_gpus_for_bf16()
-
-
 def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
-    from ..cluster.orchestrate import run_plan  # these import Ray inside their functions only
-    from ..cluster.session import cluster_address, init_ray
+    from ..api import execute_plan
 
-    if args.max_concurrent is not None and args.max_concurrent < 1:
-        raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
-    resume = getattr(args, "resume", False)  # `train` has no --resume
-    run_dir = StoragePath.of(args.storage) / plan.name  # a refused --storage fails before Ray starts
-    refusal = None if resume else runlog.existing_run_refusal(run_dir, plan.name, resumable=args.command == "sweep")
-    if refusal:
-        raise ConfigError(refusal)
-    if cluster_address(args.address) is None:
-        check_local_gpus(plan)  # a refusal before the data download writes anything
-        ensure_local_data(plan)
-    owns_ray = init_ray(address=args.address, verbose=args.verbose)
     # Tune stops gracefully on SIGINT (saving its state; run_plan then marks the running trials interrupted);
     # give SIGTERM the same treatment.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
-    try:
-        run_dir = run_plan(
-            plan,
-            storage=args.storage,
-            max_concurrent=args.max_concurrent,
-            resume=resume,
-            warm=not args.isolate,
-            command=rerun_command(args.argv),
-            print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
-        )
-    finally:
-        if owns_ray:
-            import ray
-
-            ray.shutdown()
+    run_dir = execute_plan(
+        plan,
+        args.storage,
+        resume=getattr(args, "resume", False),  # `train` has no --resume
+        resumable=args.command == "sweep",
+        max_concurrent=args.max_concurrent,
+        address=args.address,
+        isolate=args.isolate,
+        verbose=args.verbose,
+        command=rerun_command(args.argv),
+        print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+    )
     run = runlog.load_run(run_dir)
     rows = summary_rows(run)
     out = sys.stderr if args.json else sys.stdout

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.errors import UsageError
 from .common import add_command
 
 HELP = "write a Markdown (or one-file HTML) report with plots from a run folder, or compare several"
@@ -54,15 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.strict_yaml import parse_value
-    from ..report import write_report
+    from ..api import report
 
-    baseline = None
-    if args.baseline:
-        key, sep, value = args.baseline.partition("=")
-        if not sep:
-            raise UsageError(f"--baseline expects KEY=VALUE, got '{args.baseline}'")
-        baseline = {key.strip(): parse_value(value.strip())}
     runs = args.run_dir if len(args.run_dir) > 1 else args.run_dir[0]
-    print(write_report(runs, out_dir=args.out, baseline=baseline, fmt=args.format))
+    print(report(runs, out=args.out, baseline=args.baseline, fmt=args.format))
     return 0

@@ -39,10 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.config import parse_overrides
-    from ..core.sweep import load_sweep, trial_table, work_summary
+    from ..api import sweep_plan
+    from ..core.sweep import trial_table, work_summary
 
-    plan = load_sweep(args.file, parse_overrides(args.set), args.name)
+    plan = sweep_plan(args.file, args.set, args.name)
     if not args.dry_run:
         return run_plan_command(plan, args)
     print(f"{plan.name}: {plan.description}".rstrip(": "))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 from .common import add_command, add_common, run_plan_command
 
@@ -29,8 +28,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.config import parse_overrides
-    from ..core.sweep import single_run_plan
+    from ..api import train_plan
 
-    plan = single_run_plan(parse_overrides(args.set), args.name or time.strftime("train-%Y%m%d-%H%M%S"))
-    return run_plan_command(plan, args)
+    return run_plan_command(train_plan(args.set, args.name), args)

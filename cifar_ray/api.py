@@ -1,0 +1,263 @@
+"""cifar-ray from Python (a notebook, a script): the functions the `cifar-ray` command itself is built on.
+
+    import cifar_ray
+    run = cifar_ray.sweep("sweeps/quickstart.yaml", {"epochs": 1})  # a sweep file or a dict -> Run
+    run = cifar_ray.train({"dataset": "synthetic", "epochs": 1})    # one configuration -> Run
+    run = cifar_ray.load("runs/quickstart")                          # a run folder -> Run
+    run.trials, run.epochs                                           # pandas frames, as the report reads them
+    run.report("reports/quickstart")                                 # README.md with plots, or fmt="csv", ...
+
+Bad input raises the command line's one-line refusals as UserError subclasses (core/errors.py), before Ray starts
+where it can; nothing here calls sys.exit. A Ray already initialised (ray.init in the notebook) is used as is and
+left running; otherwise each run starts a local Ray (or connects to `address`) and shuts it down at the end.
+Importing this module imports neither torch, Ray nor pandas: each function imports what it needs. docs/api.md walks
+through it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .core import runlog
+from .core.errors import ConfigError, UsageError
+from .core.storage import StoragePath
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .core.sweep import SweepPlan
+
+# Config overrides: {"epochs": 1} from Python, or ["epochs=1"] as --set takes them.
+Overrides = Mapping[str, Any] | Sequence[str] | None
+DICT_SOURCE = "<dict>"  # how a sweep given as a dict is named in refusals and in sweep.json's source
+
+
+def _override_values(overrides: Overrides) -> dict[str, Any]:
+    from .core.config import parse_overrides
+
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    if isinstance(overrides, str):  # a lone "KEY=VALUE" would otherwise be read letter by letter
+        raise ConfigError(f"overrides are a dict or a list of KEY=VALUE strings, got the string {overrides!r}")
+    return parse_overrides(list(overrides))
+
+
+def sweep_plan(
+    source: str | os.PathLike | Mapping[str, Any], overrides: Overrides = None, name: str | None = None
+) -> SweepPlan:
+    """The validated trials of a sweep file or of a sweep given as a dict (the file's keys: name, base, grid,
+    repeats, ...), with `overrides` applied to every trial and `name` for the run folder; runs nothing
+    (`cifar-ray sweep FILE --dry-run`). Returns a core.sweep.SweepPlan; ConfigError for bad input."""
+    from .core.sweep import build_plan, load_sweep
+
+    values = _override_values(overrides)
+    if isinstance(source, Mapping):
+        return build_plan(dict(source), values, DICT_SOURCE, name)
+    return load_sweep(source, values, name)
+
+
+def train_plan(overrides: Overrides = None, name: str | None = None) -> SweepPlan:
+    """One trial: the default config with `overrides`, in a run named `name` (default train-<date>-<time>)."""
+    from .core.sweep import single_run_plan
+
+    return single_run_plan(_override_values(overrides), name or time.strftime("train-%Y%m%d-%H%M%S"))
+
+
+def ensure_local_data(plan: SweepPlan) -> None:
+    """CIFAR-10 in every data_dir of the plan, found or downloaded here before Ray starts: no data is then
+    one DataError line in seconds, not a failed trial's traceback after 36 s of Ray start-up (measured
+    offline). For the embedded Ray only: its workers read this machine's folders; a cluster node reads its own."""
+    data_dirs = dict.fromkeys(t.config.data_dir for t in plan.trials if t.config.dataset == "cifar10")
+    if data_dirs:
+        from .training.data import ensure_cifar10  # imports torch: only for a plan that needs CIFAR-10
+
+        for data_dir in data_dirs:
+            ensure_cifar10(data_dir)
+
+
+def check_local_gpus(plan: SweepPlan) -> None:
+    """amp=bf16 on this machine's GPUs refused before the embedded Ray starts when one is older than Ampere
+    (use_gpu auto or true: auto takes the GPUs where there are any). A cluster's workers refuse it themselves."""
+    if any(t.config.amp == "bf16" and t.config.use_gpu != "false" for t in plan.trials):
+        from .training.gpu import check_local_gpus_for_bf16  # imports torch: only for a plan that may need it
+
+        check_local_gpus_for_bf16()
+
+
+def execute_plan(
+    plan: SweepPlan,
+    storage: str | os.PathLike | StoragePath = "runs",
+    *,
+    resume: bool = False,
+    resumable: bool = True,
+    max_concurrent: int | None = None,
+    address: str | None = None,
+    isolate: bool = False,
+    verbose: bool = False,
+    command: str | None = None,
+    print_line: Callable[[str], None] = print,
+) -> StoragePath:
+    """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
+    run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad
+    max_concurrent or storage, a folder that already holds a run (unless `resume`; `resumable`: whether the
+    refusal offers --resume), and on the embedded Ray amp=bf16 on an old GPU and CIFAR-10 that cannot be had.
+    Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs
+    this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines."""
+    if max_concurrent is not None and max_concurrent < 1:
+        raise UsageError(f"--max-concurrent must be >= 1, got {max_concurrent}")
+    run_dir = StoragePath.of(storage) / plan.name
+    refusal = None if resume else runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
+    if refusal:
+        raise ConfigError(refusal)
+    from .cluster import orchestrate, session  # these import Ray inside their functions only
+
+    if session.cluster_address(address) is None:
+        check_local_gpus(plan)  # a refusal before the data download writes anything
+        ensure_local_data(plan)
+    owns_ray = session.init_ray(address=address, verbose=verbose)
+    try:
+        return orchestrate.run_plan(
+            plan,
+            storage=storage,
+            max_concurrent=max_concurrent,
+            resume=resume,
+            warm=not isolate,
+            command=command,
+            print_line=print_line,
+        )
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def sweep(
+    source: str | os.PathLike | Mapping[str, Any],
+    overrides: Overrides = None,
+    *,
+    name: str | None = None,
+    storage: str | os.PathLike = "runs",
+    resume: bool = False,
+    max_concurrent: int | None = None,
+    address: str | None = None,
+    isolate: bool = False,
+    verbose: bool = False,
+    print_line: Callable[[str], None] = print,
+) -> Run:
+    """Run a sweep file, or a sweep given as a dict, with `overrides` on every trial (`cifar-ray sweep`); returns
+    the run folder loaded (Run). `resume`: finish an interrupted run of the same sweep, overrides and name."""
+    run_dir = execute_plan(
+        sweep_plan(source, overrides, name),
+        storage,
+        resume=resume,
+        max_concurrent=max_concurrent,
+        address=address,
+        isolate=isolate,
+        verbose=verbose,
+        print_line=print_line,
+    )
+    return load(run_dir)
+
+
+def train(
+    overrides: Overrides = None,
+    *,
+    name: str | None = None,
+    storage: str | os.PathLike = "runs",
+    address: str | None = None,
+    isolate: bool = False,
+    verbose: bool = False,
+    print_line: Callable[[str], None] = print,
+) -> Run:
+    """Train one configuration, the default config with `overrides` (`cifar-ray train`); returns the run folder
+    loaded (Run) with its one trial."""
+    run_dir = execute_plan(
+        train_plan(overrides, name),
+        storage,
+        resumable=False,
+        address=address,
+        isolate=isolate,
+        verbose=verbose,
+        print_line=print_line,
+    )
+    return load(run_dir)
+
+
+def _baseline_values(baseline: Mapping[str, Any] | str | None) -> dict[str, Any] | None:
+    from .core.strict_yaml import parse_value
+
+    if baseline is None or isinstance(baseline, Mapping):
+        return dict(baseline) if baseline else None
+    key, sep, value = baseline.partition("=")
+    if not sep:
+        raise UsageError(f"--baseline expects KEY=VALUE, got '{baseline}'")
+    return {key.strip(): parse_value(value.strip())}
+
+
+def report(
+    runs: str | os.PathLike | StoragePath | Sequence[str | os.PathLike | StoragePath],
+    out: str | os.PathLike | None = None,
+    baseline: Mapping[str, Any] | str | None = None,
+    fmt: str = "md",
+) -> Path:
+    """Write the report of one run folder, or of several compared (a list), into `out` (default
+    reports/<sweep name>), as `cifar-ray report` does; returns its main file: README.md with plots (fmt="md"), or
+    that of another format of report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or
+    "KEY=VALUE", the reference of the deltas. ConfigError or UsageError for bad input."""
+    from .report import write_report
+
+    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt)
+
+
+def load(run_dir: str | os.PathLike | StoragePath) -> Run:
+    """A run folder (or URI) read once into a Run; ConfigError when it holds no run or no trial.
+    A sweep still running: load it again for newer epochs."""
+    from .report import build_report
+
+    built = build_report(run_dir)
+    return Run(built.run.path, built.name, built.run.sweep.get("description", ""), built.trials, built.epochs)
+
+
+@dataclass(frozen=True, repr=False)
+class Run:
+    """A run folder as frames: `trials` has one row per trial (status, swept values, final and best accuracy,
+    time per epoch, memory, ...), `epochs` one row per trial and epoch, both as the report computes them
+    (report/load.py). Displayed in a notebook, it shows its trial table."""
+
+    path: StoragePath
+    name: str
+    description: str
+    trials: pd.DataFrame
+    epochs: pd.DataFrame
+
+    def report(
+        self, out: str | os.PathLike | None = None, baseline: Mapping[str, Any] | str | None = None, fmt: str = "md"
+    ) -> Path:
+        """This run's report (see the module's `report`)."""
+        return report(self.path, out, baseline, fmt)
+
+    def status_counts(self) -> dict[str, int]:
+        """How many trials ended (or stand) in each status: {"finished": 3, "failed": 1}."""
+        return {str(status): int(count) for status, count in self.trials["status"].value_counts(sort=False).items()}
+
+    def _summary(self) -> str:
+        counts = ", ".join(f"{count} {status}" for status, count in self.status_counts().items())
+        return f"{self.name}: {len(self.trials)} trial(s) ({counts}) in {self.path}"
+
+    def __repr__(self) -> str:
+        return f"<Run {self._summary()}>"
+
+    def _repr_html_(self) -> str:
+        """The notebook's view: a line naming the run, then the trial table."""
+        description = f"<br>{escape(self.description)}" if self.description else ""
+        table = self.trials.to_html(index=False, na_rep="—", float_format="{:.4g}".format)
+        return f"<p><b>{escape(self._summary())}</b>{description}</p>\n{table}"
