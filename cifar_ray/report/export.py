@@ -16,10 +16,12 @@ import pandas as pd
 from ..core.errors import ConfigError
 from ..core.runlog import Where
 from .build import Report, build_report
+from .document import to_markdown
 from .findings import findings
 from .header import header_info
 from .plots import plot_curves, plot_factor
-from .sections import render_markdown
+from .sections import document
+from .verdicts import DEFAULT_MARGIN_PP
 
 FORMATS = ("md", "csv", "json")
 
@@ -54,6 +56,7 @@ def export_json(report: Report, out_dir: Path) -> Path:
             for key, frame in report.groups.items()
         },
         "seed_noise": {"final_test_acc_std": _plain(noise_std), "configurations": noise_configs},
+        "verdicts": {"margin": report.margin, "comparisons": report.comparisons, "test_images": report.test_images},
         "findings": findings(report),
     }
     path = out_dir / "report.json"
@@ -83,7 +86,7 @@ def export_markdown(report: Report, out_dir: Path) -> Path:
         for key in report.factors:
             plots[key] = plot_factor(report, key, out_dir)
     path = out_dir / "README.md"
-    path.write_text(render_markdown(report, plots), encoding="utf-8")
+    path.write_text(to_markdown(document(report, plots)), encoding="utf-8")
     return path
 
 
@@ -92,17 +95,19 @@ def write_report(
     out_dir: str | Path | None = None,
     baseline: dict | None = None,
     fmt: str = "md",
+    margin_pp: float = DEFAULT_MARGIN_PP,
 ) -> Path:
     """Write the report of the run at `run_dir`, or of several runs compared (a list: the runs become the factor
     `run`); returns the main file (README.md, trials.csv or report.json).
 
     `out_dir` defaults to reports/<sweep name>, for several runs reports/<label>-vs-<label>...; `baseline`
     ({key: grid value}, {"run": label} among them) picks the reference value of a factor for the Δ columns
-    (default: its first grid value, the first run). Raises ConfigError on bad input.
+    (default: its first grid value, the first run); `margin_pp` is the equivalence margin of accuracy effects in
+    percentage points. Raises ConfigError on bad input.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")
-    report = build_report(run_dir, baseline)
+    report = build_report(run_dir, baseline, margin_pp)
     out = Path(out_dir) if out_dir is not None else Path("reports") / report.name
     out.mkdir(parents=True, exist_ok=True)
     return {"md": export_markdown, "csv": export_csv, "json": export_json}[fmt](report, out)
