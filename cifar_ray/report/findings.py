@@ -104,7 +104,13 @@ def findings(report: Report) -> list[str]:
     if best != FACTOR_METRICS[0]:  # the default objective's best is the Most accurate line
         lines.append(
             _leader_line(
-                report, configs, "Best", best, best.column, lambda c: fmt_metric(best, c[f"{best.column}_mean"])
+                report,
+                configs,
+                "Best",
+                best,
+                best.column,
+                lambda c: fmt_metric(best, c[f"{best.column}_mean"]),
+                f"by the sweep's metric: {best_phrase(best)}",
             )
         )
     lines.append(
