@@ -108,6 +108,8 @@ def test_header_comes_from_the_logs(readme):
     assert "Python 3.11.9, torch 2.14.1, Ray 2.60.0" in text
     assert "| Wall time | 1 h 02 min |" in text
     assert " runs" not in text.split("## Findings")[0]  # trials are called trials
+    # The keys every trial shares: only those off their default in the Markdown, all of them in report.json.
+    assert "| Fixed settings (not default) | epochs=4, accum_steps=2, backend=nccl |" in text
     assert "data_dir" not in text.split("## Findings")[0]
 
 
@@ -338,6 +340,18 @@ def test_json_export(run, tmp_path):
     assert rows[2]["is_baseline"] is True
     rows128 = {row["batch_size"]: row for row in data["factors"]["batch_size"]["rows"]}
     assert rows128[128]["final_test_acc_std"] is None  # one trial: no std
+    assert data["sweep"]["fixed_settings"] == {
+        "model": "simple_cnn",
+        "optimizer": "momentum",
+        "epochs": 4,
+        "accum_steps": 2,
+        "amp": "off",
+        "backend": "nccl",
+        "strategy": "ddp",
+        "train_eval_size": 5000,
+    }
+    assert data["sweep"]["trials"] == 8 and "runs" not in data["sweep"]
+    assert data["verdicts"] == {"margin": 0.01, "comparisons": 0, "test_images": 10000}
 
 
 def test_default_out_dir_is_reports_sweep_name(run, tmp_path, monkeypatch):
