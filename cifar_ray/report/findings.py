@@ -210,9 +210,10 @@ def seeds_text(report: Report, row: pd.Series) -> str:
         why = "one pair gives no spread" if row["n_pairs"] < 2 else f"not within {MAX_PAIRS} pairs"
         return f"; seeds that would resolve it: unknown ({why})"
     more = int(row["more_seeds"])
+    command = report.run.sweep.get("command") if not report.comparison else None
     return (
         f"; about {more} more seed{'s' if more != 1 else ''} would resolve it at this spread "
-        f"(`cifar-ray sweep FILE --resume --repeats {report.seeds + more}`)"
+        f"(`{command or 'cifar-ray sweep FILE'} --resume --repeats {report.seeds + more}`)"
     )
 
 
