@@ -15,6 +15,7 @@ from .compare import RUN_FACTOR, RUN_MATCH_RULE, RunSource
 from .document import Block, Heading, Paragraph, Table
 from .format import best_phrase, fmt_date, fmt_duration, fmt_value, same_value
 from .load import config_value
+from .metrics import INCOMPLETE
 from .stats import OVERFIT_RULE
 
 DEFAULTS = {key: TrainConfig.model_fields[key].default for key in KEYS}
@@ -60,8 +61,9 @@ _UNFINISHED = tuple(s for s in reversed(runlog.STATUSES) if s not in runlog.FINA
 
 
 def status_counts(trials: pd.DataFrame) -> dict[str, int]:
-    counts = trials["status"].value_counts()
-    return {s: int(counts.get(s, 0)) for s in runlog.FINAL_STATUSES + _UNFINISHED}
+    """Trials by outcome: the logged status, or incomplete for a finished one with epochs missing."""
+    counts = trials["outcome"].value_counts()
+    return {s: int(counts.get(s, 0)) for s in (*runlog.FINAL_STATUSES, INCOMPLETE, *_UNFINISHED)}
 
 
 def _values_text(values: list) -> str:
@@ -86,9 +88,9 @@ def measured_text(report: Report) -> str:
 
 
 def statuses_text(counts: dict[str, int]) -> str:
-    """`3 finished, 1 failed, 0 diverged, 0 oom` (running and pending only when there are some)."""
+    """`3 finished, 1 failed, 0 diverged, 0 oom` (incomplete, running and pending only when there are some)."""
     parts = [f"{counts[s]} {s}" for s in runlog.FINAL_STATUSES]
-    parts += [f"{counts[s]} {s}" for s in _UNFINISHED if counts[s]]
+    parts += [f"{counts[s]} {s}" for s in (INCOMPLETE, *_UNFINISHED) if counts[s]]
     return ", ".join(parts)
 
 
