@@ -261,6 +261,6 @@ def test_two_real_runs_of_one_sweep_compared(tmp_path, capsys):
         row = next(line for line in header.splitlines() if line.startswith(f"| {label} |"))
         assert f"| 2: 2 finished, 0 failed, 0 diverged, 0 oom | `{shlex.join(['cifar-ray', *argv])}` |" in row
     assert "| Run-level keys | batch_size: 32 in tiny, 64 in tiny-b64 |" in header
-    assert "| run=tiny-b64 | 2 |" in text.split("## Effect of `run`")[1]
+    assert "| run=tiny-b64 | 2 of 2 |" in text.split("## Effect of `run`")[1]
     trials_csv = pd.read_csv(write_report(runs, tmp_path / "csv", fmt="csv"))
     assert trials_csv["run"].tolist() == ["tiny", "tiny", "tiny-b64", "tiny-b64"]
