@@ -263,9 +263,7 @@ def test_effect_lines_say_how_many_pairs_and_what_removed_the_others(run, readme
     assert workers["mean_diff"] == pytest.approx(statistics.mean(pairs))
     text = readme.read_text().split("## Findings")[1].split("## ")[0]
     line = next(line for line in text.splitlines() if line.startswith("- **workers=2**"))
-    assert line.startswith(
-        f"- **workers=2** vs 1: final test accuracy {100 * statistics.mean(pairs):+.2f} pp (95 % CI "
-    )
+    assert line.startswith(f"- **workers=2** vs 1: final test accuracy {100 * statistics.mean(pairs):+.2f} pp, 2 of 4")
     assert (
         "2 of 4 pairs (2 lost: workers=2 diverged in 1; workers=2 pending in 1): no verdict (fewer than 3 pairs)"
         in line

@@ -98,7 +98,9 @@ def test_the_markdown_lists_each_run_and_says_what_the_run_effect_includes(pair,
     assert RUN_MATCH_RULE in header
     diffs = [after[key] - before[key] for key in before]
     finding = next(line for line in text.splitlines() if line.startswith("- **run=after**"))
-    assert f"**run=after** vs before: final test accuracy {100 * statistics.mean(diffs):+.2f} pp (95 % CI " in finding
+    assert (
+        f"**run=after** vs before: final test accuracy {100 * statistics.mean(diffs):+.2f} pp, 4 of 4 pairs" in finding
+    )
     assert "part of this effect: amp: off in before, bf16 in after." in finding
     section = text.split("## Effect of `run`")[1].split("\n## ")[0]
     assert "| run=after | 4 of 4 |" in section and "vs run](run_accuracy.png)" in section
