@@ -208,14 +208,17 @@ def report(
     out: str | os.PathLike | None = None,
     baseline: Mapping[str, Any] | str | None = None,
     fmt: str = "md",
+    margin_pp: float | None = None,
 ) -> Path:
     """Write the report of one run folder, or of several compared (a list), into `out` (default
     reports/<sweep name>), as `cifar-ray report` does; returns its main file: README.md with plots (fmt="md"), or
     that of another format of report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or
-    "KEY=VALUE", the reference of the deltas. ConfigError or UsageError for bad input."""
+    "KEY=VALUE", the reference of the deltas; `margin_pp`: the equivalence margin of accuracy effects (None: the
+    report's default). ConfigError or UsageError for bad input."""
     from .report import write_report
 
-    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt)
+    margin = {} if margin_pp is None else {"margin_pp": margin_pp}
+    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt, **margin)
 
 
 def load(run_dir: str | os.PathLike | StoragePath) -> Run:

@@ -97,11 +97,13 @@ def test_the_markdown_lists_each_run_and_says_what_the_run_effect_includes(pair,
     assert "| Run-level keys | amp: off in before, bf16 in after |" in header
     assert RUN_MATCH_RULE in header
     diffs = [after[key] - before[key] for key in before]
-    finding = next(line for line in text.splitlines() if line.startswith("- **run**"))
-    assert f"run=after: final test accuracy {100 * statistics.mean(diffs):+.2f} pp (95 % CI " in finding
+    finding = next(line for line in text.splitlines() if line.startswith("- **run=after**"))
+    assert (
+        f"**run=after** vs before: final test accuracy {100 * statistics.mean(diffs):+.2f} pp, 4 of 4 pairs" in finding
+    )
     assert "part of this effect: amp: off in before, bf16 in after." in finding
     section = text.split("## Effect of `run`")[1].split("\n## ")[0]
-    assert "| run=after | 4 |" in section and "vs run](run_accuracy.png)" in section
+    assert "| run=after | 4 of 4 |" in section and "vs run](run_accuracy.png)" in section
     assert (tmp_path / "run_accuracy.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "run_cost.png").is_file()
 
 
@@ -261,6 +263,6 @@ def test_two_real_runs_of_one_sweep_compared(tmp_path, capsys):
         row = next(line for line in header.splitlines() if line.startswith(f"| {label} |"))
         assert f"| 2: 2 finished, 0 failed, 0 diverged, 0 oom | `{shlex.join(['cifar-ray', *argv])}` |" in row
     assert "| Run-level keys | batch_size: 32 in tiny, 64 in tiny-b64 |" in header
-    assert "| run=tiny-b64 | 2 |" in text.split("## Effect of `run`")[1]
+    assert "| run=tiny-b64 | 2 of 2 |" in text.split("## Effect of `run`")[1]
     trials_csv = pd.read_csv(write_report(runs, tmp_path / "csv", fmt="csv"))
     assert trials_csv["run"].tolist() == ["tiny", "tiny", "tiny-b64", "tiny-b64"]

@@ -12,7 +12,7 @@ from cifar_ray.cli import main
 from cifar_ray.core.errors import StorageError
 from cifar_ray.report import build_report
 from cifar_ray.report.document import Bullets, Figure, Heading, Paragraph, Table
-from cifar_ray.report.html import SORT_SCRIPT, document_from_markdown, inline_html, to_html
+from cifar_ray.report.html import SORT_SCRIPT, inline_html, to_html
 
 # The smallest valid PNG: one transparent pixel.
 PIXEL = base64.b64decode(
@@ -84,26 +84,6 @@ def test_two_tables_with_one_name_and_unknown_blocks_are_refused(tmp_path):
         to_html([Table(("a",), (), name="t"), Table(("b",), (), name="t")], tmp_path, "t")
     with pytest.raises(TypeError, match="not a report block"):
         to_html(["plain"], tmp_path, "t")
-
-
-def test_the_adapter_reads_the_blocks_of_the_markdown_report():
-    markdown = (
-        "# name\n\n> what it asks\n\n|  |  |\n|---|---|\n| Date | today |\n\n## Trials\n\n"
-        "| trial | acc | note |\n|---|---:|:---:|\n| `t0` | 1,234 | a \\| b |\n| `t1` | — |  |\n\n"
-        "Two lines\nof text.\n\n- one\n- two\n### Curves\n![Loss](loss.png)\n![Acc](acc.png)\n"
-    )
-    assert document_from_markdown(markdown) == [
-        Heading("name", 1),
-        Paragraph("what it asks"),
-        Table(("", ""), (("Date", "today"),), "ll", "name"),
-        Heading("Trials", 2),
-        Table(("trial", "acc", "note"), (("`t0`", "1,234", "a | b"), ("`t1`", "—", "")), "lrc", "trials"),
-        Paragraph("Two lines of text."),
-        Bullets(("one", "two")),
-        Heading("Curves", 3),
-        Figure("loss.png", "Loss"),
-        Figure("acc.png", "Acc"),
-    ]
 
 
 def test_cli_writes_the_html_report_and_refuses_an_unknown_format(tmp_path, capsys):

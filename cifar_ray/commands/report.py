@@ -44,6 +44,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "run=LABEL picks the run, default the first)",
     )
     report.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        metavar="PP",
+        help="equivalence margin of accuracy effects in percentage points: an effect whose interval lies within ±PP "
+        "is called equivalent (two one-sided tests; default 1)",
+    )
+    report.add_argument(
         "--format",
         default="md",
         metavar="FORMAT",
@@ -56,5 +64,6 @@ def run(args: argparse.Namespace) -> int:
     from ..api import report
 
     runs = args.run_dir if len(args.run_dir) > 1 else args.run_dir[0]
-    print(report(runs, out=args.out, baseline=args.baseline, fmt=args.format))
+    margin = {} if args.margin is None else {"margin_pp": args.margin}
+    print(report(runs, out=args.out, baseline=args.baseline, fmt=args.format, **margin))
     return 0

@@ -38,7 +38,7 @@ from .config import (
     unknown_key_message,
     validation_line,
 )
-from .datasets import DATASET_SIZES
+from .datasets import test_images
 from .errors import ConfigError, YamlValueError
 from .runlog import DEFAULT_OBJECTIVE, MODES, OBJECTIVES
 from .strict_yaml import load_yaml
@@ -256,9 +256,8 @@ class TrialWork:
 
 
 def trial_work(config: TrainConfig) -> TrialWork:
-    full_test = DATASET_SIZES[config.dataset][1]
     train = config.train_images
-    test = min(config.test_subset or full_test, full_test)
+    test = test_images(config.dataset, config.test_subset)
     # an epoch is floor(n / effective_batch) optimizer steps; the rest is skipped (data.train_step_indices)
     per_epoch = train // config.effective_batch * config.effective_batch
     return TrialWork(config.dataset, train, test, config.epochs, per_epoch * config.epochs)

@@ -1,8 +1,9 @@
 """Everything a report shows, computed once from the logs: `build_report(run_dirs) -> Report`, which the Markdown,
 CSV and JSON outputs read whole.
 
-Aggregates (factor tables, configurations, findings) use finished trials only; failed, diverged, out-of-memory and
-unfinished trials appear in the trial table and are listed with their reason. A factor's effect is measured on
+Aggregates (factor tables, configurations, findings) use included trials only (finished with every planned epoch
+logged); failed, diverged, out-of-memory, incomplete and unfinished trials appear in the trial table and are listed
+with their reason. A factor's effect is measured on
 matched pairs (trials that differ only in that factor, seed included); per-value means pool the other factors and
 are shown as means only. "Best" follows the sweep file's metric and mode.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.errors import ConfigError
 from ..core.runlog import RunLog, Where
 from .compare import (
     RUN_FACTOR,
@@ -26,10 +28,11 @@ from .compare import (
     paired_config,
     refuse_unpaired,
 )
-from .format import values_label
+from .format import fmt_value, values_label
 from .load import breakdown_keys, epochs_frame, memory_measure, resolve_baseline, sweep_grid, trial_frame
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
 from .stats import Overfit, config_frame, factor_frame, paired_effects, seed_noise
+from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, judge
 
 
 @dataclass
@@ -49,7 +52,11 @@ class Report:
     objective: Metric  # what "best" means: the sweep's metric and mode on its trial column
     objective_note: str  # why the sweep's metric was not usable ("" when it is)
     metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
-    effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects()
+    effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects(), accuracy judged
+    margin: float  # the equivalence margin of accuracy effects, a fraction (0.01: ±1 pp)
+    comparisons: int  # accuracy comparisons judged as one family (Holm): those with >= MIN_PAIRS pairs
+    seeds: int  # distinct seeds among the trials (1 without a seed key)
+    test_images: int | None  # the test images accuracies are measured on (median over trials), from the configs
     noise: tuple[float, int]  # seed_noise() of final test accuracy: (pooled std, configurations behind it)
     memory_measure: str  # what peak memory per worker measures on these trials' devices
     sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
@@ -60,9 +67,15 @@ class Report:
         return values_label(row, self.label_keys) or row["trial"]
 
 
-def build_report(run_dirs: Where | Sequence[Where], baseline: dict | None = None) -> Report:
+def build_report(
+    run_dirs: Where | Sequence[Where], baseline: dict | None = None, margin_pp: float = DEFAULT_MARGIN_PP
+) -> Report:
     """Everything the Markdown, CSV and JSON outputs need, computed once from the logs of one run or several
-    (ConfigError for runs with nothing to pair: RUN_MATCH_RULE)."""
+    (ConfigError for runs with nothing to pair: RUN_MATCH_RULE, or a margin outside 0-100 pp)."""
+    if not 0 < margin_pp < 100:
+        raise ConfigError(
+            f"--margin {fmt_value(margin_pp)}: the equivalence margin is percentage points above 0, below 100"
+        )
     sources = load_runs(run_dirs)
     comparison = compare_runs(sources) if len(sources) > 1 else None
     run = combine_runs(sources) if comparison else sources[0].log
@@ -95,11 +108,17 @@ def build_report(run_dirs: Where | Sequence[Where], baseline: dict | None = None
                 chosen[key],
                 m.column,
                 ["paired_config"] if comparison and key == RUN_FACTOR else None,
+                floor=f"{m.column}_var" if m.kind == "acc" else None,
             )
             for m in PAIRED_METRICS
         }
         for key in factors
     }
+    seeds = int(trials["seed"].nunique()) if "seed" in trials.columns else 1
+    accuracy = PAIRED_METRICS[0].column
+    for key, judged in zip(factors, judge([effects[key][accuracy] for key in factors], margin_pp / 100, seeds)):
+        effects[key][accuracy] = judged
+    comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
     noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
     return Report(
         run=run,
@@ -118,6 +137,10 @@ def build_report(run_dirs: Where | Sequence[Where], baseline: dict | None = None
         objective_note=note,
         metrics=metrics,
         effects=effects,
+        margin=margin_pp / 100,
+        comparisons=comparisons,
+        seeds=seeds,
+        test_images=int(counts.median()) if len(counts := trials["test_images"].dropna()) else None,
         noise=noise,
         memory_measure=memory_measure(run),
         sources=sources,

@@ -16,12 +16,13 @@ import pandas as pd
 from ..core.errors import ConfigError
 from ..core.runlog import Where
 from .build import Report, build_report
-from .document import Document
+from .document import Document, to_markdown
 from .findings import findings
 from .header import header_info
-from .html import document_from_markdown, to_html
+from .html import to_html
 from .plots import plot_curves, plot_factor
-from .sections import render_markdown
+from .sections import document
+from .verdicts import DEFAULT_MARGIN_PP
 
 FORMATS = ("md", "csv", "json", "html")
 
@@ -56,6 +57,7 @@ def export_json(report: Report, out_dir: Path) -> Path:
             for key, frame in report.groups.items()
         },
         "seed_noise": {"final_test_acc_std": _plain(noise_std), "configurations": noise_configs},
+        "verdicts": {"margin": report.margin, "comparisons": report.comparisons, "test_images": report.test_images},
         "findings": findings(report),
     }
     path = out_dir / "report.json"
@@ -77,27 +79,21 @@ def export_csv(report: Report, out_dir: Path) -> Path:
     return path
 
 
-def _markdown(report: Report, out_dir: Path) -> str:
-    """README.md's text, its plots drawn into `out_dir`."""
+def report_document(report: Report, out_dir: Path) -> Document:
+    """The report's blocks (sections.LAYOUT), its plots drawn into `out_dir`: what README.md and report.html show."""
     import matplotlib.style
 
     with matplotlib.style.context("default"):
         plots = {"": plot_curves(report, out_dir)}
         for key in report.factors:
             plots[key] = plot_factor(report, key, out_dir)
-    return render_markdown(report, plots)
+    return document(report, plots)
 
 
 def export_markdown(report: Report, out_dir: Path) -> Path:
     path = out_dir / "README.md"
-    path.write_text(_markdown(report, out_dir), encoding="utf-8")
+    path.write_text(to_markdown(report_document(report, out_dir)), encoding="utf-8")
     return path
-
-
-def report_document(report: Report, out_dir: Path) -> Document:
-    """The report's blocks, its plots drawn into `out_dir`. Until the layout builds the Document, they are read back
-    from README.md's text (document_from_markdown)."""
-    return document_from_markdown(_markdown(report, out_dir))
 
 
 def export_html(report: Report, out_dir: Path) -> Path:
@@ -112,17 +108,19 @@ def write_report(
     out_dir: str | Path | None = None,
     baseline: dict | None = None,
     fmt: str = "md",
+    margin_pp: float = DEFAULT_MARGIN_PP,
 ) -> Path:
     """Write the report of the run at `run_dir`, or of several runs compared (a list: the runs become the factor
     `run`); returns the main file (README.md, trials.csv, report.json or report.html).
 
     `out_dir` defaults to reports/<sweep name>, for several runs reports/<label>-vs-<label>...; `baseline`
     ({key: grid value}, {"run": label} among them) picks the reference value of a factor for the Δ columns
-    (default: its first grid value, the first run). Raises ConfigError on bad input.
+    (default: its first grid value, the first run); `margin_pp` is the equivalence margin of accuracy effects in
+    percentage points. Raises ConfigError on bad input.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")
-    report = build_report(run_dir, baseline)
+    report = build_report(run_dir, baseline, margin_pp)
     out = Path(out_dir) if out_dir is not None else Path("reports") / report.name
     out.mkdir(parents=True, exist_ok=True)
     return {"md": export_markdown, "csv": export_csv, "json": export_json, "html": export_html}[fmt](report, out)

@@ -1,5 +1,5 @@
-"""The findings: facts read off the configuration tables (best by the sweep's metric, fastest, most accurate, least
-memory) and the paired effect of each factor, each a sentence."""
+"""The findings: the leaders read off the configuration tables (best by the sweep's metric, fastest, most accurate,
+least memory; named only beyond the seed noise) and the verdict of each accuracy comparison, each a sentence."""
 
 from __future__ import annotations
 
@@ -17,25 +17,18 @@ from .format import (
     is_missing,
     paired_parts,
     values_label,
-    verdict,
 )
 from .header import run_level_text
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
 from .sharing import gpu_neighbours
-
-
-def _best(frame: pd.DataFrame, column: str, better: str) -> tuple[int, int] | None:
-    """Row labels of the best and the worst value of `column` (NaN ignored), or None."""
-    values = frame[column].dropna()
-    if len(values) < 1:
-        return None
-    return (values.idxmax(), values.idxmin()) if better == "max" else (values.idxmin(), values.idxmax())
+from .stats import included, pooled_std
+from .verdicts import EQUIVALENT, MAX_PAIRS, MIN_PAIRS, NO_VERDICT, OPEN, leaders
 
 
 def shared_gpu_note(report: Report) -> str:
     """One line naming the finished trials that shared a GPU (report/sharing.py), whose times the time comparisons
     use; "" when none did (CPU trials never)."""
-    finished = set(report.trials.loc[report.trials["status"] == "finished", "trial"])
+    finished = set(included(report.trials)["trial"])
     by_reason: dict[str, list[str]] = {}
     for name, reason in gpu_neighbours(report.run.trials).items():
         if name in finished:
@@ -46,82 +39,127 @@ def shared_gpu_note(report: Report) -> str:
     return f"Time/epoch of trials that shared a GPU includes their neighbours' contention: {shared}."
 
 
+def _leader_line(
+    report: Report, configs: pd.DataFrame, title: str, metric: Metric, column: str, show, basis: str = ""
+) -> str:
+    """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than the seed noise
+    (verdicts.leaders); else the candidates within noise of it, or, with no repeated configuration, that the noise
+    is unknown. "" when no configuration logged `column`."""
+    means = configs[f"{column}_mean"]
+    std, dof, _ = pooled_std(report.trials, report.factors, column)
+    floor = None
+    if metric.kind == "acc" and report.test_images:
+        floor = means * (1 - means) / (report.test_images * configs["n"])
+    within = leaders(means, configs["n"], metric.better, std, dof, floor)
+    if within == []:
+        return ""
+    head = f"**{title}**" + (f" ({basis})" if basis else "")
+    ranked = [i for i in means.dropna().sort_values(ascending=metric.better == "min").index]
+    if within is not None and len(within) == 1:
+        best, last = ranked[0], ranked[-1]
+        return (
+            f"{head}: {_name(report, configs, best)} at {show(configs.loc[best])}{_n_note(configs, best)}, beyond "
+            f"the seed noise of every other configuration (the last: {_name(report, configs, last)}, "
+            f"{show(configs.loc[last])})."
+        )
+    if within is None:
+        first, last = ranked[0], ranked[-1]
+        return (
+            f"{head}: none named: no configuration ran twice, so the seed noise is unknown (measured: "
+            f"{_name(report, configs, first)} {show(configs.loc[first])} to {_name(report, configs, last)} "
+            f"{show(configs.loc[last])})."
+        )
+    listed = ", ".join(f"{_name(report, configs, i)} ({show(configs.loc[i])})" for i in ranked if i in within)
+    return f"{head}: within noise of each other: {listed}."
+
+
+def _name(report: Report, configs: pd.DataFrame, i) -> str:
+    return values_label(configs.loc[i], report.factors) or "the only configuration"
+
+
+def _n_note(configs: pd.DataFrame, i) -> str:
+    n = int(configs.loc[i, "n"])
+    return f", mean of {n} trials" if n > 1 else ""
+
+
 def findings(report: Report) -> list[str]:
-    """Facts read off the configuration tables (best by the sweep's metric, fastest, most accurate, least memory)
-    and the paired effects of each factor."""
+    """What the sweep shows, each a sentence: the leaders by the sweep's metric, time, accuracy and memory (named
+    only beyond the seed noise), then one line per accuracy comparison with its verdict and the pairs behind it."""
     configs = report.configs[report.configs["n"] > 0]
-    done = int((report.trials["status"] == "finished").sum())
+    done = int(len(included(report.trials)))
     if not len(configs):
-        return ["No trial finished: there is nothing to compare yet."]
-    lines = []
-    repeated = report.run.sweep.get("repeats", 1) not in (None, 1) or "seed" in report.grid
-    unit = "configuration (mean over its finished seeds)" if repeated else "configuration"
-
-    def name(i: int) -> str:
-        return values_label(configs.loc[i], report.factors) or "the only configuration"
-
-    def n_note(i: int) -> str:
-        n = int(configs.loc[i, "n"])
-        return f", mean of {n} trials" if n > 1 else ""
-
+        return ["No trial finished with every epoch logged: there is nothing to compare yet."]
     if len(configs) == 1:
         config = configs.loc[configs.index[0]]
         accuracy = fmt_mean_std(FACTOR_METRICS[0], config["final_test_acc_mean"], config["final_test_acc_std"])
         return [
-            f"One {unit}: final test accuracy {accuracy} %, "
+            f"One configuration: final test accuracy {accuracy} %, "
             f"{fmt_num(config['time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(config)} "
-            f"({done} finished trial{'s' if done != 1 else ''})."
+            f"({done} included trial{'s' if done != 1 else ''})."
         ]
-
+    lines = []
     best = report.objective
     if report.objective_note:
         lines.append(f"**Best** means the {best_phrase(best)} ({report.objective_note}).")
-    pick = _best(configs, f"{best.column}_mean", best.better) if best != FACTOR_METRICS[0] else None
-    if pick:  # the default objective's best is the Most accurate line
-        top, low = pick
+    if best != FACTOR_METRICS[0]:  # the default objective's best is the Most accurate line
         lines.append(
-            f"**Best** {unit} by the sweep's metric ({best_phrase(best)}): {name(top)} at "
-            f"{fmt_metric(best, configs.loc[top, f'{best.column}_mean'])}{n_note(top)}; the worst is "
-            f"{name(low)} ({fmt_metric(best, configs.loc[low, f'{best.column}_mean'])})."
+            _leader_line(
+                report,
+                configs,
+                "Best",
+                best,
+                best.column,
+                lambda c: fmt_metric(best, c[f"{best.column}_mean"]),
+                f"by the sweep's metric: {best_phrase(best)}",
+            )
         )
-    pick = _best(configs, "time_per_epoch_s_mean", "min")
-    if pick:
-        fast, slow = pick
-        t_fast, t_slow = configs.loc[fast, "time_per_epoch_s_mean"], configs.loc[slow, "time_per_epoch_s_mean"]
-        lines.append(
-            f"**Fastest** {unit}: {name(fast)} at {fmt_num(t_fast)} s/epoch{n_note(fast)}; "
-            f"{t_slow / t_fast:.2f}× faster than the slowest, {name(slow)} ({fmt_num(t_slow)} s/epoch)."
+    lines.append(
+        _leader_line(
+            report,
+            configs,
+            "Fastest",
+            FACTOR_METRICS[2],
+            "time_per_epoch_s",
+            lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch",
         )
-        if note := shared_gpu_note(report):
-            lines.append(note)
-    pick = _best(configs, "final_test_acc_mean", "max")
-    if pick:
-        top, low = pick
-        a_top, a_low = configs.loc[top, "final_test_acc_mean"], configs.loc[low, "final_test_acc_mean"]
-        ratio = f"; {(1 - a_low) / (1 - a_top):.2f}× fewer test errors" if a_top < 1 else ""
-        lines.append(
-            f"**Most accurate**: {name(top)} at {fmt_pct(a_top)} % final test accuracy{n_note(top)}; "
-            f"{100 * (a_top - a_low):+.2f} pp over the least accurate, {name(low)} ({fmt_pct(a_low)} %){ratio}."
+    )
+    if note := shared_gpu_note(report):
+        lines.append(note)
+    lines.append(
+        _leader_line(
+            report,
+            configs,
+            "Most accurate",
+            FACTOR_METRICS[0],
+            "final_test_acc",
+            lambda c: f"{fmt_pct(c['final_test_acc_mean'])} %",
         )
+    )
     # Ranked by the total (what running the configuration costs) when every configuration logged one.
     by_total = bool(configs["peak_mem_total_mb_mean"].notna().all())
-    column = "peak_mem_total_mb_mean" if by_total else "peak_mem_mb_mean"
-    pick = _best(configs, column, "min")
-    if pick:
-        small, big = pick
-        m_small, m_big = configs.loc[small, column], configs.loc[big, column]
-        ratio = f"{m_big / m_small:.2f}× less than" if m_small > 0 else "versus"
-        basis = (
-            "by the peak total over workers, what the configuration occupies; per worker is what must fit on one device"
+    memory = FACTOR_METRICS[5] if by_total else FACTOR_METRICS[4]
+    lines.append(
+        _leader_line(
+            report,
+            configs,
+            "Least memory",
+            memory,
+            memory.column,
+            _memory_text,
+            "by the peak total over workers"
             if by_total
-            else "by the peak per worker: not every configuration logged a total"
+            else "by the peak per worker: not every configuration logged a total",
         )
-        lines.append(
-            f"**Least memory** ({basis}): {name(small)} at {_memory_text(configs.loc[small])}{n_note(small)}; "
-            f"{ratio} the most, {name(big)} ({_memory_text(configs.loc[big])})."
-        )
+    )
+    lines = [line for line in lines if line]
     for key in report.factors:
-        lines.extend(_factor_finding(report, key))
+        lines.extend(effect_lines(report, key))
+    std, n_configs = report.noise
+    if n_configs:
+        lines.append(
+            f"Seed noise of final test accuracy: {100 * std:.2f} pp over {n_configs} "
+            f"configuration{'s' if n_configs != 1 else ''} with ≥ 2 included seeds."
+        )
     return lines
 
 
@@ -130,13 +168,6 @@ def _memory_text(config: pd.Series) -> str:
     per_worker = f"{fmt_num(config['peak_mem_mb_mean'])} MB per worker"
     total = config["peak_mem_total_mb_mean"]
     return per_worker if is_missing(total) else f"{fmt_num(total)} MB total over workers, {per_worker}"
-
-
-def _paired_text(metric: Metric, row: pd.Series, unit: str) -> str:
-    """`+1.00 pp (95 % CI +0.85 to +1.15 pp, 9 pairs)`."""
-    mean, low, high = paired_parts(metric, row)
-    n = int(row["n_pairs"])
-    return f"{mean} {unit} (95 % CI {low} to {high} {unit}, {n} pairs)" if n > 1 else f"{mean} {unit} (1 pair)"
 
 
 def pair_partner(report: Report, key: str, swept: str) -> str:
@@ -154,32 +185,52 @@ def run_level_note(report: Report, key: str) -> str:
     return f" The runs also differ in run-level keys, part of this effect: {run_level_text(report)}."
 
 
-def _factor_finding(report: Report, key: str) -> list[str]:
-    acc, time = (report.effects[key][m.column] for m in PAIRED_METRICS)
-    if not len(acc):  # a single grid value: nothing to compare
-        return []
-    base = fmt_value(report.baseline[key])
-    partner = pair_partner(report, key, f"trial with {key}={base} and the same other keys and seed")
-    parts = []
-    for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows()):
-        part = f"{key}={fmt_value(a[key])}: "
-        if a["n_pairs"] == 0:
-            parts.append(part + f"no matched pairs (no finished {partner}), so no effect is estimated")
-            continue
-        part += f"final test accuracy {_paired_text(PAIRED_METRICS[0], a, 'pp')}, {verdict(a)}"
-        if t["n_pairs"]:
-            part += f"; time/epoch {_paired_text(PAIRED_METRICS[1], t, 's')}"
-        parts.append(part)
-    line = (
-        f"**{key}** (baseline {base}; paired differences vs the {partner}): "
-        + ". ".join(parts)
-        + "."
-        + run_level_note(report, key)
+def verdict_text(report: Report, row: pd.Series) -> str:
+    """The verdict of an accuracy comparison (verdicts.judge) in words."""
+    verdict = row["verdict"]
+    if verdict == EQUIVALENT:
+        return f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp"
+    if verdict == NO_VERDICT:
+        return f"no verdict (fewer than {MIN_PAIRS} pairs)"
+    return verdict
+
+
+def pairs_text(row: pd.Series) -> str:
+    """`2 of 4 pairs (2 lost: lr=0.5 diverged in 2)`."""
+    n, planned = int(row["n_pairs"]), int(row["n_planned"])
+    lost = f" ({planned - n} lost: {row['lost']})" if planned > n else ""
+    return f"{n} of {planned} pair{'s' if planned != 1 else ''}{lost}"
+
+
+def seeds_text(report: Report, row: pd.Series) -> str:
+    """How many more seeds would resolve an open comparison; "" for a resolved one."""
+    if row["verdict"] not in (NO_VERDICT, OPEN):
+        return ""
+    if is_missing(row["more_seeds"]):
+        why = "one pair gives no spread" if row["n_pairs"] < 2 else f"not within {MAX_PAIRS} pairs"
+        return f"; seeds that would resolve it: unknown ({why})"
+    more = int(row["more_seeds"])
+    command = report.run.sweep.get("command") if not report.comparison else None
+    return (
+        f"; about {more} more seed{'s' if more != 1 else ''} would resolve it at this spread "
+        f"(`{command or 'cifar-ray sweep FILE'} --resume --repeats {report.seeds + more}`)"
     )
-    std, configs = report.noise
-    if configs:
-        line += (
-            f" Seed noise: {100 * std:.2f} pp (pooled within-configuration std of final test accuracy over "
-            f"{configs} configuration{'s' if configs != 1 else ''} with ≥ 2 finished seeds)."
+
+
+def effect_lines(report: Report, key: str) -> list[str]:
+    """One line per non-baseline value of `key`: its accuracy effect, the pairs behind it and what removed the
+    others, its verdict, and for an open one the seeds that would resolve it."""
+    base = fmt_value(report.baseline[key])
+    lines = []
+    for _, row in report.effects[key][PAIRED_METRICS[0].column].iterrows():
+        head = f"**{key}={fmt_value(row[key])}** vs {base}: "
+        if row["n_pairs"] == 0:
+            partner = pair_partner(report, key, f"trial with {key}={base} and the same other keys and seed")
+            lines.append(head + f"no matched pairs (no included {partner}; {pairs_text(row)}).")
+            continue
+        mean = paired_parts(PAIRED_METRICS[0], row)[0]  # its interval is in the factor's effects table
+        lines.append(
+            head + f"final test accuracy {mean} pp, {pairs_text(row)}: {verdict_text(report, row)}"
+            f"{seeds_text(report, row)}.{run_level_note(report, key)}"
         )
-    return [line]
+    return lines

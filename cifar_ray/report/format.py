@@ -110,24 +110,6 @@ def paired_parts(metric: Metric, row: pd.Series) -> tuple[str, str, str]:
     return tuple("—" if is_missing(row[c]) else fmt_signed(metric, row[c], like) for c in columns)
 
 
-def verdict(row: pd.Series) -> str:
-    if row["n_pairs"] == 0:
-        return "no matched pairs"
-    if row["conclusive"]:
-        return "real effect"
-    return "not conclusive (CI includes 0)" if row["n_pairs"] > 1 else "not conclusive (one pair, no CI)"
-
-
-def fmt_delta(metric: Metric, row: pd.Series) -> str:
-    if row["is_baseline"]:
-        return "baseline"
-    if metric.kind == "acc":
-        d = row[f"{metric.column}_delta"]
-        return "—" if math.isnan(d) else f"{100 * d:+.2f} pp"
-    d = row[f"{metric.column}_delta_pct"]
-    return "—" if math.isnan(d) or math.isinf(d) else f"{d:+.1f} %"
-
-
 def short_key(key: str) -> str:
     return key.removeprefix("time_").removesuffix("_s")
 

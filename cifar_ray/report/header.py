@@ -1,5 +1,5 @@
-"""The report's header: when, where and how the run ran (header_info, also report.json's "sweep"), as a Markdown
-table; for several runs, a row per run and what they share."""
+"""The report's header: its answer block (the sweep's question and what was measured) and when, where and how the run
+ran (header_info, also report.json's "sweep") as a table; for several runs, a row per run and what they share."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ from datetime import datetime
 import pandas as pd
 
 from ..core import runlog
+from ..core.config import KEYS, TrainConfig
 from ..core.runlog import RunLog
-from ..core.text import markdown_table
 from .build import Report
 from .compare import RUN_FACTOR, RUN_MATCH_RULE, RunSource
-from .format import best_phrase, fmt_date, fmt_duration, fmt_value
+from .document import Block, Heading, Paragraph, Table
+from .format import best_phrase, fmt_date, fmt_duration, fmt_value, same_value
+from .load import config_value
+from .metrics import INCOMPLETE
 from .stats import OVERFIT_RULE
+
+DEFAULTS = {key: TrainConfig.model_fields[key].default for key in KEYS}
 
 
 def _wall_time(sweep: dict) -> tuple[float | None, str]:
@@ -56,37 +61,52 @@ _UNFINISHED = tuple(s for s in reversed(runlog.STATUSES) if s not in runlog.FINA
 
 
 def status_counts(trials: pd.DataFrame) -> dict[str, int]:
-    counts = trials["status"].value_counts()
-    return {s: int(counts.get(s, 0)) for s in runlog.FINAL_STATUSES + _UNFINISHED}
+    """Trials by outcome: the logged status, or incomplete for a finished one with epochs missing."""
+    counts = trials["outcome"].value_counts()
+    return {s: int(counts.get(s, 0)) for s in (*runlog.FINAL_STATUSES, INCOMPLETE, *_UNFINISHED)}
 
 
-def _trials_line(report: Report) -> str:
-    counts = status_counts(report.trials)
+def _values_text(values: list) -> str:
+    return ", ".join(sorted({fmt_value(v) for v in values}, key=[fmt_value(v) for v in values].index))
+
+
+def measured_text(report: Report) -> str:
+    """`4 trials (4 finished, ...): workers 1, 2 × optimizer a, b × 1 seed, 3 epochs each on synthetic, tested on
+    1000 images; measured per trial: ...`."""
     n = len(report.trials)
-    n_configs = len(report.configs)
-    repeats = report.run.sweep.get("repeats", 1)
-    shape = (
-        f" ({n_configs} configuration{'s' if n_configs != 1 else ''} × {repeats} repeats)"
-        if isinstance(repeats, int) and repeats > 1
-        else ""
+    configs = [t.config for t in report.run.trials if t.config]
+    grid = " × ".join(f"{key} {_values_text(report.grid[key])}" for key in report.factors)
+    seeds = f"{report.seeds} seed{'s' if report.seeds != 1 else ''}"
+    epochs = _values_text([c.get("epochs") for c in configs]) if configs else "—"
+    dataset = _values_text([config_value(c, "dataset") for c in configs]) if configs else "—"
+    tested = f", tested on {report.test_images} images" if report.test_images else ""
+    return (
+        f"{n} trial{'s' if n != 1 else ''} ({statuses_text(status_counts(report.trials))}): "
+        f"{grid + ' × ' if grid else ''}{seeds}, {epochs} epochs each on {dataset}{tested}. Measured per trial: final "
+        "test accuracy, time per epoch and peak memory; compared as paired effects of each factor."
     )
-    return f"{n} run{'s' if n != 1 else ''}{shape}: " + statuses_text(counts)
 
 
 def statuses_text(counts: dict[str, int]) -> str:
-    """`3 finished, 1 failed, 0 diverged, 0 oom` (running and pending only when there are some)."""
+    """`3 finished, 1 failed, 0 diverged, 0 oom` (incomplete, running and pending only when there are some)."""
     parts = [f"{counts[s]} {s}" for s in runlog.FINAL_STATUSES]
-    parts += [f"{counts[s]} {s}" for s in _UNFINISHED if counts[s]]
+    parts += [f"{counts[s]} {s}" for s in (INCOMPLETE, *_UNFINISHED) if counts[s]]
     return ", ".join(parts)
 
 
-def _fixed_settings(report: Report) -> str:
+def fixed_settings(report: Report) -> dict:
+    """The config keys every trial shares, other than the factors, seed and data_dir (report.json keeps them all)."""
     configs = [t.config for t in report.run.trials if t.config]
     if not configs:
-        return "—"
+        return {}
     varying = set(report.factors) | {"seed", "data_dir"}
-    same = [k for k in configs[0] if k not in varying and all(c.get(k) == configs[0][k] for c in configs)]
-    return ", ".join(f"{k}={fmt_value(configs[0][k])}" for k in same) or "—"
+    return {k: v for k, v in configs[0].items() if k not in varying and all(c.get(k) == v for c in configs)}
+
+
+def _fixed_text(report: Report) -> str:
+    """The fixed settings that differ from TrainConfig's defaults (the Markdown shows only those)."""
+    changed = {k: v for k, v in fixed_settings(report).items() if k not in KEYS or not same_value(v, DEFAULTS[k])}
+    return ", ".join(f"{k}={fmt_value(v)}" for k, v in changed.items()) or "— (every other key at its default)"
 
 
 def _run_fields(run: RunLog) -> dict:
@@ -140,8 +160,9 @@ def header_info(report: Report) -> dict:
     return {
         "name": report.name,
         **runs,
-        "runs": len(report.trials),
+        "trials": len(report.trials),
         "status_counts": status_counts(report.trials),
+        "fixed_settings": fixed_settings(report),
         "metric": metric,
         "mode": mode,
         "best": f"{best_phrase(report.objective)} ({report.objective_note or f'sweep metric={metric}, mode={mode}'})",
@@ -159,34 +180,30 @@ def _software(versions: dict) -> str:
     return f"Python {versions['python']}, torch {versions['torch']}, Ray {versions['ray']}, CUDA {versions['cuda']}"
 
 
-def _grid_text(report: Report) -> str:
-    return "; ".join(f"{k}: {', '.join(fmt_value(x) for x in vals)}" for k, vals in report.grid.items()) or "—"
+def header_blocks(report: Report) -> list[Block]:
+    """The title, the answer block (the sweep's question, what was measured) and the setup table; for several runs,
+    a row per run and what they share."""
+    return _runs_header(report) if report.comparison else _run_header(report)
 
 
-def header_section(report: Report) -> str:
-    """`# name`, the description and the header table; for several runs, a row per run and what they share."""
-    return "\n".join(_runs_header(report) if report.comparison else _run_header(report))
+def _answer(report: Report, description: str) -> list[Block]:
+    question = [Paragraph(f"**Question.** {' '.join(description.split())}")] if description else []
+    return [*question, Paragraph(f"**Measured.** {measured_text(report)}")]
 
 
-def _run_header(report: Report) -> list[str]:
+def _run_header(report: Report) -> list[Block]:
     info = header_info(report)
-    rows = [
+    rows = (
         ("Date", info["date"]),
         ("Git revision", f"`{info['git_revision']}`"),
         *([("Re-run with", f"`{info['command']}`")] if "command" in info else []),
         ("Hardware", info["hardware"]),
         ("Software", _software(info["versions"])),
         ("Wall time", info["wall_time"]),
-        ("Trials", _trials_line(report)),
-        ("Grid", _grid_text(report)),
-        ("Fixed settings", _fixed_settings(report)),
+        ("Fixed settings (not default)", _fixed_text(report)),
         ("Best means", info["best"]),
-    ]
-    lines = [f"# {report.name}", ""]
-    if info["description"]:
-        lines += [f"> {line}" for line in str(info["description"]).splitlines()] + [""]
-    lines += [markdown_table(["", ""], rows), ""]
-    return lines
+    )
+    return [Heading(report.name, 1), *_answer(report, str(info["description"])), Table(("", ""), rows, name="setup")]
 
 
 def run_level_text(report: Report) -> str:
@@ -197,45 +214,46 @@ def run_level_text(report: Report) -> str:
     )
 
 
-def _runs_header(report: Report) -> list[str]:
+def _runs_header(report: Report) -> list[Block]:
     """The header of a report on several runs: a row per run (where, how and what re-runs it), then what they share."""
     info = header_info(report)
     runs = info["compared_runs"]
-    lines = [f"# {' vs '.join(run['label'] for run in runs)}", ""]
     descriptions = {run["label"]: str(run["description"]) for run in runs if run["description"]}
     if len(set(descriptions.values())) == 1:
-        lines += [f"> {line}" for line in next(iter(descriptions.values())).splitlines()] + [""]
-    elif descriptions:
-        lines += [f"> **{label}**: {text}" for label, text in descriptions.items()] + [""]
-    n = len(report.trials)
-    lines += [
-        f"{len(runs)} runs compared as one more factor, `{RUN_FACTOR}` (the label is each run's folder name):",
-        "",
-        markdown_table(
-            ["run", "date", "git revision", "hardware", "software", "wall time", "trials", "re-run with"],
-            [
-                [
-                    run["label"],
-                    run["date"],
-                    f"`{run['git_revision']}`",
-                    run["hardware"],
-                    _software(run["versions"]),
-                    run["wall_time"],
-                    f"{run['trials']}: {statuses_text(run['status_counts'])}",
-                    f"`{run['command']}`" if "command" in run else "— (not recorded)",
-                ]
-                for run in runs
-            ],
-            "lllllrll",
-        ),
-        "",
-    ]
+        description = next(iter(descriptions.values()))
+    else:
+        description = "; ".join(f"**{label}**: {text}" for label, text in descriptions.items())
+    run_rows = tuple(
+        (
+            run["label"],
+            run["date"],
+            f"`{run['git_revision']}`",
+            run["hardware"],
+            _software(run["versions"]),
+            run["wall_time"],
+            f"{run['trials']}: {statuses_text(run['status_counts'])}",
+            f"`{run['command']}`" if "command" in run else "— (not recorded)",
+        )
+        for run in runs
+    )
     run_level = run_level_text(report) or "none: the runs' configs differ only in keys that vary within a run"
-    rows = [
-        ("Trials", f"{n} trial{'s' if n != 1 else ''} in {len(runs)} runs: {statuses_text(info['status_counts'])}"),
-        ("Grid", _grid_text(report)),
+    rows = (
         ("Run-level keys", run_level),
-        ("Fixed settings", _fixed_settings(report)),
+        ("Fixed settings (not default)", _fixed_text(report)),
         ("Best means", info["best"]),
+    )
+    return [
+        Heading(" vs ".join(run["label"] for run in runs), 1),
+        *_answer(report, description),
+        Paragraph(
+            f"{len(runs)} runs compared as one more factor, `{RUN_FACTOR}` (the label is each run's folder name):"
+        ),
+        Table(
+            ("run", "date", "git revision", "hardware", "software", "wall time", "trials", "re-run with"),
+            run_rows,
+            "lllllrll",
+            "runs",
+        ),
+        Table(("", ""), rows, name="setup"),
+        Paragraph(f"**Pairing across runs.** {RUN_MATCH_RULE}"),
     ]
-    return lines + [markdown_table(["", ""], rows), "", f"**Pairing across runs.** {RUN_MATCH_RULE}", ""]

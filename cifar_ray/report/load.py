@@ -13,10 +13,13 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.config import TrainConfig
+from ..core.datasets import test_images
 from ..core.errors import ConfigError
 from ..core.runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, TrialLog, Where, load_run
 from .format import fmt_value, same_value
-from .stats import TRAIN_COLUMNS, Overfit, train_basis, trial_overfitting
+from .metrics import INCLUDED, INCOMPLETE
+from .stats import TRAIN_COLUMNS, Overfit, binomial_var, train_basis, trial_overfitting
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
 # breakdown (its columns follow, those logged) and what the report does not read (_UNREAD).
@@ -30,6 +33,10 @@ MEMORY_MEASURES = {
     "cpu": "peak RSS of one worker process (the whole process: Python, torch, data)",
     "cuda": "peak memory allocated by torch on one GPU",
 }
+
+
+# What the time/epoch column is (trial frame "time_per_epoch_s"), said once in the report's "How to read".
+TIME_PER_EPOCH_RULE = "the mean of the trial's logged epoch times (epoch_time_s)"
 
 
 def load(run_dir: Where) -> RunLog:
@@ -111,6 +118,26 @@ def trial_value(trial: TrialLog, key: str) -> Any:
     return trial.swept.get(key, trial.config.get(key))
 
 
+def config_value(config: dict, key: str) -> Any:
+    """A config's `key`, or TrainConfig's default where the logged config lacks it (logs of older versions)."""
+    return config[key] if key in config else TrainConfig.model_fields[key].default
+
+
+def trial_test_images(config: dict) -> int | None:
+    """The test images a trial's accuracy is measured on, from its logged config (dataset, test_subset): the logs
+    record no count; None for a dataset this version does not know."""
+    try:
+        return test_images(config_value(config, "dataset"), int(config_value(config, "test_subset")))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _outcome(status: str, epochs_done: int, planned: Any) -> str:
+    """The status, or INCOMPLETE for a trial marked finished with fewer epochs logged than planned."""
+    short = status == INCLUDED and isinstance(planned, int) and epochs_done < planned
+    return INCOMPLETE if short else status
+
+
 def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str], over: Overfit | None) -> dict:
     cfg = trial.config
     row: dict[str, Any] = {"trial": trial.name, "status": trial.status}
@@ -121,11 +148,14 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
     row["effective_batch"] = batch * accum if isinstance(batch, int) and isinstance(accum, int) else None
     row["epochs_done"] = len(e)
     row["epochs_planned"] = cfg.get("epochs")
+    row["outcome"] = _outcome(trial.status, len(e), row["epochs_planned"])
+    row["test_images"] = trial_test_images(cfg)
 
     def final(column: str) -> float:
         return float(e[column].iloc[-1]) if len(e) else math.nan
 
     row["final_test_acc"] = final("test_acc")
+    row["final_test_acc_var"] = binomial_var(row["final_test_acc"], row["test_images"] or 0)
     acc = e["test_acc"]
     if acc.notna().any():
         best = acc.idxmax()
@@ -177,6 +207,7 @@ def trial_frame(
         "effective_batch",
         "workers",
         "gpus",
+        "test_images",
     ):
         numbers = pd.to_numeric(frame[column], errors="coerce")
         try:

@@ -9,6 +9,10 @@ import pandas as pd
 
 from ..core.runlog import MODES, sweep_objective
 
+# A trial enters the aggregates when it finished with every planned epoch logged (the trial frame's "outcome").
+INCLUDED = "finished"
+INCOMPLETE = "incomplete"  # marked finished, but fewer epochs logged than planned
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -49,7 +53,7 @@ def resolve_objective(sweep: dict, trials: pd.DataFrame) -> tuple[Metric, str]:
     metric = OBJECTIVES.get(name)
     if metric is None or mode not in MODES:
         return FACTOR_METRICS[0], f"fallback: sweep metric={name}, mode={mode} has no trial column"
-    done = trials.loc[trials["status"] == "finished", metric.column]
+    done = trials.loc[trials["outcome"] == INCLUDED, metric.column]
     if len(done) and done.isna().all():
         return FACTOR_METRICS[0], f"fallback: no finished trial logged sweep metric={name}"
     return replace(metric, better=mode), ""

@@ -16,7 +16,7 @@ import pandas as pd
 from .build import Report
 from .format import fmt_value
 from .metrics import FACTOR_METRICS, Metric
-from .stats import TRAIN_COLUMNS, rows_with
+from .stats import TRAIN_COLUMNS, included, rows_with
 
 
 def _colors(n: int) -> list:
@@ -238,7 +238,7 @@ def factor_plot_data(report: Report, key: str) -> FactorPlotData:
         )
         for metric in FACTOR_METRICS[2:]
     ]
-    done = report.trials[report.trials["status"] == "finished"]
+    done = included(report.trials)
     axis = factor_axis(values)
     positions = factor_positions(values, axis)
     pairs = accuracy_series(frame)

@@ -1,15 +1,21 @@
-"""README.md, section by section: each function returns one section's Markdown, and render_markdown lists them in
-page order."""
+"""README.md as a document: each section function turns the `Report` into its blocks, LAYOUT lists them in page
+order (a new section is one more entry), and `document` runs them. Definitions live in the last section, "How to read
+this report", each said once there; the other sections only show and state."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .build import Report
-from .findings import findings, pair_partner, run_level_note, shared_gpu_note
+from .document import Block, Bullets, Document, Figure, Heading, Paragraph
+from .findings import findings
 from .format import fmt_int, fmt_pct, fmt_value, last_line
-from .header import header_section, status_counts
-from .metrics import PAIRED_METRICS
+from .header import header_blocks, status_counts
+from .load import TIME_PER_EPOCH_RULE
+from .metrics import INCOMPLETE, PAIRED_METRICS
 from .stats import OVERFIT_RULE
 from .tables import (
+    MAX_TRIAL_COLUMNS,
     factor_breakdown_table,
     factor_table,
     has_train_eval,
@@ -17,6 +23,10 @@ from .tables import (
     trial_breakdown_table,
     trial_table,
 )
+from .verdicts import ALPHA, MAX_PAIRS, MIN_PAIRS
+
+Plots = dict[str, list[tuple[str, str]]]  # factor -> (file, caption) of its plots; "" -> the training curves
+Section = Callable[[Report, Plots], list[Block]]
 
 RUNNING_NOTE = (
     "Running train accuracy and loss are means over the epoch's training steps, taken with augmentation "
@@ -45,11 +55,11 @@ def train_metrics_note(report: Report) -> str:
 
 def _gap_note(report: Report) -> str:
     if not has_train_eval(report):
-        return "gap = final running train acc − final test acc (percentage points)"
+        return "Gap = final running train acc − final test acc (percentage points)."
     t = report.trials
     running = ((t["train_basis"] == "running") & (t["epochs_done"] > 0)).any()
-    return "gap = final eval train acc − final test acc (percentage points" + (
-        "; † the running train acc: the trial logged no eval one)" if running else ")"
+    return "Gap = final eval train acc − final test acc (percentage points" + (
+        "; † the running train acc: the trial logged no eval one)." if running else ")."
     )
 
 
@@ -65,14 +75,13 @@ def memory_note(report: Report) -> str:
     )
 
 
-def _overfit_sentences(report: Report) -> list[str]:
+def _overfit_lines(report: Report) -> list[str]:
     lines = []
     for _, r in report.trials[report.trials["overfitting"]].iterrows():
         o = report.overfits[r["trial"]]
-        label = report.trial_label(r)
         basis = r["train_basis"]
         lines.append(
-            f"- `{r['trial']}` ({label}): test loss bottomed at {o.test_min:.4f} in epoch {o.min_epoch}, "
+            f"`{r['trial']}` ({report.trial_label(r)}): test loss bottomed at {o.test_min:.4f} in epoch {o.min_epoch}, "
             f"then rose to {o.test_at_onset:.4f} in epoch {o.onset} "
             f"({100 * (o.test_at_onset / o.test_min - 1):+.1f} %) while {basis} train loss fell from "
             f"{o.train_at_min:.4f} to {o.train_at_onset:.4f}; final {basis} train − test accuracy gap "
@@ -83,150 +92,138 @@ def _overfit_sentences(report: Report) -> list[str]:
 
 def _excluded_lines(report: Report) -> list[str]:
     lines = []
-    for _, r in report.trials[report.trials["status"] != "finished"].iterrows():
-        label = report.trial_label(r)
+    for _, r in report.trials[report.trials["outcome"] != "finished"].iterrows():
         done, planned = r["epochs_done"], fmt_int(r["epochs_planned"])
-        status = r["status"]
-        error = last_line(r["error"])
-        if status == "diverged":
+        outcome, error = r["outcome"], last_line(r["error"])
+        if outcome == "diverged":
             why = f"diverged at epoch {fmt_int(r['diverged_epoch'])} (non-finite loss)"
-        elif status == "failed":
+        elif outcome == "failed":
             why = f"failed after {done} of {planned} epochs"
-        elif status == "oom":
+        elif outcome == "oom":
             why = f"ran out of memory after {done} of {planned} epochs"
-        elif status == "running":
+        elif outcome == "running":
             why = f"still running: {done} of {planned} epochs so far"
+        elif outcome == INCOMPLETE:
+            why = f"incomplete: marked finished with {done} of {planned} epochs logged"
         else:
-            why = f"{status}: {done} of {planned} epochs"
-        lines.append(f"- `{r['trial']}` ({label}): {why}" + (f" — `{error}`" if error else "") + ".")
+            why = f"{outcome}: {done} of {planned} epochs"
+        lines.append(f"`{r['trial']}` ({report.trial_label(r)}): {why}" + (f" — `{error}`" if error else "") + ".")
     return lines
 
 
-Plots = list[tuple[str, str]]  # (file, caption) of each plot a section shows
+def answer_section(report: Report, plots: Plots) -> list[Block]:
+    return header_blocks(report)
 
 
-def _lines(*lines: str) -> str:
-    return "\n".join(lines)
-
-
-def findings_section(report: Report) -> str:
+def findings_section(report: Report, plots: Plots) -> list[Block]:
     counts = status_counts(report.trials)
-    excluded = len(report.trials) - counts["finished"]
+    excluded = len(report.trials) - int((report.trials["outcome"] == "finished").sum())
     scope = (
-        f"Aggregates use the {counts['finished']} finished trial(s) only; the {excluded} other trial(s) "
-        "are excluded (listed under *Excluded trials*)."
+        f"Aggregates use the {len(report.trials) - excluded} included trial(s); the {excluded} other(s) are listed "
+        "under *Excluded trials*."
         if excluded
-        else "Every trial finished and enters the aggregates."
+        else f"All {counts['finished']} trials finished with every epoch logged and enter the aggregates."
     )
-    return _lines("## Findings", "", *(f"- {line}" for line in findings(report)), "", scope, "")
+    return [Heading("Findings"), Bullets(tuple(findings(report))), Paragraph(scope)]
 
 
-def _paired_effect_text(report: Report, key: str) -> list[str]:
-    """The paired effects of `key` with how they are computed; none for a factor with a single value."""
-    if not len(report.effects[key][PAIRED_METRICS[0].column]):
-        return []
-    base = f"{key}={fmt_value(report.baseline[key])}"
-    partner = pair_partner(report, key, f"trial that has {base} and the same other keys and seed")
-    return [
-        f"Paired effect vs the baseline {base}: each finished trial with another {key} value is paired "
-        f"with the finished {partner}; the table gives the "
-        "mean of the differences (value − baseline) and a Student-t 95 % confidence interval over the "
-        "pairs. An interval that excludes 0 is a real effect; its width covers seed noise and any "
-        f"change of the effect across the other keys' values.{run_level_note(report, key)}",
-        "",
-        paired_table(report, key),
-        "",
-        *([note, ""] if (note := shared_gpu_note(report)) else []),
-    ]
+def factor_sections(report: Report, plots: Plots) -> list[Block]:
+    """Per factor: `Effect of key`: its paired effects, its per-value means, their step-time breakdown, its plots."""
+    blocks: list[Block] = []
+    for key in report.factors:
+        blocks.append(Heading(f"Effect of `{key}`"))
+        if len(report.effects[key][PAIRED_METRICS[0].column]):
+            blocks.append(paired_table(report, key))
+        blocks += [Paragraph("Per-value means:"), factor_table(report, key)]
+        if report.breakdown:
+            blocks += [Paragraph("Step-time breakdown (seconds per epoch):"), factor_breakdown_table(report, key)]
+        blocks += [Figure(file, caption) for file, caption in plots.get(key, [])]
+    return blocks
 
 
-def factor_section(report: Report, key: str, plots: Plots) -> str:
-    """`## Effect of key`: its paired effects, its per-value means, their step-time breakdown and its plots."""
-    base = f"{key}={fmt_value(report.baseline[key])}"
-    best = "highest" if report.objective.better == "max" else "lowest"
+def trials_section(report: Report, plots: Plots) -> list[Block]:
     breakdown = (
-        ["Step-time breakdown (seconds per epoch, mean ± std):", "", factor_breakdown_table(report, key), ""]
+        [Heading("Step-time breakdown", 3), Paragraph("Mean seconds per epoch (share of the epoch time):")]
+        + [trial_breakdown_table(report)]
         if report.breakdown
         else []
     )
-    return _lines(
-        f"## Effect of `{key}`",
-        "",
-        *_paired_effect_text(report, key),
-        "Per-value means, not effects: mean ± sample std (ddof=1; — for a single trial) over finished "
-        "trials with each value, all other keys and seeds pooled, so they also carry the other keys' "
-        f"effects. Δ = difference of these means vs {base}: accuracy in percentage points, others in "
-        f"percent. Bold: the best value per column (for {report.objective.label}, the sweep's metric, the "
-        f"{best}). {memory_note(report)}",
-        "",
-        factor_table(report, key),
-        "",
-        *breakdown,
-        *(f"![{caption}]({file})" for file, caption in plots),
-        "",
-    )
+    return [Heading("Trials"), trial_table(report), *breakdown]
 
 
-def trials_section(report: Report) -> str:
-    """`## Trials`: a row per trial, what its columns mean, and each trial's step-time breakdown."""
-    breakdown = (
-        [
-            "### Step-time breakdown",
-            "",
-            "Mean seconds per epoch (share of the epoch time):",
-            "",
-            trial_breakdown_table(report),
-            "",
-        ]
-        if report.breakdown
-        else []
-    )
-    return _lines(
-        "## Trials",
-        "",
-        trial_table(report),
-        "",
-        f"Accuracies are at the last logged epoch unless marked best; {_gap_note(report)}; time = sum of epoch "
-        "times; time/epoch and samples/s are means over logged epochs; eff. batch = batch_size × accum_steps. "
-        f"{train_metrics_note(report)} {memory_note(report)}",
-        "",
-        *breakdown,
-    )
-
-
-def overfitting_section(report: Report) -> str:
-    flagged = _overfit_sentences(report)
-    return _lines(
-        "## Overfitting",
-        "",
-        OVERFIT_RULE,
-        "",
-        train_metrics_note(report),
-        "",
-        *(flagged or ["No trial is flagged."]),
-        "",
-    )
-
-
-def excluded_section(report: Report) -> str:
-    """`## Excluded trials` with why each is excluded; "" when every trial finished."""
+def excluded_section(report: Report, plots: Plots) -> list[Block]:
+    """`Excluded trials` with why each is excluded; nothing when every trial is included."""
     excluded = _excluded_lines(report)
-    return _lines("## Excluded trials", "", "Not in the aggregates above:", "", *excluded, "") if excluded else ""
+    return [Heading("Excluded trials"), Bullets(tuple(excluded))] if excluded else []
 
 
-def curves_section(plots: Plots) -> str:
-    return _lines("## Training curves", "", *(f"![{caption}]({file})" for file, caption in plots), "")
+def overfitting_section(report: Report, plots: Plots) -> list[Block]:
+    flagged = _overfit_lines(report)
+    return [Heading("Overfitting"), Bullets(tuple(flagged)) if flagged else Paragraph("No trial is flagged.")]
 
 
-def render_markdown(report: Report, plots: dict[str, Plots]) -> str:
-    """README.md: `plots` maps a factor to its plots ("" to the training curves)."""
-    sections = [
-        header_section(report),
-        findings_section(report),
-        *(factor_section(report, key, plots.get(key, [])) for key in report.factors),
-        trials_section(report),
-        overfitting_section(report),
-        excluded_section(report),
-        curves_section(plots.get("", [])),
+def curves_section(report: Report, plots: Plots) -> list[Block]:
+    return [Heading("Training curves"), *(Figure(file, caption) for file, caption in plots.get("", []))]
+
+
+def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
+    """Every definition the report relies on, each once."""
+    margin = fmt_value(round(100 * report.margin, 6))
+    tested = (
+        f"{report.test_images} here, from each trial's dataset and test_subset: the logs record no count"
+        if report.test_images
+        else "unknown for these trials' dataset: no floor"
+    )
+    items = [
+        "**Trials.** A trial is one training of one configuration with one seed. Included trials finished with every "
+        "planned epoch logged; the others (failed, diverged, out of memory, incomplete: marked finished with fewer "
+        "epochs logged than planned, or unfinished) enter no aggregate and are listed under *Excluded trials*.",
+        "**Paired effect.** The effect of a factor's value is the mean difference (value − baseline) over matched "
+        "pairs: an included trial with that value and the included trial with the baseline value and the same other "
+        "keys and seed. *k of K pairs*: the pairs used of those the sweep planned; the lost ones say what removed "
+        "them, which is part of the effect (a value that diverges loses its pairs).",
+        "**95 % CI.** Student-t over the pairs, with standard error sqrt((s² + b) / k): s is the spread of the "
+        "differences, b the test set's binomial noise of a difference (p(1 − p) / n per trial, summed over the "
+        f"pair's two trials, averaged over the pairs; n = the test images, {tested}), so an interval never narrows "
+        "below what the test set can resolve.",
+        f"**Verdicts.** From {MIN_PAIRS} pairs on: *CI excludes 0* (two-sided t-test), *equivalent within ±{margin} "
+        f"pp* (two one-sided tests against that margin; `cifar-ray report --margin PP`, default 1 pp), else *not "
+        f"conclusive*; fewer pairs: *no verdict*. Holm's correction across this report's accuracy comparisons "
+        f"({report.comparisons} with {MIN_PAIRS} pairs or more) keeps the family-wise error at {ALPHA:.0%}, for each "
+        "test.",
+        f"**More seeds.** For an open comparison: the fewest pairs (at most {MAX_PAIRS}) at which its observed mean "
+        f"and spread would be resolved either way at {ALPHA:.0%} / comparisons (Holm's strictest level, over the "
+        "comparisons with any pair), in seeds at "
+        "the pairs each seed adds; `cifar-ray sweep FILE --resume --repeats N` runs only the new seeds.",
+        "**Fastest, Most accurate, Least memory, Best.** A configuration (the mean over its seeds) is named only "
+        "where its lead over every other exceeds the t 95 % half-width of the seed noise (the pooled "
+        "within-configuration std; plus the binomial noise for accuracy); otherwise the candidates within noise "
+        "are listed, and with no repeated configuration the noise is unknown and none is named.",
+        "**Per-value means.** Mean ± sample std (ddof=1; — for a single trial) over the included trials with each "
+        "value, other keys and seeds pooled: they carry the other keys' effects too, so they are means, not effects.",
+        f"**Columns.** Accuracies are at the last logged epoch (best: the highest, with its epoch); time/epoch is "
+        f"{TIME_PER_EPOCH_RULE}; the trial table shows at most {MAX_TRIAL_COLUMNS} columns, trials.csv and "
+        f"report.json have every one. {_gap_note(report)}",
+        f"**Train metrics.** {train_metrics_note(report)}",
+        f"**Memory.** {memory_note(report)}",
+        f"**Overfitting.** {OVERFIT_RULE}",
     ]
-    return "\n".join(section for section in sections if section)
+    return [Heading("How to read this report"), Bullets(tuple(items))]
+
+
+# The page, in order: each entry gives its blocks (none to leave itself out).
+LAYOUT: tuple[Section, ...] = (
+    answer_section,
+    findings_section,
+    factor_sections,
+    trials_section,
+    excluded_section,
+    overfitting_section,
+    curves_section,
+    how_to_read_section,
+)
+
+
+def document(report: Report, plots: Plots) -> Document:
+    """README.md's blocks: LAYOUT's sections in order."""
+    return [block for section in LAYOUT for block in section(report, plots)]

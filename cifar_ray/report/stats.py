@@ -1,7 +1,8 @@
-"""The report's statistics, each on the trials frame: per-value means (factor_frame, config_frame; finished trials
-only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval (paired_effects,
-t_quantile: no scipy), seed noise, and the overfitting rule. The train loss the rule reads is the training subset
-evaluated like the test set (train_eval_*) where logged, else the running one (TRAIN_COLUMNS, train_basis)."""
+"""The report's statistics, each on the trials frame: per-value means (factor_frame, config_frame; included trials
+only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval that the test
+set's binomial noise floors (paired_effects, t_quantile, t_upper: no scipy), seed noise, and the overfitting rule.
+The train loss the rule reads is the training subset evaluated like the test set (train_eval_*) where logged, else
+the running one (TRAIN_COLUMNS, train_basis)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from .format import same_value, values_label
-from .metrics import FACTOR_METRICS, Metric
+from .format import fmt_value, same_value, values_label
+from .metrics import FACTOR_METRICS, INCLUDED, Metric
 
 OVERFIT_RISE = 0.02
 
@@ -29,6 +30,18 @@ OVERFIT_RULE = (
 # exactly like the test set; "running" are the means over the epoch's steps. Gap, overfitting and the train loss
 # curve read "eval" where logged (train_basis).
 TRAIN_COLUMNS = {"eval": ("train_eval_loss", "train_eval_acc"), "running": ("train_loss", "train_acc")}
+
+
+def included(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials the aggregates use: finished with every planned epoch logged."""
+    return trials[trials["outcome"] == INCLUDED]
+
+
+def binomial_var(accuracy: float, test_images: float) -> float:
+    """The sampling variance of an accuracy measured on `test_images` images: p(1 − p) / n (NaN when unknown)."""
+    if not test_images or math.isnan(accuracy):
+        return math.nan
+    return accuracy * (1 - accuracy) / test_images
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,7 @@ def factor_frame(
 ) -> pd.DataFrame:
     """One row per grid value of `key`: n finished trials, mean/std of each metric (all other keys and seeds
     pooled: a mean, not an effect; see paired_effects), delta of the means vs baseline."""
-    done = trials[trials["status"] == "finished"]
+    done = included(trials)
     rows = []
     for value in values:
         chosen = rows_with(done, key, value)
@@ -122,7 +135,7 @@ def config_frame(
     metrics: Sequence[Metric] = FACTOR_METRICS,
 ) -> pd.DataFrame:
     """One row per combination of factor values (seeds averaged): n, mean/std of each metric."""
-    done = trials[trials["status"] == "finished"]
+    done = included(trials)
     rows = []
     for combo in itertools.product(*(grid[key] for key in factors)):
         chosen = done
@@ -163,11 +176,36 @@ def t_quantile(p: float, df: int) -> float:
     return math.sqrt(df) * math.tan((low + high) / 2)
 
 
+def t_upper(t: float, df: int) -> float:
+    """P(T > t) for Student's t with whole df >= 1."""
+    central = _t_central(math.atan(abs(t) / math.sqrt(df)), df)
+    return (1 - central) / 2 if t >= 0 else (1 + central) / 2
+
+
 def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
     """`column` grouped by the combination of `keys` values, labelled as written (64 meets 64.0); NaN dropped."""
-    labels = [values_label(row, keys) for _, row in frame.iterrows()]
+    labels = _labels(frame, keys)
     values = pd.Series(frame[column].to_numpy(dtype=float), index=pd.Index(labels, dtype=object), dtype=float)
     return values.dropna().groupby(level=0)
+
+
+def _labels(frame: pd.DataFrame, keys: Sequence[str]) -> list[str]:
+    return [values_label(row, keys) for _, row in frame.iterrows()]
+
+
+def _lost_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match: Sequence[str], lost: set) -> str:
+    """What removed the planned pairs `lost` (their labels): `key=value diverged in 2; the baseline failed in 1`."""
+    counts: dict[str, int] = {}
+    for side, side_value in ((f"{key}={fmt_value(value)}", value), ("the baseline", baseline)):
+        chosen = rows_with(trials, key, side_value)
+        for label, outcome in zip(_labels(chosen, match), chosen["outcome"]):
+            if label in lost and outcome != INCLUDED:
+                lost.discard(label)  # a pair is counted once, for its first side that did not finish
+                what = f"{side} {outcome}"
+                counts[what] = counts.get(what, 0) + 1
+    if lost:
+        counts["no value logged"] = len(lost)
+    return "; ".join(f"{what} in {n}" for what, n in counts.items())
 
 
 def paired_effects(
@@ -178,44 +216,69 @@ def paired_effects(
     baseline: Any,
     column: str,
     match: Sequence[str] | None = None,
+    floor: str | None = None,
 ) -> pd.DataFrame:
-    """Effect of each non-baseline value of `key` on `column`, from matched pairs: a finished trial with that
+    """Effect of each non-baseline value of `key` on `column`, from matched pairs: an included trial with that
     value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
-    `match` names; several trials in one cell are averaged). One row per value: n_pairs, mean_diff and std_diff of
-    the differences (value − baseline), the Student-t 95 % CI of their mean, and conclusive (the CI excludes 0)."""
-    done = trials[trials["status"] == "finished"]
+    `match` names; several trials in one cell are averaged). One row per value: n_pairs of n_planned (the pairs the
+    sweep planned; `lost` says what removed the others), mean_diff and std_diff of the differences (value − baseline),
+    floor_var (the mean over pairs of the sampling variance of a difference, from the trials' `floor` column: the test
+    set's binomial noise), se = sqrt((std_diff² + floor_var) / n_pairs), and the Student-t 95 % CI of the mean."""
+    done = included(trials)
     if match is None:
         match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
-    base = _cells(rows_with(done, key, baseline), match, column).mean()
+    chosen = rows_with(done, key, baseline)
+    base = _cells(chosen, match, column).mean()
+    base_var = _cells(chosen, match, floor).mean() / _cells(chosen, match, floor).count() if floor else None
+    planned_base = set(_labels(rows_with(trials, key, baseline), match))
     rows = []
     for value in grid[key]:
         if same_value(value, baseline):
             continue
-        diffs = (_cells(rows_with(done, key, value), match, column).mean() - base).dropna()
+        chosen = rows_with(done, key, value)
+        diffs = (_cells(chosen, match, column).mean() - base).dropna()
         mean, std = sample_stats(diffs)
         n = len(diffs)
-        half = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else math.nan
-        low, high = mean - half, mean + half
+        floor_var = 0.0
+        if floor:
+            cells = _cells(chosen, match, floor)
+            floor_var = float((cells.mean() / cells.count() + base_var).reindex(diffs.index).fillna(0.0).mean())
+        se = math.sqrt((std**2 + floor_var) / n) if n > 1 else math.nan
+        half = t_quantile(0.975, n - 1) * se if n > 1 else math.nan
+        planned = planned_base & set(_labels(rows_with(trials, key, value), match))
         rows.append(
             {
                 key: value,
                 "n_pairs": n,
+                "n_planned": len(planned),
+                "lost": _lost_pairs(trials, key, value, baseline, match, planned - set(diffs.index)),
                 "mean_diff": mean,
                 "std_diff": std,
-                "ci_low": low,
-                "ci_high": high,
-                "conclusive": bool(low > 0 or high < 0),
+                "floor_var": floor_var,
+                "se": se,
+                "ci_low": mean - half,
+                "ci_high": mean + half,
             }
-        )  # False with NaN bounds
-    return pd.DataFrame(rows, columns=[key, "n_pairs", "mean_diff", "std_diff", "ci_low", "ci_high", "conclusive"])
+        )
+    return pd.DataFrame(rows, columns=[key, *EFFECT_COLUMNS])
+
+
+EFFECT_COLUMNS = ("n_pairs", "n_planned", "lost", "mean_diff", "std_diff", "floor_var", "se", "ci_low", "ci_high")
+
+
+def pooled_std(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tuple[float, int, int]:
+    """The pooled within-configuration std of `column` over included trials, its degrees of freedom, and the
+    configurations with >= 2 trials behind it (NaN, 0, 0 without any)."""
+    cells = _cells(included(trials), factors, column)
+    n, var = cells.count(), cells.var(ddof=1)
+    dof = (n - 1)[n >= 2]
+    if not len(dof):
+        return math.nan, 0, 0
+    return math.sqrt(float((dof * var[dof.index]).sum() / dof.sum())), int(dof.sum()), len(dof)
 
 
 def seed_noise(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tuple[float, int]:
     """Seed-to-seed noise of `column`: the pooled within-configuration std, sqrt(Σ (n_i − 1) s_i² / Σ (n_i − 1)),
-    over configurations with >= 2 finished trials, and how many such configurations there are."""
-    cells = _cells(trials[trials["status"] == "finished"], factors, column)
-    n, var = cells.count(), cells.var(ddof=1)
-    dof = (n - 1)[n >= 2]
-    if not len(dof):
-        return math.nan, 0
-    return math.sqrt(float((dof * var[dof.index]).sum() / dof.sum())), len(dof)
+    over configurations with >= 2 included trials, and how many such configurations there are."""
+    std, _, configs = pooled_std(trials, factors, column)
+    return std, configs

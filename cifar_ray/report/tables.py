@@ -1,5 +1,5 @@
-"""The report's Markdown tables: the trials, each factor's per-value means, its paired effects, and the step-time
-breakdown by factor value and by trial."""
+"""The report's tables as document blocks: the trials (at most MAX_TRIAL_COLUMNS columns), each factor's compact
+per-value means, its paired effects, and the step-time breakdown by factor value and by trial."""
 
 from __future__ import annotations
 
@@ -10,22 +10,11 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.text import markdown_table
 from .build import Report
-from .format import (
-    fmt_delta,
-    fmt_duration,
-    fmt_int,
-    fmt_loss,
-    fmt_mean_std,
-    fmt_num,
-    fmt_pct,
-    fmt_value,
-    paired_parts,
-    short_key,
-    verdict,
-)
-from .metrics import PAIRED_METRICS, Metric
+from .document import Table
+from .findings import verdict_text
+from .format import fmt_int, fmt_loss, fmt_mean_std, fmt_num, fmt_pct, fmt_value, paired_parts, short_key
+from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
 
 
 def has_train_eval(report: Report) -> bool:
@@ -68,95 +57,114 @@ def _overfit_cell(report: Report, r: pd.Series) -> str:
     return "no" if r["epochs_done"] >= 2 else "—"
 
 
-# The trial table after the trial and its label_keys, in order.
+def _outcome_cell(report: Report, r: pd.Series) -> str:
+    return f"{r['outcome']} ({r['epochs_done']}/{fmt_int(r['epochs_planned'])})"
+
+
+def _best_differs(report: Report) -> bool:
+    t = report.trials
+    return bool((t["best_test_acc"].notna() & (t["best_test_acc"] != t["final_test_acc"])).any())
+
+
+def _several_workers(report: Report) -> bool:
+    return bool((report.trials["workers"].fillna(1) > 1).any())
+
+
+# The trial table after the trial and its label_keys, by priority: the first that a report shows, up to
+# MAX_TRIAL_COLUMNS in all (every column stays in trials.csv and report.json).
+MAX_TRIAL_COLUMNS = 10
 TRIAL_COLUMNS = (
+    TrialColumn("outcome (epochs)", "l", _outcome_cell),
+    TrialColumn("final test acc (%)", "r", _field("final_test_acc", fmt_pct)),
+    TrialColumn("best test acc (%) (epoch)", "r", _best_cell, _best_differs),
+    TrialColumn("time/epoch (s)", "r", _field("time_per_epoch_s", fmt_num)),
+    TrialColumn("peak mem per worker (MB)", "r", _field("peak_mem_mb", fmt_num)),
+    TrialColumn("overfitting", "l", _overfit_cell, lambda report: bool(report.trials["overfitting"].any())),
+    TrialColumn("peak mem, total over workers (MB)", "r", _field("peak_mem_total_mb", fmt_num), _several_workers),
+    TrialColumn("gap (pp)", "r", _gap_cell),
     TrialColumn("workers", "r", _field("workers", fmt_int), lambda report: "workers" not in report.label_keys),
     TrialColumn("GPUs", "r", _field("gpus", fmt_int), lambda report: bool((report.trials["gpus"].fillna(0) > 0).any())),
     TrialColumn("device", "l", _field("device", str), lambda report: report.trials["device"].nunique() > 1),
-    TrialColumn("eff. batch", "r", _field("effective_batch", fmt_int)),
-    TrialColumn("epochs", "r", lambda report, r: f"{r['epochs_done']}/{fmt_int(r['epochs_planned'])}"),
-    TrialColumn("final test acc (%)", "r", _field("final_test_acc", fmt_pct)),
-    TrialColumn("best test acc (%) (epoch)", "r", _best_cell),
-    TrialColumn("train acc, running (%)", "r", _field("final_train_acc", fmt_pct)),
-    TrialColumn("train acc, eval (%)", "r", _field("final_train_eval_acc", fmt_pct), has_train_eval),
-    TrialColumn("gap (pp)", "r", _gap_cell),
-    TrialColumn("train loss, running", "r", _field("final_train_loss", fmt_loss)),
-    TrialColumn("train loss, eval", "r", _field("final_train_eval_loss", fmt_loss), has_train_eval),
+    TrialColumn(
+        "eff. batch", "r", _field("effective_batch", fmt_int), lambda r: r.trials["effective_batch"].nunique() > 1
+    ),
     TrialColumn("test loss", "r", _field("final_test_loss", fmt_loss)),
-    TrialColumn("time", "r", _field("train_time_s", fmt_duration)),
-    TrialColumn("time/epoch (s)", "r", _field("time_per_epoch_s", fmt_num)),
-    TrialColumn("samples/s", "r", _field("samples_per_s", fmt_num)),
-    TrialColumn("peak mem per worker (MB)", "r", _field("peak_mem_mb", fmt_num)),
-    TrialColumn("peak mem, total over workers (MB)", "r", _field("peak_mem_total_mb", fmt_num)),
-    TrialColumn("status", "l", _field("status", str)),
-    TrialColumn("overfitting", "l", _overfit_cell),
 )
 
 
-def trial_table(report: Report) -> str:
+def trial_table(report: Report) -> Table:
     columns = [TrialColumn("trial", "l", _field("trial", lambda name: f"`{name}`"))]
     columns += [TrialColumn(key, "l", _field(key, fmt_value)) for key in report.label_keys]
     columns += [column for column in TRIAL_COLUMNS if column.shown(report)]
-    rows = [[column.cell(report, r) for column in columns] for _, r in report.trials.iterrows()]
-    return markdown_table([c.header for c in columns], rows, "".join(c.align for c in columns))
+    columns = columns[:MAX_TRIAL_COLUMNS]
+    rows = tuple(tuple(column.cell(report, r) for column in columns) for _, r in report.trials.iterrows())
+    return Table(tuple(c.header for c in columns), rows, "".join(c.align for c in columns), "trials")
 
 
-def factor_table(report: Report, key: str) -> str:
+def mean_metrics(report: Report) -> list[Metric]:
+    """The per-value means' metrics: final test accuracy, the sweep's metric, best test accuracy where it differs
+    from the final, time per epoch and peak memory (the total where some trial ran several workers)."""
+    chosen = [FACTOR_METRICS[0], report.objective] + ([FACTOR_METRICS[1]] if _best_differs(report) else [])
+    chosen += [FACTOR_METRICS[2], FACTOR_METRICS[4]] + ([FACTOR_METRICS[5]] if _several_workers(report) else [])
+    unique: dict[str, Metric] = {}
+    for metric in chosen:
+        unique.setdefault(metric.column, metric)
+    return list(unique.values())
+
+
+def factor_table(report: Report, key: str) -> Table:
+    """Per-value means, compact: n and mean ± std of mean_metrics()."""
     frame = report.groups[key]
-    headers = [key, "n"]
-    for metric in report.metrics:
-        headers += [metric.label, "Δ"]
-    best = {}
-    for metric in report.metrics:
-        means = frame.loc[frame["n"] > 0, f"{metric.column}_mean"].dropna()
-        best[metric.column] = (means.max() if metric.better == "max" else means.min()) if len(means) else None
-    rows = []
-    for _, r in frame.iterrows():
-        row = [fmt_value(r[key]) + (" (baseline)" if r["is_baseline"] else ""), str(r["n"])]
-        for metric in report.metrics:
-            mean = r[f"{metric.column}_mean"]
-            text = fmt_mean_std(metric, mean, r[f"{metric.column}_std"])
-            if best[metric.column] is not None and mean == best[metric.column]:
-                text = f"**{text}**"
-            row += [text, fmt_delta(metric, r)]
-        rows.append(row)
-    return markdown_table(headers, rows, "lr" + "r" * 2 * len(report.metrics))
+    metrics = mean_metrics(report)
+    rows = tuple(
+        (
+            fmt_value(r[key]) + (" (baseline)" if r["is_baseline"] else ""),
+            str(r["n"]),
+            *(fmt_mean_std(m, r[f"{m.column}_mean"], r[f"{m.column}_std"]) for m in metrics),
+        )
+        for _, r in frame.iterrows()
+    )
+    return Table((key, "n", *(m.label for m in metrics)), rows, "lr" + "r" * len(metrics), f"means-{key}")
 
 
-def paired_table(report: Report, key: str) -> str:
+def paired_table(report: Report, key: str) -> Table:
     acc, time = (report.effects[key][m.column] for m in PAIRED_METRICS)
-    headers = ["value", "pairs", "Δ final test acc (pp) [95 % CI]", "Δ time/epoch (s) [95 % CI]", "accuracy effect"]
+    headers = ("value", "pairs", "Δ final test acc (pp) [95 % CI]", "Δ time/epoch (s) [95 % CI]", "accuracy verdict")
 
     def cell(metric: Metric, row: pd.Series) -> str:
         mean, low, high = paired_parts(metric, row)
         return "—" if row["n_pairs"] == 0 else f"{mean} [{low}, {high}]" if row["n_pairs"] > 1 else mean
 
-    rows = [
-        [
+    rows = tuple(
+        (
             f"{key}={fmt_value(a[key])}",
-            str(a["n_pairs"]),
+            f"{a['n_pairs']} of {a['n_planned']}",
             cell(PAIRED_METRICS[0], a),
             cell(PAIRED_METRICS[1], t),
-            verdict(a),
-        ]
+            verdict_text(report, a),
+        )
         for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows())
-    ]
-    return markdown_table(headers, rows, "lrrrl")
+    )
+    return Table(headers, rows, "lrrrl", f"effects-{key}")
 
 
-def factor_breakdown_table(report: Report, key: str) -> str:
+def factor_breakdown_table(report: Report, key: str) -> Table:
     frame = report.groups[key]
-    headers = [key, "n", "epoch (s)"] + [f"{short_key(k)} (s)" for k in report.breakdown]
-    rows = [
-        [fmt_value(r[key]), str(r["n"]), fmt_mean_std(None, r["time_per_epoch_s_mean"], r["time_per_epoch_s_std"])]
-        + [fmt_mean_std(None, r[f"{k}_mean"], r[f"{k}_std"]) for k in report.breakdown]
+    headers = (key, "n", "epoch (s)", *(f"{short_key(k)} (s)" for k in report.breakdown))
+    rows = tuple(
+        (
+            fmt_value(r[key]),
+            str(r["n"]),
+            fmt_mean_std(None, r["time_per_epoch_s_mean"], r["time_per_epoch_s_std"]),
+            *(fmt_mean_std(None, r[f"{k}_mean"], r[f"{k}_std"]) for k in report.breakdown),
+        )
         for _, r in frame.iterrows()
-    ]
-    return markdown_table(headers, rows, "lr" + "r" * (1 + len(report.breakdown)))
+    )
+    return Table(headers, rows, "lr" + "r" * (1 + len(report.breakdown)), f"breakdown-{key}")
 
 
-def trial_breakdown_table(report: Report) -> str:
-    headers = ["trial", "epoch (s)"] + [f"{short_key(k)} (s, share)" for k in report.breakdown]
+def trial_breakdown_table(report: Report) -> Table:
+    headers = ("trial", "epoch (s)", *(f"{short_key(k)} (s, share)" for k in report.breakdown))
     rows = []
     for _, r in report.trials.iterrows():
         if r["epochs_done"] == 0:
@@ -166,5 +174,5 @@ def trial_breakdown_table(report: Report) -> str:
         for k in report.breakdown:
             share = f" ({100 * r[k] / total:.0f} %)" if total and not math.isnan(r[k]) else ""
             cells.append(fmt_num(r[k]) + share)
-        rows.append([f"`{r['trial']}`", fmt_num(total), *cells])
-    return markdown_table(headers, rows, "l" + "r" * (1 + len(report.breakdown)))
+        rows.append((f"`{r['trial']}`", fmt_num(total), *cells))
+    return Table(headers, tuple(rows), "l" + "r" * (1 + len(report.breakdown)), "breakdown-trials")

@@ -1,0 +1,140 @@
+"""What the report may conclude from its accuracy effects and its rankings, and no more.
+
+An accuracy effect (stats.paired_effects, its interval floored by the test set's binomial noise) gets a verdict only
+from MIN_PAIRS pairs: "CI excludes 0" (a two-sided t-test), "equivalent within ±m" (two one-sided tests against the
+margin m), else "not conclusive"; both tests are Holm-corrected across the report's accuracy comparisons. A comparison
+left open says how many pairs would resolve it at its observed effect and spread (pairs_needed). A ranking ("Fastest",
+"Most accurate", "Least memory") names a winner only where it beats the seed noise (leaders).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from .stats import t_quantile, t_upper
+
+MIN_PAIRS = 3
+ALPHA = 0.05  # family-wise, over the report's accuracy comparisons (Holm)
+DEFAULT_MARGIN_PP = 1.0  # equivalence margin of accuracy effects, percentage points (cifar-ray report --margin)
+MAX_PAIRS = 1000  # pairs_needed looks no further
+
+NO_PAIRS, NO_VERDICT, DIFFERS, EQUIVALENT, OPEN = (
+    "no matched pairs",
+    "no verdict",
+    "CI excludes 0",
+    "equivalent",
+    "not conclusive",
+)
+
+
+def p_differs(mean: float, se: float, df: int) -> float:
+    """Two-sided p of the t-test of mean = 0."""
+    if se == 0:
+        return 0.0 if mean else 1.0
+    return min(1.0, 2 * t_upper(abs(mean) / se, df))
+
+
+def p_equivalent(mean: float, se: float, df: int, margin: float) -> float:
+    """p of two one-sided t-tests (TOST) that the mean lies within ±margin: the larger of the two."""
+    if se == 0:
+        return 0.0 if abs(mean) < margin else 1.0
+    return max(t_upper((mean + margin) / se, df), t_upper((margin - mean) / se, df))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the given order."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def _resolved(mean: float, var_pair: float, pairs: int, margin: float, alpha: float) -> bool:
+    se = math.sqrt(var_pair / pairs)
+    return p_differs(mean, se, pairs - 1) < alpha or p_equivalent(mean, se, pairs - 1, margin) < alpha
+
+
+def pairs_needed(mean: float, var_pair: float, margin: float, alpha: float) -> int | None:
+    """The fewest pairs (at least MIN_PAIRS) at which an effect `mean` with per-pair variance `var_pair` would be
+    resolved, either way, at level `alpha`; None beyond MAX_PAIRS."""
+    if math.isnan(mean) or math.isnan(var_pair):
+        return None
+    if not _resolved(mean, var_pair, MAX_PAIRS, margin, alpha):
+        return None
+    low, high = MIN_PAIRS, MAX_PAIRS  # resolved at high; more pairs never resolve less
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if _resolved(mean, var_pair, mid, margin, alpha) else (mid + 1, high)
+    return low
+
+
+def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd.DataFrame]:
+    """The accuracy effects of every factor with their verdicts, judged as one family: p_differs, p_equivalent,
+    both Holm-adjusted (_holm), verdict, and for an open comparison pairs_needed and more_seeds (at the strictest Holm
+    level, ALPHA / the comparisons with any pair; each added seed adds n_planned / `seeds` pairs)."""
+    frames = [frame.copy() for frame in effects]
+    tested = [(f, i) for f, frame in enumerate(frames) for i in frame.index if frame.loc[i, "n_pairs"] >= MIN_PAIRS]
+    family = max(sum(int((frame["n_pairs"] > 0).sum()) for frame in frames), 1)  # once each has enough pairs
+    for frame in frames:
+        for column in ("p_differs", "p_equivalent", "p_differs_holm", "p_equivalent_holm", "pairs_needed"):
+            frame[column] = math.nan
+        frame["more_seeds"] = math.nan
+        frame["verdict"] = ""
+    for f, i in tested:
+        row = frames[f].loc[i]
+        df = int(row["n_pairs"]) - 1
+        frames[f].loc[i, "p_differs"] = p_differs(row["mean_diff"], row["se"], df)
+        frames[f].loc[i, "p_equivalent"] = p_equivalent(row["mean_diff"], row["se"], df, margin)
+    for test in ("p_differs", "p_equivalent"):
+        for (f, i), p in zip(tested, holm([frames[f].loc[i, test] for f, i in tested])):
+            frames[f].loc[i, f"{test}_holm"] = p
+    for frame in frames:
+        for i, row in frame.iterrows():
+            n = row["n_pairs"]
+            if n == 0:
+                frame.loc[i, "verdict"] = NO_PAIRS
+                continue
+            if n < MIN_PAIRS:
+                frame.loc[i, "verdict"] = NO_VERDICT
+            elif row["p_differs_holm"] < ALPHA:
+                frame.loc[i, "verdict"] = DIFFERS
+                continue
+            elif row["p_equivalent_holm"] < ALPHA:
+                frame.loc[i, "verdict"] = EQUIVALENT
+                continue
+            else:
+                frame.loc[i, "verdict"] = OPEN
+            if n >= 2:
+                needed = pairs_needed(row["mean_diff"], row["se"] ** 2 * n, margin, ALPHA / family)
+                if needed is not None:
+                    frame.loc[i, "pairs_needed"] = needed
+                    per_seed = max(row["n_planned"] / seeds, 1)
+                    frame.loc[i, "more_seeds"] = max(1, math.ceil((needed - n) / per_seed))
+    return frames
+
+
+def leaders(
+    means: pd.Series, counts: pd.Series, better: str, std: float, dof: int, floor_var: pd.Series | None = None
+) -> list | None:
+    """The index of the best of `means` and of every other one its lead does not clear: a difference beats the noise
+    when it exceeds the t 95 % half-width of sqrt(std²/n_a + std²/n_b (+ floor_var_a + floor_var_b)), `std` the pooled
+    seed noise with `dof` degrees of freedom. None when the seed noise is unknown (dof 0)."""
+    means = means.dropna()
+    if not len(means):
+        return []
+    if not dof:
+        return None
+    best = means.idxmax() if better == "max" else means.idxmin()
+    floor = floor_var if floor_var is not None else pd.Series(0.0, index=means.index)
+    quantile = t_quantile(0.975, dof)
+    within = []
+    for i, mean in means.items():
+        noise = math.sqrt(std**2 / counts[i] + std**2 / counts[best] + floor[i] + floor[best])
+        if i == best or abs(mean - means[best]) <= quantile * noise:
+            within.append(i)
+    return within
