@@ -24,6 +24,7 @@ from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from . import slots
 from .dispatcher import tune_trial
+from .live_view import live_tensorboard
 from .placement import check_fits, cluster_capacity, resolve_plan
 from .progress import progress_callback, progress_printer, progress_relay, sweep_header
 from .session import check_shared_storage, is_ray_client, write_provenance
@@ -193,7 +194,10 @@ def run_plan(
                 trial_name_creator=_trial_folder_name,
             ),
             run_config=tune.RunConfig(
-                name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[progress_callback()]
+                name=plan.name,
+                **run_dir.parent.ray_storage(),
+                verbose=0,
+                callbacks=[progress_callback(), *live_tensorboard(run_dir)],
             ),
         )
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
