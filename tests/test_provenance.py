@@ -86,53 +86,50 @@ def test_installed_packages_are_sorted_and_the_first_of_a_name_wins():
     assert real["pytest"] == pytest.__version__
 
 
-def fake_torch(gpus: list[str], nccl=(2, 27, 3)) -> SimpleNamespace:
+def fake_torch(gpus: int, nccl=(2, 27, 3)) -> SimpleNamespace:
+    """torch as the provenance reads it, on a machine with `gpus` GPUs; no device query that opens a CUDA context."""
+
     def nccl_version():
         if isinstance(nccl, Exception):
             raise nccl
         return nccl
 
-    cuda = SimpleNamespace(
-        is_available=lambda: bool(gpus),
-        device_count=lambda: len(gpus),
-        get_device_name=lambda i: gpus[i],
-        nccl=SimpleNamespace(version=nccl_version),
-    )
-    return SimpleNamespace(
-        cuda=cuda,
-        version=SimpleNamespace(cuda="12.8"),
-        backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: 91002)),
-    )
+    cuda = SimpleNamespace(is_available=lambda: gpus > 0, nccl=SimpleNamespace(version=nccl_version))
+    cudnn = SimpleNamespace(version=lambda: 91002)
+    return SimpleNamespace(cuda=cuda, version=SimpleNamespace(cuda="12.8"), backends=SimpleNamespace(cudnn=cudnn))
+
+
+def smi(stdout: str, returncode: int = 0):
+    return lambda *a, **k: subprocess.CompletedProcess(a, returncode, stdout=stdout, stderr="")
+
+
+H100S = "NVIDIA H100 80GB HBM3, 570.86.15\nNVIDIA H100 80GB HBM3, 570.86.15\n"
 
 
 def test_gpu_stack_on_a_gpu_machine_and_on_a_cpu_one():
-    stack = provenance.gpu_stack(fake_torch(["NVIDIA H100 80GB HBM3"] * 2), driver=lambda: "570.86.15")
+    stack = provenance.gpu_stack(fake_torch(2), smi=lambda: provenance.nvidia_smi(smi(H100S)))
     assert stack == {
-        "gpus": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"],
         "cuda": "12.8",
         "cudnn": 91002,
         "nccl": "2.27.3",
+        "gpus": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"],
         "driver": "570.86.15",
     }
-    no_nccl = provenance.gpu_stack(fake_torch(["A"], nccl=RuntimeError("no NCCL")), driver=lambda: "1")
+    no_nccl = provenance.gpu_stack(fake_torch(1, nccl=RuntimeError("no NCCL")), smi=dict)
     assert no_nccl["nccl"] == "none (no NCCL)"
-    assert provenance.gpu_stack(fake_torch([])) == {
+    assert provenance.gpu_stack(fake_torch(0)) == {
         "gpus": [],
         "why": "no CUDA GPU visible to the sweep's driver process",
     }
 
 
-def test_nvidia_driver_reads_nvidia_smi_or_says_why_not():
-    def smi(stdout: str, returncode: int = 0):
-        return lambda *a, **k: subprocess.CompletedProcess(a, returncode, stdout=stdout, stderr="")
-
-    assert provenance.nvidia_driver(smi("570.86.15\n570.86.15\n")) == "570.86.15"
-    assert provenance.nvidia_driver(smi("", 9)) == "unknown (nvidia-smi exit status 9)"
+def test_nvidia_smi_failures_are_recorded_as_such():
+    assert provenance.nvidia_smi(smi("", 9)) == {"nvidia_smi": "exit status 9, no GPU listed"}
 
     def missing(*a, **k):
         raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
 
-    assert provenance.nvidia_driver(missing).startswith("unknown (nvidia-smi: [Errno 2] No such file")
+    assert provenance.nvidia_smi(missing)["nvidia_smi"].startswith("[Errno 2] No such file")
 
 
 def record(tmp_path: Path, checkout: Path, session: int) -> dict:

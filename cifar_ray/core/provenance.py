@@ -92,26 +92,28 @@ def installed_packages(distributions: Callable[[], Iterable[Any]] = importlib.me
     return dict(sorted(found.items(), key=lambda item: item[0].lower()))
 
 
-def nvidia_driver(run: Runner = subprocess.run) -> str:
-    """The NVIDIA driver's version from nvidia-smi, or "unknown (why)"."""
+def nvidia_smi(run: Runner = subprocess.run) -> dict:
+    """{"gpus": [model per GPU], "driver": version} from nvidia-smi, or {"nvidia_smi": why not}. Asked of
+    nvidia-smi, not torch: torch's device queries would open a CUDA context in the driver, on a GPU trials use."""
     try:
         done = run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=GIT_TIMEOUT_S,
         )
     except (OSError, subprocess.SubprocessError) as error:
-        return f"unknown (nvidia-smi: {error})"
-    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-    if done.returncode != 0 or not lines:
-        return f"unknown (nvidia-smi exit status {done.returncode})"
-    return lines[0]
+        return {"nvidia_smi": str(error)}
+    rows = [line.rsplit(",", 1) for line in done.stdout.splitlines() if "," in line]
+    if done.returncode != 0 or not rows:
+        return {"nvidia_smi": f"exit status {done.returncode}, no GPU listed"}
+    return {"gpus": [name.strip() for name, _ in rows], "driver": rows[0][1].strip()}
 
 
-def gpu_stack(torch: Any, driver: Callable[[], str] = nvidia_driver) -> dict:
-    """The CUDA stack the driver process sees, from `torch` (the module, or a stand-in with the same attributes):
-    GPU models, CUDA, cuDNN and NCCL versions and the NVIDIA driver; {"gpus": [], "why": ...} without a GPU."""
+def gpu_stack(torch: Any, smi: Callable[[], dict] = nvidia_smi) -> dict:
+    """The CUDA stack the driver process sees: CUDA, cuDNN and NCCL versions from `torch` (the module, or a stand-in
+    with the same attributes) and the GPU models and NVIDIA driver from `smi`; {"gpus": [], "why": ...} without a
+    GPU."""
     if not torch.cuda.is_available():
         return {"gpus": [], "why": "no CUDA GPU visible to the sweep's driver process"}
     try:
@@ -119,13 +121,7 @@ def gpu_stack(torch: Any, driver: Callable[[], str] = nvidia_driver) -> dict:
         nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     except (AttributeError, RuntimeError) as error:  # a torch built without NCCL
         nccl = f"none ({error})"
-    return {
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version(),
-        "nccl": nccl,
-        "driver": driver(),
-    }
+    return {"cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "nccl": nccl, **smi()}
 
 
 def write_session(run_dir: StoragePath, session: int, git: dict, diff: str, packages: dict, gpu: dict) -> None:
