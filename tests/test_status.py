@@ -8,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -316,3 +318,123 @@ def test_a_trial_folder_that_cannot_be_looked_into_is_one_line_not_a_missing_tri
     assert main(["status", str(mixed_run)]) == 2
     out, err = capsys.readouterr()
     assert err == f"cifar-ray: error: cannot tell whether {hidden} exists: Permission denied\n" and not out
+
+
+class SweepAdvancing:
+    """The injected clock and sleep of a watch: each sleep moves the clock on and the sweep one step further."""
+
+    def __init__(self, run_dir: Path, steps: list):
+        self.run_dir, self.steps, self.now, self.pauses = run_dir, steps, START + 10, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+        self.steps.pop(0)(self.run_dir, self.now - START)
+
+
+def advancing_run(tmp_path: Path) -> SweepAdvancing:
+    """t0 running, t1 pending; then t0's epoch 1, t0 finished and t1 started, t1's epoch, t1 and the sweep finished."""
+    run_dir = write_run(tmp_path / "w", {"t0": {"status": "running", "started": 0}, "t1": {"status": "pending"}})
+
+    def epoch(name: str, n: int) -> Callable[[Path, float], None]:
+        return lambda run, at: runlog.append_epoch(
+            run / name, {"epoch": n, "epoch_time_s": 1.0, "end_unix": START + at}
+        )
+
+    def trial(name: str, **meta) -> Callable[[Path, float], None]:
+        return lambda run, at: runlog.update_json(run / name / runlog.TRIAL_FILE, **meta)
+
+    steps = [
+        epoch("t0", 1),
+        lambda run, at: (
+            epoch("t0", 2)(run, at),
+            trial("t0", status="finished")(run, at),
+            trial("t1", status="running", started_unix=START + at)(run, at),
+        ),
+        epoch("t1", 1),
+        epoch("t1", 2),
+        lambda run, at: (
+            trial("t1", status="finished")(run, at),
+            runlog.update_json(
+                run / runlog.SWEEP_FILE,
+                finished_at=datetime.fromtimestamp(START + at, timezone.utc).strftime(status.ISO_FORMAT),
+            ),
+        ),
+    ]
+    return SweepAdvancing(run_dir, steps)
+
+
+def test_watch_refreshes_in_place_until_the_sweep_ends(tmp_path):
+    sweep, frames = advancing_run(tmp_path), []
+    last = status.watch(sweep.run_dir, 5.0, frames.append, in_place=True, clock=sweep.clock, sleep=sweep.sleep)
+    assert sweep.pauses == [5.0] * 5 and not sweep.steps  # read once more after each step, then it ended
+    assert len(frames) == 6 and all(frame.startswith(status.CLEAR_SCREEN) for frame in frames)
+    assert "every 5 s until the sweep ends · Ctrl-C stops watching" in frames[0]
+    assert "running: epoch 1 of 2" in frames[0] and "running: epoch 2 of 2" in frames[1]
+    assert frames[-1].rstrip().endswith("[2/2 done] 35 s elapsed") and status.has_ended(last)
+
+
+def test_watch_without_a_terminal_appends_plain_lines_for_what_changed(tmp_path):
+    sweep, written = advancing_run(tmp_path), []
+    status.watch(sweep.run_dir, 2.5, written.append, in_place=False, clock=sweep.clock, sleep=sweep.sleep)
+    text = "".join(written)
+    assert "\x1b" not in text and len(sweep.pauses) == 5
+    lines = text.splitlines()
+    assert lines[0] == f"hand: 2 trials, started {status.load_state(sweep.run_dir).started_at}"
+
+    def at(seconds: float) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(START + seconds))
+
+    # ETA: 12.5 s per epoch x 3 left; 15 s per 2 epochs x 2 left; 17.5 s per 3 x 1 left (status.py docstring)
+    assert lines[4:] == [
+        f"{at(12.5)} t0: running: epoch 2 of 2, 1/2 epochs",
+        f"{at(12.5)} [0/2 done · 1 running · 1 pending] 12 s elapsed · ETA ~38 s",
+        f"{at(15)} t0: finished, 2/2 epochs",
+        f"{at(15)} t1: running: epoch 1 of 2, 0/2 epochs",
+        f"{at(15)} [1/2 done · 1 running] 15 s elapsed · ETA ~15 s",
+        f"{at(17.5)} t1: running: epoch 2 of 2, 1/2 epochs",
+        f"{at(17.5)} [1/2 done · 1 running] 18 s elapsed · ETA ~6 s",
+        f"{at(20)} t1: running: epoch 2 of 2, 2/2 epochs",
+        f"{at(20)} [1/2 done · 1 running] 20 s elapsed · ETA ~0 s",
+        f"{at(22.5)} t1: finished, 2/2 epochs",
+        f"{at(22.5)} [2/2 done] 22 s elapsed",
+    ]
+
+
+def test_watch_ends_at_once_on_a_stopped_sweep_and_ctrl_c_exits_0_quietly(tmp_path, capsys, monkeypatch):
+    stopped = write_run(
+        tmp_path / "s",
+        {"t0": {"status": "interrupted", "started": 0}, "t1": {"status": "pending"}},
+        epoch_ends={"t0": [5]},
+    )
+    assert main(["status", str(stopped), "--watch"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.rstrip().endswith("`cifar-ray sweep FILE --resume` continues it")
+
+    running = write_run(tmp_path / "r", {"t0": {"status": "running", "started": 0}}, epoch_ends={"t0": [5]})
+    monkeypatch.setattr(time, "time", lambda: START + 10)
+
+    def ctrl_c(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", ctrl_c)
+    assert main(["status", str(running), "--watch", "--interval", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("hand: 1 trial") and err == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--watch", "--interval", "0"], "--interval must be a number of seconds above 0, got 0"),
+        (["--interval", "3"], "--interval sets how often --watch refreshes; pass --watch too"),
+        (["--watch", "--json"], "--watch refreshes a table; --json prints one object: pass one of them"),
+    ],
+)
+def test_bad_watch_options_are_one_line(mixed_run, capsys, argv, message):
+    assert main(["status", str(mixed_run), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err

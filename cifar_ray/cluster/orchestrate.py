@@ -3,7 +3,8 @@
 Tune runs one thin trial per config (slots.thin_trainable), which forwards to Tune the epochs the trial's slot
 trains; warm slots train trial after trial in one worker group, `--isolate` gives each trial a slot of its own
 (a fresh worker group) with the same code, checkpoints and failure handling. The driver writes sweep.json (with
-the wall time of every session, an interrupted one too) and each trial's first trial.json; while the sweep runs,
+the wall time of every session, an interrupted one too), each trial's first trial.json and each session's
+provenance (core/provenance.py, before the session's first trial); while the sweep runs,
 the Dispatcher alone writes trial.json. Where trials run is `placement`'s concern, the Ray session
 `ray_session`'s, what the sweep prints `progress`'s.
 """
@@ -16,7 +17,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from ..core import runlog, sysinfo
 from ..core.errors import ConfigError
@@ -24,9 +24,10 @@ from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from . import slots
 from .dispatcher import tune_trial
+from .live_view import live_tensorboard
 from .placement import check_fits, cluster_capacity, resolve_plan
 from .progress import progress_callback, progress_printer, progress_relay, sweep_header
-from .session import check_shared_storage, is_ray_client
+from .session import check_shared_storage, is_ray_client, write_provenance
 
 
 def _trial_folder_name(trial) -> str:
@@ -73,7 +74,7 @@ def mark_interrupted(run_dir: StoragePath, plan: SweepPlan) -> None:
             runlog.update_json(trial_file, status="interrupted", interrupted_at=runlog.now_iso())
 
 
-def open_session(run_dir: StoragePath, started: float) -> None:
+def open_session(run_dir: StoragePath, started: float) -> int:
     """This session's start into sweep.json's sessions, before any trial runs. A session an earlier driver left
     open was killed (SIGKILL, a lost machine: no `finally` ran): it is closed first, ended at the last thing its
     trials logged, `end` saying so, so that wall_time_s still sums every session (a run from before sessions were
@@ -88,6 +89,7 @@ def open_session(run_dir: StoragePath, started: float) -> None:
             session |= {"end_unix": ended, "wall_s": ended - session["start_unix"], "end": "killed: last logged"}
     sessions.append({"start_unix": started})
     runlog.update_json(sweep_file, sessions=sessions, wall_time_s=_wall(sessions))
+    return len(sessions)  # this session's number, 1-based
 
 
 def close_session(sweep_file: StoragePath, done: bool) -> None:
@@ -172,7 +174,7 @@ def run_plan(
             plan.summary()
             | {
                 "started_at": runlog.now_iso(),
-                "git_revision": sysinfo.git_revision(Path(__file__).parent),
+                "git_revision": sysinfo.git_revision(sysinfo.PACKAGE_DIR),
                 "host": sysinfo.host_info(),
                 "versions": sysinfo.versions(),
                 "cluster": capacity,
@@ -192,16 +194,20 @@ def run_plan(
                 trial_name_creator=_trial_folder_name,
             ),
             run_config=tune.RunConfig(
-                name=plan.name, **run_dir.parent.ray_storage(), verbose=0, callbacks=[progress_callback()]
+                name=plan.name,
+                **run_dir.parent.ray_storage(),
+                verbose=0,
+                callbacks=[progress_callback(), *live_tensorboard(run_dir)],
             ),
         )
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
     untrained = len(slot_plan.specs) if resume else None
     print_line(sweep_header(plan, capacity, limit, run_dir, untrained))
     started_slots = None
-    open_session(run_dir, time.time())
+    session = open_session(run_dir, time.time())
     with progress_relay(print_line) if client else contextlib.nullcontext():
         try:
+            write_provenance(run_dir, session)
             started_slots = slot_plan.start()  # started last, inside the try: every way out stops them
             tuner.fit()
             if _all_final(run_dir, plan):  # else Tune stopped early (SIGINT, SIGTERM): the slots are stopped

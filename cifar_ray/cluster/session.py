@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..core import provenance, sysinfo
 from ..core.errors import GPU_OOM_MARKS, ClusterError, StorageError
 from ..core.storage import StoragePath
 from .placement import RESOURCE_CPU, RESOURCE_GPU
@@ -282,6 +283,15 @@ def check_shared_storage(
             f"storage: node(s) {', '.join(silent)} did not answer in {timeout_s:g} s; "
             f"cannot tell whether they reach {folder}"
         )
+
+
+def write_provenance(run_dir: StoragePath, session: int) -> None:
+    """Session `session`'s provenance (core/provenance.py), gathered on the driver before any trial starts: the
+    checkout cifar_ray runs from, the installed packages, this machine's GPU stack (workers' GPUs: trial.json)."""
+    import torch
+
+    git, diff = provenance.git_state(sysinfo.PACKAGE_DIR)
+    provenance.write_session(run_dir, session, git, diff, provenance.installed_packages(), provenance.gpu_stack(torch))
 
 
 # How running out of memory reads in an error's text: Python's and torch's errors, Ray's OutOfMemoryError (a task

@@ -349,6 +349,7 @@ def thin_trial(tune_config: dict) -> None:
     """A trial as Tune runs it: it forwards the epochs its slot trains to Tune."""
     import ray
     from ray import tune
+    from ray.tune.result import TIMESTEPS_TOTAL
 
     spec = tune_run_trial(tune_config)
     if runlog.read_json(spec.trial_file).get("status") in runlog.TRAINED_STATUSES:
@@ -362,7 +363,9 @@ def thin_trial(tune_config: dict) -> None:
             if "start" in event:  # its slot took it: the progress callback prints "starts" now, not at Tune's start
                 tune.report({STARTED: event["start"]})
             elif "epoch" in event:
-                tune.report(event["epoch"])
+                # Tune's TensorBoard files step a result at its timesteps_total, else at Tune's count of reports
+                # (the start counts too; after a restore it counts on from Tune's last saved state): the epoch.
+                tune.report(event["epoch"] | {TIMESTEPS_TOTAL: event["epoch"]["epoch"]})
             elif "failed" in event:
                 raise TrialFailed(event["failed"])
             else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -76,6 +77,7 @@ class SweepState:
     shapes: list[ShapeEta]  # the ETA's terms: the shapes with unfinished trials
     eta_s: float | None  # None: nothing left, nothing progressing, or no epoch finished yet
     eta: str  # the ETA in words, or why there is none; "" when nothing is left
+    stopped: bool  # trials are left but none progresses: the sweep's driver stopped (--resume continues it)
 
 
 def _unix(iso: str | None) -> float | None:
@@ -179,11 +181,12 @@ def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
     last = max(filter(None, [started, *map(_last_activity, run.trials)]), default=None)
     idle = None if last is None else now - last
     eta_s, eta = None, ""
-    if (
+    stopped = bool(
         unfinished
         and not counts["running"]
         and (counts["stalled"] or counts["interrupted"] or ended or _stale(idle, epoch_wall))
-    ):
+    )
+    if stopped:
         eta = "no ETA: no trial is progressing (its driver stopped?); `cifar-ray sweep FILE --resume` continues it"
     elif unfinished and epoch_wall is None:
         eta = "ETA unknown (no epoch has finished yet)"
@@ -202,6 +205,7 @@ def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
         shapes=shapes,
         eta_s=eta_s,
         eta=eta,
+        stopped=stopped,
     )
 
 
@@ -258,14 +262,58 @@ def load_state(run_dir: runlog.Where, now: float | None = None) -> SweepState:
 def render(run_dir: runlog.Where, as_json: bool = False, now: float | None = None) -> str:
     """`cifar-ray status`: a line per trial and the totals, or all of it as one JSON object."""
     state = load_state(run_dir, now)
-    if as_json:
-        return json.dumps(asdict(state))
-    rows = [
-        (t.trial, swept_text(t.swept), _state_text(t), f"{t.epochs_done}/{t.epochs or '?'} epochs")
-        for t in state.trials
-    ]
+    return json.dumps(asdict(state)) if as_json else state_table(state)
+
+
+def _epochs_text(trial: TrialState) -> str:
+    return f"{trial.epochs_done}/{trial.epochs or '?'} epochs"
+
+
+def state_table(state: SweepState) -> str:
+    """The sweep's name, a line per trial and the totals."""
+    rows = [(t.trial, swept_text(t.swept), _state_text(t), _epochs_text(t)) for t in state.trials]
     since = f", started {state.started_at}" if state.started_at else ""
     lines = [f"{state.name}: {len(state.trials)} trial{'s' * (len(state.trials) != 1)}{since}"]
     lines += text_table(rows, pad_last=False).splitlines()
     lines.append(totals_line(state, explain=True))
     return "\n".join(lines)
+
+
+WATCH_INTERVAL_S = 5.0
+CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, screen cleared: the next table replaces the last, as watch(1) does
+
+
+def has_ended(state: SweepState) -> bool:
+    """Nothing more will happen: every trial has a final status, or none can progress (the sweep was stopped)."""
+    return state.stopped or not any(state.counts[name] for name in UNFINISHED)
+
+
+def watch(
+    run_dir: runlog.Where,
+    interval_s: float,
+    write: Callable[[str], None],
+    in_place: bool,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] | None = None,
+) -> SweepState:
+    """`cifar-ray status --watch`: the status read again every `interval_s` seconds until the sweep ends; returns its
+    last state. `in_place` (a terminal): each table replaces the last. Else plain appended lines, for a log: the table
+    once, then per refresh in which something changed a line per changed trial and the totals, each after the time."""
+    pause = sleep or time.sleep  # looked up at the call: tests replace time.sleep
+    shown: dict[str, str] = {}
+    while True:
+        now = clock()
+        state = load_state(run_dir, now)
+        stamp = time.strftime("%H:%M:%S", time.localtime(now))
+        rows = {t.trial: f"{_state_text(t)}, {_epochs_text(t)}" for t in state.trials}
+        if in_place:
+            title = f"{stamp} · every {interval_s:g} s until the sweep ends · Ctrl-C stops watching"
+            write(f"{CLEAR_SCREEN}{title}\n\n{state_table(state)}\n")
+        elif not shown:
+            write(state_table(state) + "\n")
+        elif changed := [f"{stamp} {name}: {text}" for name, text in rows.items() if shown.get(name) != text]:
+            write("\n".join([*changed, f"{stamp} {totals_line(state)}"]) + "\n")
+        shown = rows
+        if has_ended(state):
+            return state
+        pause(interval_s)

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # core imports no torch at import time
     import torch
 
+# The cifar_ray package's folder: in a checkout, the checkout whose revision and changes a run records.
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
 
 @lru_cache(maxsize=1)
 def cpu_model() -> str:

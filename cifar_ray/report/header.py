@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pandas as pd
 
-from ..core import runlog
+from ..core import provenance, runlog
 from ..core.config import KEYS, TrainConfig
 from ..core.runlog import RunLog
 from .build import Report
@@ -121,6 +121,7 @@ def _run_fields(run: RunLog) -> dict:
         "date": fmt_date(sweep.get("started_at")),
         "started_at": sweep.get("started_at"),
         "git_revision": sweep.get("git_revision", "unknown"),
+        **provenance.header_facts(run.path, sweep),
         **({"command": command} if command else {}),
         "hardware": hardware(run),
         "versions": {k: versions.get(k, "unknown") for k in ("python", "torch", "ray", "cuda")},
@@ -195,8 +196,12 @@ def _run_header(report: Report) -> list[Block]:
     info = header_info(report)
     rows = (
         ("Date", info["date"]),
-        ("Git revision", f"`{info['git_revision']}`"),
-        *([("Re-run with", f"`{info['command']}`")] if "command" in info else []),
+        ("Git revision", "; ".join(filter(None, [f"`{info['git_revision']}`", info["uncommitted"]]))),
+        *(
+            [("Re-run with", f"`{info['command']}`" + (f" on {info['revision']}" if info["revision"] else ""))]
+            if "command" in info
+            else []
+        ),
         ("Hardware", info["hardware"]),
         ("Software", _software(info["versions"])),
         ("Wall time", info["wall_time"]),

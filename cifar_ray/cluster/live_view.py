@@ -1,0 +1,85 @@
+"""The live view: TensorBoard event files in the run folder as epochs arrive (`tensorboard --logdir runs/NAME`).
+
+Tune's own TBXLoggerCallback writes into a staging folder on the driver, which Tune copies to the run folder at its
+experiment checkpoints (every 10 s or more), through tensorboardX's writer thread that writes its file every 30 s
+(Tune's flush_secs; SummaryWriter.flush() does not wait for that thread): the run folder lags up to 40 s behind, and
+a driver killed in between loses what was not copied yet; a --resume continues from the copy and never reports
+those epochs again. RunFolderTensorBoard, a TBXLoggerCallback (so Tune adds none of its own), writes into each
+trial's folder itself, within LIVE_FLUSH_S of the result, each epoch at step = epoch (slots.thin_trial reports it
+as timesteps_total), and before an epoch it writes from metrics.jsonl, the training's own record, every earlier
+epoch that the trial's event files lack: those a killed driver never passed on. Each writer gets a file of its own
+(tensorboardX names a file by the second and the host only: a second writer in the same second emptied the first
+one's file). A run folder at a URI keeps Tune's logger and its lag: tensorboardX writes local files.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from pathlib import Path
+
+from ..core import runlog
+from ..core.storage import StoragePath
+
+TUNE_TAG = "ray/tune/{}"  # TBXLoggerCallback's name for a result's key
+EVENT_FILES = "events.out.tfevents.*"
+LIVE_FLUSH_S = 1  # tensorboardX's writer thread writes its file this often; 0 would make it spin
+
+
+def logged_epochs(trial_dir: str | Path) -> set[int]:
+    """The epochs that the event files in `trial_dir` hold whole. A result's scalars are written in its order, its
+    epoch metrics before its timesteps_total (slots.thin_trial, and this module's fill-ins), so an epoch counts once
+    its timesteps_total is there. A file is a run of TFRecords (length: 8 bytes, its CRC: 4, the Event, its CRC: 4);
+    a record cut short by a killed writer ends its file."""
+    from ray.tune.result import TIMESTEPS_TOTAL
+    from tensorboardX.proto.event_pb2 import Event
+
+    last_tag, epochs = TUNE_TAG.format(TIMESTEPS_TOTAL), set()
+    for path in sorted(Path(trial_dir).glob(EVENT_FILES)):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, at)
+            end = at + 12 + length + 4
+            if end > len(data):
+                break
+            event = Event.FromString(data[at + 12 : at + 12 + length])
+            if any(value.tag == last_tag for value in event.summary.value):
+                epochs.add(event.step)
+            at = end
+    return epochs
+
+
+def live_tensorboard(run_dir: StoragePath) -> list:
+    """The Tune callbacks of the live view: [RunFolderTensorBoard] for a local run folder, [] (Tune's own) for a URI."""
+    if not run_dir.is_local:
+        return []
+    from ray.tune.logger import TBXLoggerCallback
+    from ray.tune.result import TIMESTEPS_TOTAL
+
+    class RunFolderTensorBoard(TBXLoggerCallback):
+        def __init__(self):
+            super().__init__()
+            self._logged: dict = {}  # trial -> the epochs its event files hold, read at its first epoch here
+
+        def log_trial_start(self, trial):
+            if trial in self._trial_writer:
+                self._trial_writer[trial].close()
+            self._trial_writer[trial] = self._summary_writer_cls(
+                trial.path, flush_secs=LIVE_FLUSH_S, filename_suffix=f".{uuid.uuid4().hex[:8]}"
+            )
+            self._trial_result[trial] = {}
+
+        def log_trial_result(self, iteration, trial, result):
+            epoch = result.get("epoch")
+            if isinstance(epoch, int):
+                if trial not in self._logged:
+                    self._logged[trial] = logged_epochs(trial.path)
+                logged = self._logged[trial]
+                for row in runlog.read_epochs(trial.path):
+                    if row["epoch"] < epoch and row["epoch"] not in logged:
+                        super().log_trial_result(iteration, trial, row | {TIMESTEPS_TOTAL: row["epoch"]})
+                        logged.add(row["epoch"])
+                logged.add(epoch)
+            super().log_trial_result(iteration, trial, result)
+
+    return [RunFolderTensorBoard()]
