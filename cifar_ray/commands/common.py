@@ -214,12 +214,16 @@ def check_local_gpus(plan) -> None:
         check_local_gpus_for_bf16()
 
 
+def check_max_concurrent(max_concurrent: int | None) -> None:
+    if max_concurrent is not None and max_concurrent < 1:
+        raise UsageError(f"--max-concurrent must be >= 1, got {max_concurrent}")
+
+
 def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     from ..cluster.orchestrate import run_plan  # these import Ray inside their functions only
     from ..cluster.session import cluster_address, init_ray
 
-    if args.max_concurrent is not None and args.max_concurrent < 1:
-        raise UsageError(f"--max-concurrent must be >= 1, got {args.max_concurrent}")
+    check_max_concurrent(args.max_concurrent)
     resume = getattr(args, "resume", False)  # `train` has no --resume
     run_dir = StoragePath.of(args.storage) / plan.name  # a refused --storage fails before Ray starts
     refusal = None if resume else runlog.existing_run_refusal(run_dir, plan.name, resumable=args.command == "sweep")
@@ -228,6 +232,11 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     if cluster_address(args.address) is None:
         check_local_gpus(plan)  # a refusal before the data download writes anything
         ensure_local_data(plan)
+    estimate_s = None
+    if getattr(args, "estimate", False):  # sweep --estimate: steps timed before Ray starts, the header repeats it
+        from ..cluster.estimate import estimate_plan
+
+        estimate_s = estimate_plan(plan, args.max_concurrent, args.isolate).sweep.wall_s
     owns_ray = init_ray(address=args.address, verbose=args.verbose)
     # Tune stops gracefully on SIGINT (saving its state; run_plan then marks the running trials interrupted);
     # give SIGTERM the same treatment.
@@ -240,6 +249,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
             resume=resume,
             warm=not args.isolate,
             command=rerun_command(args.argv),
+            estimate_s=estimate_s,
             print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
         )
     finally:
