@@ -201,6 +201,7 @@ def test_a_sweep_run_with_estimate_says_it_in_its_header_and_records_it(ray_clus
     sweep_file.write_text(TINY_SWEEP.replace("workers: [1, 2]", "workers: [1]"))
     assert main(["sweep", str(sweep_file), "--estimate", "--storage", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
+    assert "timing 1 distinct training step(s) on this machine (no Ray) ..." in out.splitlines()  # lr: one step
     [header] = [line for line in out.splitlines() if line.startswith("tiny: 2 trials, at once")]
     expected = runlog.read_json(tmp_path / "runs" / "tiny" / runlog.SWEEP_FILE)["estimate_s"]
     assert expected > estimate.RAY_START_S + estimate.SLOT_START_S

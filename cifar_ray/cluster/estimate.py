@@ -43,7 +43,7 @@ def estimate_plan(
     from ..training.step_time import time_step  # imports torch
 
     capacity = embedded_capacity()
-    plan = resolve_plan(plan, capacity, print_line)
+    plan = resolve_plan(plan, capacity)  # the sweep itself says how ranks share GPUs
     check_fits(plan, capacity)
     configs: dict[tuple, list[TrainConfig]] = {}
     for trial in plan.trials:

@@ -232,11 +232,15 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     if cluster_address(args.address) is None:
         check_local_gpus(plan)  # a refusal before the data download writes anything
         ensure_local_data(plan)
+
+    def print_line(line: str) -> None:  # with --json, stdout keeps the JSON alone
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
     estimate_s = None
     if getattr(args, "estimate", False):  # sweep --estimate: steps timed before Ray starts, the header repeats it
         from ..cluster.estimate import estimate_plan
 
-        estimate_s = estimate_plan(plan, args.max_concurrent, args.isolate).sweep.wall_s
+        estimate_s = estimate_plan(plan, args.max_concurrent, args.isolate, print_line).sweep.wall_s
     owns_ray = init_ray(address=args.address, verbose=args.verbose)
     # Tune stops gracefully on SIGINT (saving its state; run_plan then marks the running trials interrupted);
     # give SIGTERM the same treatment.
@@ -250,7 +254,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
             warm=not args.isolate,
             command=rerun_command(args.argv),
             estimate_s=estimate_s,
-            print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+            print_line=print_line,
         )
     finally:
         if owns_ray:
