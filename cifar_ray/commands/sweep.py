@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from ..core.errors import UsageError
 from .common import RESUME_OPTION, add_command, add_common, check_max_concurrent, rows_table, run_plan_command
+
+if TYPE_CHECKING:
+    from ..core.sweep import SweepPlan
 
 ESTIMATE_OPTION = "--estimate"
 
@@ -86,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_estimate(plan, args: argparse.Namespace) -> None:
+def print_estimate(plan: SweepPlan, args: argparse.Namespace) -> None:
+    """The timed steps and the estimate of the dry run."""
     from ..cluster.estimate import estimate_plan
     from ..core.estimate import estimate_line
 

@@ -11,6 +11,7 @@ import torch
 
 from ..core.config import TrainConfig
 from ..core.estimate import StepTime
+from . import gpu
 from .data import iterate_train, synthetic_cifar
 from .loop import EVAL_BATCH, build_training, evaluate, memory_format, torch_threads, train_epoch
 from .models import build_model
@@ -35,6 +36,9 @@ def time_step(cfg: TrainConfig) -> StepTime:
     """One warm-up step, then timed ones (their median), then one evaluation pass of up to EVAL_BATCH images after
     a warm-up pass: rank 0's share of the trial's batch, `cfg.cpus_per_worker` threads."""
     device = estimate_device(cfg)
+    gpu.set_cuda_numerics()  # as a worker sets them (distributed.select_devices)
+    if cfg.compile:  # dynamo's caches hold the previous step's model: past 8 recompiles it runs eager
+        torch._dynamo.reset()
     fmt = memory_format(device)
     # One optimizer step per "epoch": every call of iterate_train over these images yields one step of rank 0.
     train = synthetic_cifar(cfg.effective_batch, split_seed=1).to(device)
