@@ -92,6 +92,11 @@ def check_local_gpus(plan: SweepPlan) -> None:
         check_local_gpus_for_bf16()
 
 
+def check_max_concurrent(max_concurrent: int | None) -> None:
+    if max_concurrent is not None and max_concurrent < 1:
+        raise UsageError(f"--max-concurrent must be >= 1, got {max_concurrent}")
+
+
 def execute_plan(
     plan: SweepPlan,
     storage: str | os.PathLike | StoragePath = "runs",
@@ -102,6 +107,7 @@ def execute_plan(
     address: str | None = None,
     isolate: bool = False,
     verbose: bool = False,
+    estimate: bool = False,
     command: str | None = None,
     print_line: Callable[[str], None] = print,
 ) -> StoragePath:
@@ -110,9 +116,9 @@ def execute_plan(
     max_concurrent or storage, a folder that already holds a run (unless `resume`; `resumable`: whether the
     refusal offers --resume), and on the embedded Ray amp=bf16 on an old GPU and CIFAR-10 that cannot be had.
     Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs
-    this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines."""
-    if max_concurrent is not None and max_concurrent < 1:
-        raise UsageError(f"--max-concurrent must be >= 1, got {max_concurrent}")
+    this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines. `estimate`: time
+    the sweep's distinct steps here before Ray starts; the sweep's header repeats the estimate (sweep --estimate)."""
+    check_max_concurrent(max_concurrent)
     run_dir = StoragePath.of(storage) / plan.name
     refusal = None if resume else runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
     if refusal:
@@ -122,6 +128,11 @@ def execute_plan(
     if session.cluster_address(address) is None:
         check_local_gpus(plan)  # a refusal before the data download writes anything
         ensure_local_data(plan)
+    estimate_s = None
+    if estimate:
+        from .cluster.estimate import estimate_plan
+
+        estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
     owns_ray = session.init_ray(address=address, verbose=verbose)
     try:
         return orchestrate.run_plan(
@@ -131,6 +142,7 @@ def execute_plan(
             resume=resume,
             warm=not isolate,
             command=command,
+            estimate_s=estimate_s,
             print_line=print_line,
         )
     finally:

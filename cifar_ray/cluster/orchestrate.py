@@ -122,6 +122,7 @@ def run_plan(
     resume: bool = False,
     warm: bool = True,
     command: str | None = None,
+    estimate_s: float | None = None,
 ) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
@@ -129,7 +130,8 @@ def run_plan(
     from their last checkpoints; a plan whose resolved trial configs differ from the recorded ones is refused.
     `warm`: trials run one after another in warm worker slots, else each in a slot of its own (--isolate); a
     resumed run keeps the choice it was started with. `command`: the shell command that runs this plan again,
-    recorded in sweep.json (the CLI gives its own; None from Python)."""
+    recorded in sweep.json (the CLI gives its own; None from Python). `estimate_s`: the wall time `sweep --estimate`
+    expected, recorded in sweep.json and repeated in the header."""
     from ray import tune
 
     capacity = cluster_capacity()
@@ -179,6 +181,7 @@ def run_plan(
                 "versions": sysinfo.versions(),
                 "cluster": capacity,
                 "command": command,
+                "estimate_s": estimate_s,
                 "warm": warm,
                 "slots": True,  # every trial runs in a slot (a one-trial slot when not warm)
             },
@@ -202,7 +205,7 @@ def run_plan(
         )
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
     untrained = len(slot_plan.specs) if resume else None
-    print_line(sweep_header(plan, capacity, limit, run_dir, untrained))
+    print_line(sweep_header(plan, capacity, limit, run_dir, untrained, estimate_s))
     started_slots = None
     session = open_session(run_dir, time.time())
     with progress_relay(print_line) if client else contextlib.nullcontext():

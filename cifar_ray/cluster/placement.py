@@ -25,24 +25,30 @@ from ..core.shapes import trial_shape
 from ..core.sweep import SweepPlan, TrialSpec
 
 RESOURCE_CPU = "cifar_ray_cpu"
-
-
 RESOURCE_GPU = "cifar_ray_gpu"
 
 
-def cluster_capacity() -> dict[str, float]:
+CAPACITY_KEYS = ("CPU", "GPU", RESOURCE_CPU, RESOURCE_GPU)
+
+
+def cluster_capacity() -> dict[str, Any]:
     import ray
 
-    total = ray.cluster_resources()
-    keys = ("CPU", "GPU", RESOURCE_CPU, RESOURCE_GPU)
-    per_node = [{k: float(n["Resources"].get(k, 0.0)) for k in keys} for n in ray.nodes() if n.get("Alive")]
+    return capacity_of(
+        [{k: float(n["Resources"].get(k, 0.0)) for k in CAPACITY_KEYS} for n in ray.nodes() if n.get("Alive")]
+    )
+
+
+def capacity_of(per_node: list[dict[str, float]]) -> dict[str, Any]:
+    """What the sweep needs to know of a cluster whose live nodes have `per_node`'s resources (CAPACITY_KEYS)."""
+    total = {k: sum(node.get(k, 0.0) for node in per_node) for k in CAPACITY_KEYS}
     return {
-        "cpus": total.get("CPU", 0.0),
-        "gpus": total.get("GPU", 0.0),
+        "cpus": total["CPU"],
+        "gpus": total["GPU"],
         "nodes": len(per_node),
-        "slot_cpus": total.get(RESOURCE_CPU, 0.0),
-        "slot_gpus": total.get(RESOURCE_GPU, 0.0),
-        "packing": "slots" if total.get(RESOURCE_CPU, 0.0) > 0 else "cap",
+        "slot_cpus": total[RESOURCE_CPU],
+        "slot_gpus": total[RESOURCE_GPU],
+        "packing": "slots" if total[RESOURCE_CPU] > 0 else "cap",
         "per_node": per_node,
     }
 

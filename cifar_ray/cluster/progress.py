@@ -14,6 +14,7 @@ from typing import Any
 from ..core import runlog, status
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
+from ..core.text import rough_duration
 from .dispatcher import RunTrial, tune_run_trial
 from .placement import trials_at_once
 from .slots import STARTED
@@ -106,10 +107,15 @@ def progress_relay(print_line: Callable[[str], None], every_s: float = 0.5) -> I
 
 
 def sweep_header(
-    plan: SweepPlan, capacity: dict[str, Any], limit: int | None, run_dir: StoragePath, unfinished: int | None = None
+    plan: SweepPlan,
+    capacity: dict[str, Any],
+    limit: int | None,
+    run_dir: StoragePath,
+    unfinished: int | None = None,
+    estimate_s: float | None = None,
 ) -> str:
-    """The first thing a sweep prints: what runs, how many at once, where the logs go.
-    `unfinished`: the trials a --resume still has to run."""
+    """The first thing a sweep prints: what runs, how many at once, where the logs go, and with `estimate_s`
+    (sweep --estimate) how long it should take. `unfinished`: the trials a --resume still has to run."""
     shapes = trials_at_once(plan, capacity, limit)
     at_once = ", ".join(f"{fit} of {count} with {label}" for label, (count, fit) in shapes.items())
     nodes = capacity["nodes"]
@@ -118,7 +124,8 @@ def sweep_header(
     what = f"{plan.name}: {trials}"
     if unfinished is not None:
         what = f"resuming {plan.name}: {unfinished} of {trials} unfinished"
-    return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}"
+    expected = f"; estimated wall time ~{rough_duration(estimate_s)} (--estimate)" if estimate_s is not None else ""
+    return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}{expected}"
 
 
 def start_line(trial: RunTrial, done: int) -> str:

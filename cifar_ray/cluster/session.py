@@ -15,7 +15,7 @@ from typing import Any
 from ..core import provenance, sysinfo
 from ..core.errors import GPU_OOM_MARKS, ClusterError, StorageError
 from ..core.storage import StoragePath
-from .placement import RESOURCE_CPU, RESOURCE_GPU
+from .placement import RESOURCE_CPU, RESOURCE_GPU, capacity_of
 
 # Ray Client's head-side server for a new client dies at start now and then ("Initialization failure
 # from server"; 1 of 5 connections here, ~7 % in ray-project/ray#63202, open in Ray 2.60).
@@ -169,18 +169,30 @@ def init_ray(
                     f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}"
                 ) from None
     else:
-        cpus = num_cpus or os.cpu_count() or 1
-        gpus = num_gpus if num_gpus is not None else _local_gpu_count()
+        node = local_resources(num_cpus, num_gpus)
         # address="local": always a new Ray, never one that `ray start` left running on this machine
         ray.init(
             address="local",
-            num_cpus=cpus,
-            num_gpus=gpus,
+            num_cpus=node["CPU"],
+            num_gpus=node["GPU"],
             include_dashboard=False,
-            resources={RESOURCE_CPU: cpus, RESOURCE_GPU: gpus},
+            resources={key: node[key] for key in (RESOURCE_CPU, RESOURCE_GPU)},
             **options,
         )
     return True
+
+
+def local_resources(num_cpus: int | None = None, num_gpus: int | None = None) -> dict[str, int]:
+    """The one node of the embedded local Ray (init_ray): this machine's CPUs and GPUs unless given, mirrored as
+    the slot resources (placement.py)."""
+    cpus = num_cpus or os.cpu_count() or 1
+    gpus = num_gpus if num_gpus is not None else _local_gpu_count()
+    return {"CPU": cpus, "GPU": gpus, RESOURCE_CPU: cpus, RESOURCE_GPU: gpus}
+
+
+def embedded_capacity() -> dict[str, Any]:
+    """placement.cluster_capacity() of the embedded local Ray, known before it starts (sweep --estimate)."""
+    return capacity_of([{key: float(value) for key, value in local_resources().items()}])
 
 
 def _check_reachable(address: str) -> None:

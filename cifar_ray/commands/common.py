@@ -208,6 +208,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
         address=args.address,
         isolate=args.isolate,
         verbose=args.verbose,
+        estimate=getattr(args, "estimate", False),  # `train` has no --estimate
         command=rerun_command(args.argv),
         print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
     )

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
+from ..core.errors import UsageError
 from .common import RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
+
+if TYPE_CHECKING:
+    from ..core.sweep import SweepPlan
+
+ESTIMATE_OPTION = "--estimate"
 
 HELP = "run a sweep file (a grid of trials) through Ray Tune"
 EXAMPLES = (
     (
-        "the trial table and the work to do, without running anything",
-        "cifar-ray sweep sweeps/batch_size.yaml --dry-run",
+        "the trial table, the work to do and how long it will take (each distinct step timed here, in seconds), "
+        "without running anything",
+        "cifar-ray sweep sweeps/quickstart.yaml --dry-run --estimate",
     ),
     ("the demo: synthetic data, 4 trials; logs in runs/quickstart", "cifar-ray sweep sweeps/quickstart.yaml"),
     (
@@ -31,6 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_common(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
     sweep.add_argument(
+        ESTIMATE_OPTION,
+        action="store_true",
+        help="time a few training steps of each distinct model and batch on this machine (seconds, no Ray) and "
+        "estimate the sweep's wall time: printed with --dry-run, else in the sweep's header",
+    )
+    sweep.add_argument(
         RESUME_OPTION,
         action="store_true",
         help="finish an interrupted run of this sweep: finished trials are kept, "
@@ -38,17 +52,49 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
+def estimate_refusal(args: argparse.Namespace) -> str | None:
+    """Why --estimate cannot answer for this command line, in one line; None when it can."""
+    from ..cluster.session import cluster_address  # imports no Ray
+
+    if args.resume:
+        return (
+            f"{ESTIMATE_OPTION} times a whole sweep before it starts, {RESUME_OPTION} continues one; drop one of them"
+        )
+    if cluster_address(args.address) is not None:
+        return (
+            f"{ESTIMATE_OPTION} times the steps on this machine, but --address (or RAY_ADDRESS) runs the trials on a "
+            "Ray cluster; drop one of them (RAY_ADDRESS=local for this machine)"
+        )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..api import sweep_plan
+    from ..api import check_max_concurrent, sweep_plan
     from ..core.sweep import trial_table, work_summary
 
     plan = sweep_plan(args.file, args.set, args.name)
+    refusal = estimate_refusal(args) if args.estimate else None
+    if refusal:
+        raise UsageError(refusal)
+    check_max_concurrent(args.max_concurrent)
     if not args.dry_run:
         return run_plan_command(plan, args)
     print(f"{plan.name}: {plan.description}".rstrip(": "))
     rows = trial_table(plan)
     print(rows_table(rows, list(rows[0])))
     print(work_summary(plan))
+    if args.estimate:
+        print_estimate(plan, args)
     if args.json:
         print(json.dumps([t.as_dict() for t in plan.trials]))
     return 0
+
+
+def print_estimate(plan: SweepPlan, args: argparse.Namespace) -> None:
+    """The timed steps and the estimate of the dry run."""
+    from ..cluster.estimate import estimate_plan
+    from ..core.estimate import estimate_line
+
+    estimate = estimate_plan(plan, args.max_concurrent, args.isolate, print)
+    print(rows_table(estimate.timings, list(estimate.timings[0])))
+    print(estimate_line(estimate.sweep))
