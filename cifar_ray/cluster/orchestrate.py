@@ -120,6 +120,7 @@ def run_plan(
     resume: bool = False,
     warm: bool = True,
     command: str | None = None,
+    profile: bool = False,
 ) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
@@ -127,7 +128,8 @@ def run_plan(
     from their last checkpoints; a plan whose resolved trial configs differ from the recorded ones is refused.
     `warm`: trials run one after another in warm worker slots, else each in a slot of its own (--isolate); a
     resumed run keeps the choice it was started with. `command`: the shell command that runs this plan again,
-    recorded in sweep.json (the CLI gives its own; None from Python)."""
+    recorded in sweep.json (the CLI gives its own; None from Python). `profile`: --profile, for the trials this
+    session trains."""
     from ray import tune
 
     capacity = cluster_capacity()
@@ -147,7 +149,7 @@ def run_plan(
     warm = previous.get("warm", False) if resume else warm
     trainable = slots.thin_trainable()
     progress_printer[0] = print_line
-    slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent, one_trial=not warm)
+    slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent, one_trial=not warm, profile=profile)
     limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot running, and the next ones
     if resume:
         if not previous or not tune.Tuner.can_restore(run_dir.path, storage_filesystem=run_dir.ray_filesystem):

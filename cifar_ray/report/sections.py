@@ -7,6 +7,7 @@ from .build import Report
 from .findings import findings, pair_partner, run_level_note, shared_gpu_note
 from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_section, status_counts
+from .load import TIME_PER_EPOCH_RULE
 from .metrics import PAIRED_METRICS
 from .stats import OVERFIT_RULE
 from .tables import (
@@ -173,7 +174,7 @@ def trials_section(report: Report) -> str:
         [
             "### Step-time breakdown",
             "",
-            "Mean seconds per epoch (share of the epoch time):",
+            "Mean seconds per epoch after the first (share of time/epoch):",
             "",
             trial_breakdown_table(report),
             "",
@@ -187,7 +188,8 @@ def trials_section(report: Report) -> str:
         trial_table(report),
         "",
         f"Accuracies are at the last logged epoch unless marked best; {_gap_note(report)}; time = sum of epoch "
-        "times; time/epoch and samples/s are means over logged epochs; eff. batch = batch_size × accum_steps. "
+        f"times; time/epoch is {TIME_PER_EPOCH_RULE}; samples/s and the step-time breakdown are means over those "
+        "epochs; eff. batch = batch_size × accum_steps. "
         f"{train_metrics_note(report)} {memory_note(report)}",
         "",
         *breakdown,

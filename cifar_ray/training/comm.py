@@ -14,6 +14,12 @@ Compression only exists where DDP does (strategy=ddp, workers > 1): config.py re
 With accumulation DDP all-reduces once per optimizer step (no_sync on the other micro-batches), and
 the hooks run only then.
 
+`CommTimer` wraps whichever hook runs (torch's plain all-reduce hook for `none`) on CPU and measures, per
+synchronised step, the time backward spends on gradient communication rather than on computing gradients: inside
+the hooks (launching, compressing, PowerSGD's serialised waits) plus the wait after the last bucket's hook until
+every bucket's future has completed (DDP's finalize waits for them before backward returns). On CUDA a future
+completes when its work is enqueued, not done, so no hook is wrapped there (see training/timing.py).
+
 `allreduce_bytes_per_step` is the payload each worker hands to all-reduce per optimizer step
 (mean over the steps of an epoch), mirroring the hook; what crosses the wire depends on the
 all-reduce algorithm (a ring sends 2 (W-1)/W of it per worker).
@@ -27,6 +33,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -57,6 +65,7 @@ POWERSGD_STATE = (
     "next_stats_report",
 )
 _STATE_ATTRIBUTE = "_cifar_ray_comm_state"
+_TIMER_ATTRIBUTE = "_cifar_ray_comm_timer"
 
 
 def ddp_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -237,11 +246,82 @@ def check_grad_compression(cfg: TrainConfig) -> None:
         raise ConfigError(BF16_UNSUPPORTED)
 
 
-def _cast_hook_installer(hook: Callable) -> Callable[[nn.parallel.DistributedDataParallel, TrainConfig], None]:
-    """Installs a stateless hook (torch's 16-bit casts): nothing to keep between steps."""
+class CommTimer:
+    """Seconds of gradient communication backward did not overlap with computing gradients, summed over the
+    synchronised steps since the last `take_seconds` (see the module's docstring). A step's record is closed when
+    the next step's first bucket arrives, or when it is read: by then backward has waited for every future."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # futures complete in the backend's threads
+        self.total = 0.0
+        self._open_step()
+
+    def _open_step(self) -> None:
+        self.in_hooks, self.last_launch, self.last_done, self.step_ended = 0.0, None, None, False
+
+    def _close_step(self) -> None:
+        if self.last_launch is not None:
+            self.total += self.in_hooks + max(0.0, (self.last_done or self.last_launch) - self.last_launch)
+        self._open_step()
+
+    def wrap(self, hook: Callable) -> Callable:
+        def timed_hook(state, bucket):  # no annotations: DDP compares them to real classes, not strings
+            entered = time.perf_counter()
+            with self.lock:
+                if self.step_ended:
+                    self._close_step()
+            future = hook(state, bucket)
+            launched = time.perf_counter()
+            with self.lock:
+                self.in_hooks += launched - entered
+                self.last_launch = launched
+                self.step_ended = bucket.is_last()
+
+            def completed(done):
+                finished = time.perf_counter()
+                with self.lock:
+                    self.last_done = max(self.last_done or finished, finished)
+                return done.value()
+
+            return future.then(completed)
+
+        return timed_hook
+
+    def take_seconds(self) -> float:
+        """The seconds since the previous call (every step's backward has returned), and start again from 0."""
+        with self.lock:
+            self._close_step()
+            seconds, self.total = self.total, 0.0
+        return seconds
+
+
+def _register(ddp: nn.parallel.DistributedDataParallel, state: Any, hook: Callable | None) -> None:
+    """Register `hook` on `ddp` (None: DDP's built-in all-reduce), timed by a CommTimer where its futures tell when
+    the communication ended (CPU). torch's allreduce_hook does what the built-in does (divide by the world,
+    all-reduce the sum), in a hook that can be timed."""
+    if any(param.is_cuda for param in ddp.module.parameters()):
+        if hook is not None:
+            ddp.register_comm_hook(state, hook)
+        return
+    timer = CommTimer()
+    setattr(ddp, _TIMER_ATTRIBUTE, timer)
+    ddp.register_comm_hook(state, timer.wrap(hook or default_hooks.allreduce_hook))
+
+
+def comm_timer(model: nn.Module) -> CommTimer | None:
+    """The CommTimer registered on `model` (DDP, possibly inside torch.compile), else None."""
+    model = getattr(model, "_orig_mod", model)
+    return model.__dict__.get(_TIMER_ATTRIBUTE)
+
+
+def _stateless_hook_installer(
+    hook: Callable | None,
+) -> Callable[[nn.parallel.DistributedDataParallel, TrainConfig], None]:
+    """Installs a stateless hook (torch's 16-bit casts; None: DDP's built-in all-reduce): nothing to keep between
+    steps."""
 
     def install(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig) -> None:
-        ddp.register_comm_hook(None, hook)  # None: the default (world) process group
+        _register(ddp, None, hook)  # None: the default (world) process group
 
     return install
 
@@ -258,7 +338,7 @@ def _install_powersgd(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig
         params=list(ddp.module.parameters()),
     )
     state.serialize = dist.get_backend() == "gloo"
-    ddp.register_comm_hook(state, _guarded_powersgd_hook)
+    _register(ddp, state, _guarded_powersgd_hook)
     setattr(ddp, _STATE_ATTRIBUTE, state)
     return state
 
@@ -309,9 +389,13 @@ class Compression(NamedTuple):
 
 
 COMPRESSIONS: dict[str, Compression] = {
-    "none": Compression(lambda ddp, cfg: None, lambda param, rank: param.numel() * param.element_size()),
-    "fp16": Compression(_cast_hook_installer(default_hooks.fp16_compress_hook), lambda param, rank: param.numel() * 2),
-    "bf16": Compression(_cast_hook_installer(default_hooks.bf16_compress_hook), lambda param, rank: param.numel() * 2),
+    "none": Compression(_stateless_hook_installer(None), lambda param, rank: param.numel() * param.element_size()),
+    "fp16": Compression(
+        _stateless_hook_installer(default_hooks.fp16_compress_hook), lambda param, rank: param.numel() * 2
+    ),
+    "bf16": Compression(
+        _stateless_hook_installer(default_hooks.bf16_compress_hook), lambda param, rank: param.numel() * 2
+    ),
     "powersgd": Compression(
         _install_powersgd,
         lambda param, rank: powersgd_tensor_elements(param.shape, rank)[0] * param.element_size(),

@@ -1,4 +1,7 @@
-"""Where an epoch's time goes: the loop's phases timed lap by lap, DDP's all-reduce wait, their mean over ranks."""
+"""Where an epoch's time goes: the loop's phases timed lap by lap, the gradient all-reduce wait, their mean over
+ranks. The wait is measured per epoch on CPU (comm.CommTimer times the DDP hook's futures); on CUDA a future says
+nothing of when its NCCL work ends, so there it is DDP's own running estimate, logged under its own key
+(runlog.ALLREDUCE_ESTIMATE_KEY) in place of runlog.ALLREDUCE_KEY."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ import time
 import torch
 from torch import nn
 
-from ..core.runlog import BREAKDOWN_KEYS
+from ..core.runlog import ALLREDUCE_ESTIMATE_KEY, ALLREDUCE_KEY, BREAKDOWN_KEYS
+from . import comm
 from .distributed import all_reduce
 
 
@@ -54,22 +58,36 @@ class PhaseTimer:
         return dict(self.totals)
 
 
-def allreduce_wait_per_step(model: nn.Module) -> float:
-    """Seconds per synchronised step that backward waits on DDP's gradient all-reduce beyond the
-    compute it overlaps with, from DDP's own runtime statistics (torch samples the first
-    iterations and every 100th; a private API, so 0.0 when absent)."""
+def allreduce_wait(model: nn.Module, steps: int) -> tuple[float, bool]:
+    """(seconds, measured): what backward waited on the gradient all-reduce in this epoch's `steps` synchronised
+    steps. Measured by the model's CommTimer (DDP on CPU; 0.0 without DDP: nothing to wait for); else (DDP on
+    CUDA) estimated from DDP's runtime statistics, a running average since the DDP was built over the iterations
+    torch samples (the first ten, then every 100th) times `steps` (a private API: 0.0 when absent)."""
+    timer = comm.comm_timer(model)
+    if timer is not None:
+        return timer.take_seconds(), True
     try:
         stats = model._get_ddp_logging_data()  # type: ignore[operator]
-        return max(0.0, stats["avg_backward_comm_time"] - stats["avg_backward_compute_comm_overlap_time"]) / 1e9
-    except (AttributeError, KeyError, RuntimeError):
-        return 0.0
+    except AttributeError:  # not DDP
+        return 0.0, True
+    try:
+        per_step = max(0.0, stats["avg_backward_comm_time"] - stats["avg_backward_compute_comm_overlap_time"]) / 1e9
+    except (KeyError, TypeError):
+        per_step = 0.0
+    return per_step * steps, False
 
 
 def reduce_time_breakdown(
-    phases: dict[str, float], allreduce_wait: float, eval_time: float, world: int, device: torch.device
+    phases: dict[str, float],
+    allreduce_wait: float,
+    eval_time: float,
+    world: int,
+    device: torch.device,
+    measured: bool = True,
 ) -> dict[str, float]:
-    """The epoch's seconds by BREAKDOWN_KEYS, each the mean over ranks. Collective. The all-reduce wait (at most the
-    forward+backward phase it was spent in) is taken out of that phase's time, so compute is what remains."""
+    """The epoch's seconds by BREAKDOWN_KEYS, each the mean over ranks (an estimated all-reduce wait under
+    ALLREDUCE_ESTIMATE_KEY instead). Collective. The all-reduce wait (at most the forward+backward phase it was
+    spent in) is taken out of that phase's time, so compute is what remains."""
     allreduce = min(allreduce_wait, phases.get("forward_backward", 0.0))
     breakdown = torch.tensor(
         [
@@ -82,4 +100,5 @@ def reduce_time_breakdown(
         dtype=torch.float64,
         device=device,
     )
-    return dict(zip(BREAKDOWN_KEYS, (all_reduce(breakdown) / world).tolist()))
+    keys = [ALLREDUCE_ESTIMATE_KEY if key == ALLREDUCE_KEY and not measured else key for key in BREAKDOWN_KEYS]
+    return dict(zip(keys, (all_reduce(breakdown) / world).tolist()))
