@@ -135,16 +135,18 @@ def test_profile_schedule_records_at_least_one_step_of_a_short_epoch():
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_path, capsys):
-    """Three trials alike but for their seed, one after another in one warm slot (with --profile, which slows each
-    first epoch more): the first pays the slot's warm-up, yet their times per epoch agree within noise."""
-    (tmp_path / "s.yaml").write_text("name: place\ngrid:\n  seed: [1, 2, 3]\n")
+    """Four trials alike but for their seed, one after another in one warm slot, with --profile: the first pays the
+    slot's warm-up, yet its time per epoch lies within the spread of the later ones' (the noise of this shared
+    machine: its load moves every wall time), widened by that spread."""
+    (tmp_path / "s.yaml").write_text("name: place\ngrid:\n  seed: [1, 2, 3, 4]\n")
     tiny = [f"{key}={value}" for key, value in (TINY | {"train_subset": 1024, "epochs": 3}).items()]
     argv = ["sweep", str(tmp_path / "s.yaml"), "--max-concurrent", "1", "--storage", str(tmp_path), "--profile"]
     assert main([*argv, "--set", *tiny]) == 0, capsys.readouterr().err
     report = build_report(tmp_path / "place")
     assert len({t.meta["slot"] for t in report.run.trials}) == 1
-    for trial in report.run.trials:  # --profile reached every trial in the slot
+    for trial in report.run.trials:  # --profile reached every trial of the slot
         assert runlog.read_json(tmp_path / "place" / trial.name / runlog.PROFILE_FILE)["operators"]
-    times = report.trials["time_per_epoch_s"]
-    first_epochs = report.epochs.groupby("trial")["epoch_time_s"].first()
-    assert times.max() / times.min() < 1.5, (times.tolist(), first_epochs.tolist())
+    first, *later = report.trials["time_per_epoch_s"].tolist()
+    spread = max(later) - min(later)
+    epochs = report.epochs.pivot(index="trial", columns="epoch", values="epoch_time_s").round(2).values.tolist()
+    assert min(later) - spread <= first <= max(later) + spread, epochs
