@@ -21,7 +21,7 @@ from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.distributed import Worker
 from cifar_ray.training.profile import ACTIVE_STEPS, PROFILER_WARMUP_STEPS, SKIPPED_STEPS, profile_schedule
-from cifar_ray.training.timing import allreduce_wait
+from cifar_ray.training.timing import allreduce_wait, reduce_time_breakdown
 
 DELAY_S = 0.3  # rank 1's pause before each backward of the first epoch
 STEPS = 3
@@ -150,3 +150,18 @@ def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_pa
     spread = max(later) - min(later)
     epochs = report.epochs.pivot(index="trial", columns="epoch", values="epoch_time_s").round(2).values.tolist()
     assert min(later) - spread <= first <= max(later) + spread, epochs
+
+
+def test_where_the_wait_cannot_be_measured_it_is_logged_as_an_estimate():
+    """DDP on CUDA (no CommTimer): DDP's running average, under a key that says it is an estimate."""
+
+    class CudaDdp(nn.Module):  # what allreduce_wait reads of a DDP model whose hook is not timed
+        def _get_ddp_logging_data(self) -> dict:
+            return {"avg_backward_comm_time": 5e6, "avg_backward_compute_comm_overlap_time": 3e6}  # ns
+
+    assert allreduce_wait(CudaDdp(), 10) == (pytest.approx(0.02), False)
+    assert allreduce_wait(nn.Linear(2, 2), 10) == (0.0, True)  # no DDP: nothing to wait for
+    phases = {"data": 0.1, "forward_backward": 1.0, "optimizer": 0.2}
+    estimated = reduce_time_breakdown(phases, 0.02, 0.3, 1, torch.device("cpu"), measured=False)
+    assert runlog.ALLREDUCE_KEY not in estimated and estimated[runlog.ALLREDUCE_ESTIMATE_KEY] == pytest.approx(0.02)
+    assert estimated["time_compute_s"] == pytest.approx(0.98)

@@ -66,13 +66,13 @@ def allreduce_wait(model: nn.Module, steps: int) -> tuple[float, bool]:
     timer = comm.comm_timer(model)
     if timer is not None:
         return timer.take_seconds(), True
-    try:
-        stats = model._get_ddp_logging_data()  # type: ignore[operator]
-    except AttributeError:  # not DDP
+    ddp_stats = getattr(model, "_get_ddp_logging_data", None)
+    if ddp_stats is None:  # not DDP
         return 0.0, True
     try:
+        stats = ddp_stats()
         per_step = max(0.0, stats["avg_backward_comm_time"] - stats["avg_backward_compute_comm_overlap_time"]) / 1e9
-    except (KeyError, TypeError):
+    except (KeyError, RuntimeError, TypeError):
         per_step = 0.0
     return per_step * steps, False
 
