@@ -14,7 +14,7 @@ Compression only exists where DDP does (strategy=ddp, workers > 1): config.py re
 With accumulation DDP all-reduces once per optimizer step (no_sync on the other micro-batches), and
 the hooks run only then.
 
-`CommTimer` wraps whichever hook runs (torch's plain all-reduce hook for `none`) on CPU and measures, per
+`timing.CommTimer` wraps whichever hook runs (torch's plain all-reduce hook for `none`) on CPU and measures, per
 synchronised step, the time backward spends on gradient communication rather than on computing gradients: inside
 the hooks (launching, compressing, PowerSGD's serialised waits) plus the wait after the last bucket's hook until
 every bucket's future has completed (DDP's finalize waits for them before backward returns). On CUDA a future
@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -48,6 +46,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 
 from ..core.config import TrainConfig
 from ..core.errors import ConfigError
+from .timing import timed_comm_hook
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,6 @@ POWERSGD_STATE = (
     "next_stats_report",
 )
 _STATE_ATTRIBUTE = "_cifar_ray_comm_state"
-_TIMER_ATTRIBUTE = "_cifar_ray_comm_timer"
 
 
 def ddp_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -246,55 +244,6 @@ def check_grad_compression(cfg: TrainConfig) -> None:
         raise ConfigError(BF16_UNSUPPORTED)
 
 
-class CommTimer:
-    """Seconds of gradient communication backward did not overlap with computing gradients, summed over the
-    synchronised steps since the last `take_seconds` (see the module's docstring). A step's record is closed when
-    the next step's first bucket arrives, or when it is read: by then backward has waited for every future."""
-
-    def __init__(self):
-        self.lock = threading.Lock()  # futures complete in the backend's threads
-        self.total = 0.0
-        self._open_step()
-
-    def _open_step(self) -> None:
-        self.in_hooks, self.last_launch, self.last_done, self.step_ended = 0.0, None, None, False
-
-    def _close_step(self) -> None:
-        if self.last_launch is not None:
-            self.total += self.in_hooks + max(0.0, (self.last_done or self.last_launch) - self.last_launch)
-        self._open_step()
-
-    def wrap(self, hook: Callable) -> Callable:
-        def timed_hook(state, bucket):  # no annotations: DDP compares them to real classes, not strings
-            entered = time.perf_counter()
-            with self.lock:
-                if self.step_ended:
-                    self._close_step()
-            future = hook(state, bucket)
-            launched = time.perf_counter()
-            with self.lock:
-                self.in_hooks += launched - entered
-                self.last_launch = launched
-                self.step_ended = bucket.is_last()
-
-            def completed(done):
-                finished = time.perf_counter()
-                with self.lock:
-                    self.last_done = max(self.last_done or finished, finished)
-                return done.value()
-
-            return future.then(completed)
-
-        return timed_hook
-
-    def take_seconds(self) -> float:
-        """The seconds since the previous call (every step's backward has returned), and start again from 0."""
-        with self.lock:
-            self._close_step()
-            seconds, self.total = self.total, 0.0
-        return seconds
-
-
 def _register(ddp: nn.parallel.DistributedDataParallel, state: Any, hook: Callable | None) -> None:
     """Register `hook` on `ddp` (None: DDP's built-in all-reduce), timed by a CommTimer where its futures tell when
     the communication ended (CPU). torch's allreduce_hook does what the built-in does (divide by the world,
@@ -303,15 +252,7 @@ def _register(ddp: nn.parallel.DistributedDataParallel, state: Any, hook: Callab
         if hook is not None:
             ddp.register_comm_hook(state, hook)
         return
-    timer = CommTimer()
-    setattr(ddp, _TIMER_ATTRIBUTE, timer)
-    ddp.register_comm_hook(state, timer.wrap(hook or default_hooks.allreduce_hook))
-
-
-def comm_timer(model: nn.Module) -> CommTimer | None:
-    """The CommTimer registered on `model` (DDP, possibly inside torch.compile), else None."""
-    model = getattr(model, "_orig_mod", model)
-    return model.__dict__.get(_TIMER_ATTRIBUTE)
+    ddp.register_comm_hook(state, timed_comm_hook(ddp, hook or default_hooks.allreduce_hook))
 
 
 def _stateless_hook_installer(

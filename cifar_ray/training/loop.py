@@ -66,7 +66,7 @@ def wrap_model(
         ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, **comm.ddp_kwargs(cfg)
         )
-        comm.register_comm_hook(ddp, cfg)  # grad_compression's all-reduce hook, timed on CPU (comm.CommTimer)
+        comm.register_comm_hook(ddp, cfg)  # grad_compression's all-reduce hook, timed on CPU (timing.CommTimer)
         return ddp
     return model  # one process, one device: nothing to synchronise
 

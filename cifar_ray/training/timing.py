@@ -1,18 +1,21 @@
 """Where an epoch's time goes: the loop's phases timed lap by lap, the gradient all-reduce wait, their mean over
-ranks. The wait is measured per epoch on CPU (comm.CommTimer times the DDP hook's futures); on CUDA a future says
-nothing of when its NCCL work ends, so there it is DDP's own running estimate, logged under its own key
-(runlog.ALLREDUCE_ESTIMATE_KEY) in place of runlog.ALLREDUCE_KEY."""
+ranks. The wait is measured per epoch on CPU (CommTimer times the DDP hook's futures; comm.py registers it); on
+CUDA a future says nothing of when its NCCL work ends, so there it is DDP's own running estimate, logged under its
+own key (runlog.ALLREDUCE_ESTIMATE_KEY) in place of runlog.ALLREDUCE_KEY."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ..core.runlog import ALLREDUCE_ESTIMATE_KEY, ALLREDUCE_KEY, BREAKDOWN_KEYS
-from . import comm
 from .distributed import all_reduce
+
+_TIMER_ATTRIBUTE = "_cifar_ray_comm_timer"
 
 
 class PhaseTimer:
@@ -58,12 +61,75 @@ class PhaseTimer:
         return dict(self.totals)
 
 
+class CommTimer:
+    """Seconds of gradient communication backward did not overlap with computing gradients, summed over the
+    synchronised steps since the last `take_seconds` (comm.py's docstring says what it counts). A step's record is
+    closed when the next step's first bucket arrives, or when it is read: by then backward has waited for every
+    future."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # futures complete in the backend's threads
+        self.total = 0.0
+        self._open_step()
+
+    def _open_step(self) -> None:
+        self.in_hooks, self.last_launch, self.last_done, self.step_ended = 0.0, None, None, False
+
+    def _close_step(self) -> None:
+        if self.last_launch is not None:
+            self.total += self.in_hooks + max(0.0, (self.last_done or self.last_launch) - self.last_launch)
+        self._open_step()
+
+    def wrap(self, hook: Callable) -> Callable:
+        def timed_hook(state, bucket):  # no annotations: DDP compares them to real classes, not strings
+            entered = time.perf_counter()
+            with self.lock:
+                if self.step_ended:
+                    self._close_step()
+            future = hook(state, bucket)
+            launched = time.perf_counter()
+            with self.lock:
+                self.in_hooks += launched - entered
+                self.last_launch = launched
+                self.step_ended = bucket.is_last()
+
+            def completed(done):
+                finished = time.perf_counter()
+                with self.lock:
+                    self.last_done = max(self.last_done or finished, finished)
+                return done.value()
+
+            return future.then(completed)
+
+        return timed_hook
+
+    def take_seconds(self) -> float:
+        """The seconds since the previous call (every step's backward has returned), and start again from 0."""
+        with self.lock:
+            self._close_step()
+            seconds, self.total = self.total, 0.0
+        return seconds
+
+
+def timed_comm_hook(ddp: nn.Module, hook: Callable) -> Callable:
+    """`hook` timed by a CommTimer kept on `ddp` (where comm_timer finds it)."""
+    timer = CommTimer()
+    setattr(ddp, _TIMER_ATTRIBUTE, timer)
+    return timer.wrap(hook)
+
+
+def comm_timer(model: nn.Module) -> CommTimer | None:
+    """The CommTimer registered on `model` (DDP, possibly inside torch.compile), else None."""
+    model = getattr(model, "_orig_mod", model)
+    return model.__dict__.get(_TIMER_ATTRIBUTE)
+
+
 def allreduce_wait(model: nn.Module, steps: int) -> tuple[float, bool]:
     """(seconds, measured): what backward waited on the gradient all-reduce in this epoch's `steps` synchronised
     steps. Measured by the model's CommTimer (DDP on CPU; 0.0 without DDP: nothing to wait for); else (DDP on
     CUDA) estimated from DDP's runtime statistics, a running average since the DDP was built over the iterations
     torch samples (the first ten, then every 100th) times `steps` (a private API: 0.0 when absent)."""
-    timer = comm.comm_timer(model)
+    timer = comm_timer(model)
     if timer is not None:
         return timer.take_seconds(), True
     ddp_stats = getattr(model, "_get_ddp_logging_data", None)
