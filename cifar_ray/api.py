@@ -108,6 +108,7 @@ def execute_plan(
     isolate: bool = False,
     verbose: bool = False,
     estimate: bool = False,
+    profile: bool = False,
     command: str | None = None,
     print_line: Callable[[str], None] = print,
 ) -> StoragePath:
@@ -117,7 +118,8 @@ def execute_plan(
     refusal offers --resume), and on the embedded Ray amp=bf16 on an old GPU and CIFAR-10 that cannot be had.
     Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs
     this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines. `estimate`: time
-    the sweep's distinct steps here before Ray starts; the sweep's header repeats the estimate (sweep --estimate)."""
+    the sweep's distinct steps here before Ray starts; the sweep's header repeats the estimate (sweep --estimate).
+    `profile`: torch.profiler over a few steps of one epoch per trial (--profile; a trace in each trial folder)."""
     check_max_concurrent(max_concurrent)
     run_dir = StoragePath.of(storage) / plan.name
     refusal = None if resume else runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
@@ -143,6 +145,7 @@ def execute_plan(
             warm=not isolate,
             command=command,
             estimate_s=estimate_s,
+            profile=profile,
             print_line=print_line,
         )
     finally:

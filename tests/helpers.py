@@ -7,6 +7,7 @@ tests/test_layers.py holds that). Fault injection lives apart, in tests/faults.p
 - `wait_for`: poll a condition while a real run goes on.
 - `COMPUTED`: the epoch metrics a trial computes, equal from run to run.
 - `fake_gpus`: this machine's GPUs as torch.cuda reports them, monkeypatched (no GPU here).
+- `two_gloo_ranks`: what a function finds on each of two gloo ranks (torch.multiprocessing, ~10 s).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import itertools
 import json
 import random
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -312,3 +314,23 @@ def fake_gpus(monkeypatch, *gpus: tuple[str, tuple[int, int]]) -> None:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpus[index_of(device)][0])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[index_of(device)][1])
+
+
+def _gloo_rank(rank: int, world: int, folder: str, findings) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(findings(rank, world, folder)))
+    dist.destroy_process_group()
+
+
+def two_gloo_ranks(findings, folder: Path) -> list[dict]:
+    """`findings(rank, world, folder)` (a module-level function, returning JSON) run on two gloo ranks of one
+    process group, one process each; its results in rank order."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gloo_rank, args=(2, str(folder), findings), nprocs=2, join=True)
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]

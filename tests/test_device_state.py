@@ -112,7 +112,7 @@ def _fp16_epoch(overflow_steps: set[int], scaler_enabled: bool = True, steps: in
     started = time.perf_counter()
     totals = train.train_epoch(training, batches, cfg, cpu, timer)
     worker = Worker(0, 1, [cpu])
-    record = train.epoch_record(cfg, 1, 0.1, training, worker, steps, totals, {}, timer.seconds(), started, 1.0)
+    record = train.epoch_record(cfg, 1, 0.1, training, worker, steps, totals, {}, timer.seconds(), started, 1.0, [0.0])
     return record, training
 
 

@@ -36,6 +36,7 @@ from cifar_ray.report import (
     markdown_table,
     write_report,
 )
+from cifar_ray.report.load import time_per_epoch
 from cifar_ray.report.stats import sample_stats
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -71,12 +72,14 @@ def test_trial_table_has_one_row_per_trial_with_the_logged_numbers(run, readme):
     assert row["gap"] == pytest.approx(epochs[-1]["train_eval_acc"] - epochs[-1]["test_acc"])
     assert row["final_train_acc"] == pytest.approx(epochs[-1]["train_acc"])
     assert row["final_train_eval_loss"] == pytest.approx(epochs[-1]["train_eval_loss"])
-    assert row["time_per_epoch_s"] == pytest.approx(statistics.mean(e["epoch_time_s"] for e in epochs))
+    # time/epoch: the median of the epochs after the first (TIME_PER_EPOCH_RULE), the breakdown their mean
+    assert row["time_per_epoch_s"] == pytest.approx(statistics.median(e["epoch_time_s"] for e in epochs[1:]))
     assert row["train_time_s"] == pytest.approx(sum(e["epoch_time_s"] for e in epochs))
     assert row["peak_mem_mb"] == max(e["peak_mem_mb"] for e in epochs)
     assert row["peak_mem_total_mb"] == max(e["peak_mem_total_mb"] for e in epochs)
     assert row["effective_batch"] == 2 * 64  # batch_size x accum_steps
-    assert row["time_data_s"] == pytest.approx(statistics.mean(e["time_data_s"] for e in epochs))
+    assert row["time_data_s"] == pytest.approx(statistics.mean(e["time_data_s"] for e in epochs[1:]))
+    assert row["samples_per_s"] == pytest.approx(statistics.mean(e["samples_per_s"] for e in epochs[1:]))
     assert "future_key" not in trials.columns
 
     text = readme.read_text()
@@ -123,7 +126,7 @@ def test_factor_tables_mean_and_sample_std(run, readme):
         for value in GRID[key]:
             finals = [ok[i][-1]["test_acc"] for i in ok if swept[i][key] == value]
             bests = [max(e["test_acc"] for e in ok[i]) for i in ok if swept[i][key] == value]
-            times = [statistics.mean(e["epoch_time_s"] for e in ok[i]) for i in ok if swept[i][key] == value]
+            times = [statistics.median(e["epoch_time_s"] for e in ok[i][1:]) for i in ok if swept[i][key] == value]
             assert frame.loc[value, "n"] == len(finals)
             assert frame.loc[value, "final_test_acc_mean"] == pytest.approx(statistics.mean(finals))
             assert frame.loc[value, "best_test_acc_mean"] == pytest.approx(statistics.mean(bests))
@@ -436,3 +439,11 @@ def test_float_and_string_grid_with_cli_parsed_baseline(tmp_path):
     assert "not finished" in text
     with pytest.raises(ConfigError, match="allowed: off, bf16"):
         build_report(run_dir, baseline={"amp": parse_value("fp16")})
+
+
+def test_time_per_epoch_leaves_out_the_first_epochs_warm_up():
+    """A slot's first trial pays the warm-up in its first epoch: time/epoch is the same as a later trial's."""
+    first_in_slot = pd.DataFrame({"epoch_time_s": [9.0, 2.0, 2.2, 1.9]})
+    later_in_slot = pd.DataFrame({"epoch_time_s": [2.1, 2.0, 2.2, 1.9]})
+    assert time_per_epoch(first_in_slot) == time_per_epoch(later_in_slot) == 2.0
+    assert time_per_epoch(pd.DataFrame({"epoch_time_s": [9.0]})) == 9.0  # one epoch: nothing else to take

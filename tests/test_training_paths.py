@@ -7,13 +7,12 @@ on the CPU; the CUDA-only ones skip here."""
 
 from __future__ import annotations
 
-import json
 import threading
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import two_gloo_ranks
 from torch import nn
 
 from cifar_ray.core.checkpoints import CHECKPOINT_FILE
@@ -131,13 +130,9 @@ def _rank_rng_resume(rank: int, world: int, folder: Path) -> dict:
     return {"resumed_draw_equals_own": torch.equal(torch.rand(4), expected), "draw": expected.tolist()}
 
 
-def _two_rank_worker(rank: int, world: int, folder: str) -> None:
+def _findings(rank: int, world: int, folder: str) -> dict:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
     findings = {"powersgd": _powersgd_after_overflow(rank, world)}
     first, again = _dropout_masks(rank, world)
     gathered = [torch.zeros_like(first) for _ in range(world)]
@@ -148,17 +143,12 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
         "drop_share": first.float().mean().item(),
     }
     findings["rng"] = _rank_rng_resume(rank, world, Path(folder))
-    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(findings))
-    dist.destroy_process_group()
+    return findings
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    folder = tmp_path_factory.mktemp("two-ranks")
-    mp.spawn(_two_rank_worker, args=(2, str(folder)), nprocs=2, join=True)
-    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return two_gloo_ranks(_findings, tmp_path_factory.mktemp("two-ranks"))
 
 
 def test_powersgd_with_grad_scaler_trains_on_after_an_overflow(two_ranks):

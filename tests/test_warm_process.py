@@ -50,7 +50,8 @@ def trial_metrics(values: dict, folder: str) -> list[dict]:
 def test_training_writes_exactly_the_epoch_metrics_the_run_log_names(tmp_path):
     epochs = trained_epochs(TINY | {"epochs": 1}, str(tmp_path / "trial"))
     logged = runlog.read_epochs(str(tmp_path / "trial"))
-    assert list(epochs[0]) == list(runlog.EPOCH_METRICS) and list(logged[0]) == list(runlog.EPOCH_METRICS)
+    on_cpu = [key for key in runlog.EPOCH_METRICS if key != runlog.ALLREDUCE_ESTIMATE_KEY]  # measured on CPU
+    assert list(epochs[0]) == on_cpu and list(logged[0]) == on_cpu
 
 
 def test_a_trial_after_others_in_one_process_equals_it_in_a_fresh_process(tmp_path):

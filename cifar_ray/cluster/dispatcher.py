@@ -23,17 +23,19 @@ WORKER_DIED = "a worker of the trial's slot died"
 @dataclasses.dataclass(frozen=True)
 class RunTrial:
     """A trial of a run as it travels from the driver to Tune, the Dispatcher and the slots: the plan's
-    TrialSpec with its run folder and shape."""
+    TrialSpec with its run folder and shape, and the run options that change how it is watched, never what it
+    trains (not config keys: they are no part of a trial's identity or of --resume's checks)."""
 
     name: str
     swept: dict[str, Any]
     config: TrainConfig
     run_dir: StoragePath
     shape: str
+    profile: bool = False  # --profile: rank 0 profiles a few steps of its first epoch (training/profile.py)
 
     @classmethod
-    def of(cls, trial: TrialSpec, run_dir: StoragePath) -> RunTrial:
-        return cls(trial.name, trial.swept, trial.config, run_dir, trial_shape(trial.config).key)
+    def of(cls, trial: TrialSpec, run_dir: StoragePath, profile: bool = False) -> RunTrial:
+        return cls(trial.name, trial.swept, trial.config, run_dir, trial_shape(trial.config).key, profile)
 
     @property
     def trial_dir(self) -> StoragePath:

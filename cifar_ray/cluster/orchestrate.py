@@ -123,6 +123,7 @@ def run_plan(
     warm: bool = True,
     command: str | None = None,
     estimate_s: float | None = None,
+    profile: bool = False,
 ) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
@@ -131,7 +132,8 @@ def run_plan(
     `warm`: trials run one after another in warm worker slots, else each in a slot of its own (--isolate); a
     resumed run keeps the choice it was started with. `command`: the shell command that runs this plan again,
     recorded in sweep.json (the CLI gives its own; None from Python). `estimate_s`: the wall time `sweep --estimate`
-    expected, recorded in sweep.json and repeated in the header."""
+    expected, recorded in sweep.json and repeated in the header. `profile`: --profile, for the trials this session
+    trains."""
     from ray import tune
 
     capacity = cluster_capacity()
@@ -151,7 +153,7 @@ def run_plan(
     warm = previous.get("warm", False) if resume else warm
     trainable = slots.thin_trainable()
     progress_printer[0] = print_line
-    slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent, one_trial=not warm)
+    slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent, one_trial=not warm, profile=profile)
     limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot running, and the next ones
     if resume:
         if not previous or not tune.Tuner.can_restore(run_dir.path, storage_filesystem=run_dir.ray_filesystem):

@@ -134,7 +134,7 @@ def slot_loop(loop_config: dict) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             try:
                 resume_from = fetch_checkpoint(spec.trial_dir, Path(scratch))
-                run_trial(cfg, spec.trial_dir, worker, report, resume_from, taken, ready)
+                run_trial(cfg, spec.trial_dir, worker, report, resume_from, taken, ready, spec.profile)
             except Exception as error:
                 trace = "".join(traceback.format_exception(error)) if rank == 0 else None
                 final = isinstance(error, GpuOutOfMemoryError)  # it would run out again: not retried
@@ -304,14 +304,19 @@ class SlotPlan:
 
 
 def plan_slots(
-    plan: SweepPlan, run_dir: StoragePath, capacity: dict[str, Any], max_concurrent: int | None, one_trial: bool
+    plan: SweepPlan,
+    run_dir: StoragePath,
+    capacity: dict[str, Any],
+    max_concurrent: int | None,
+    one_trial: bool,
+    profile: bool = False,
 ) -> SlotPlan:
     """The slots of every shape of the plan's trials still to train (a failed or interrupted one continues from
     its checkpoint). Warm: as many per shape as copies of it fit the cluster (with max_concurrent, at most that
     many in all at once). one_trial: a slot per trial, as many at once as copies of each shape fit (or
-    max_concurrent), each shape's first ones first."""
+    max_concurrent), each shape's first ones first. `profile`: --profile, for every trial it trains."""
     untrained = [
-        RunTrial.of(t, run_dir)
+        RunTrial.of(t, run_dir, profile)
         for t in plan.trials
         if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.TRAINED_STATUSES
     ]

@@ -140,6 +140,12 @@ def add_common(parser: Parser) -> None:
         help="run each trial in a slot of its own, a Ray Train run that ends with the trial (fresh worker "
         "processes per trial: slower, see docs/measurements.md), instead of warm worker slots",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile a few steps of each trial's first epoch (torch.profiler, after warm-up steps): a Chrome trace "
+        "and its top operators in the trial folder, shown by the report (docs/usage.md)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Ray's own logs")
 
 
@@ -209,6 +215,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
         isolate=args.isolate,
         verbose=args.verbose,
         estimate=getattr(args, "estimate", False),  # `train` has no --estimate
+        profile=args.profile,
         command=rerun_command(args.argv),
         print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
     )

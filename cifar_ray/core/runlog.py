@@ -7,6 +7,8 @@
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
       <trial>/error.txt         the traceback of a failed trial
+      <trial>/profile_trace.json  with --profile: a Chrome trace of a few steps of one epoch, written by rank 0
+      <trial>/profile.json      with --profile: the top operators by self time in that trace (training/profile.py)
       <trial>/checkpoints/      the trial's checkpoints (layout: checkpoints.py)
 
 Ray Tune writes its own files (result.json, progress.csv, ...) into the same trial folders; they are
@@ -44,8 +46,13 @@ SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
 EPOCHS_FILE = "metrics.jsonl"
 ERROR_FILE = "error.txt"
+PROFILE_TRACE_FILE = "profile_trace.json"
+PROFILE_FILE = "profile.json"
 # Step-time breakdown of an epoch in seconds, mean over ranks (training.timing.PhaseTimer measures it).
-BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
+ALLREDUCE_KEY = "time_allreduce_s"
+BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", ALLREDUCE_KEY, "time_optimizer_s", "time_eval_s")
+# Where the all-reduce wait cannot be measured (DDP on CUDA), its estimate takes ALLREDUCE_KEY's place under this key.
+ALLREDUCE_ESTIMATE_KEY = "time_allreduce_estimate_s"
 # One line of metrics.jsonl: every key training writes, in its order, and what it measures. This is the one place
 # an epoch metric is named; the report, the CLI summary and the sweep's objective import from here, and
 # tests/test_warm_process.py binds it to what training.loop.epoch_record writes. Accuracies are fractions 0-1.
@@ -63,7 +70,12 @@ EPOCH_METRICS = {
     "train_time_s": "wall time of the epoch's training steps (s)",
     "time_data_s": "step-time breakdown: loading and augmenting batches (s, mean over ranks)",
     "time_compute_s": "step-time breakdown: forward and backward, less the all-reduce wait (s, mean over ranks)",
-    "time_allreduce_s": "step-time breakdown: waiting for the gradient all-reduce (s, mean over ranks)",
+    ALLREDUCE_KEY: "step-time breakdown: gradient communication backward did not overlap with computing gradients, "
+    "measured in the epoch (time in DDP's comm hook plus the wait for its last all-reduce; 0 without DDP) (s, mean "
+    "over ranks); absent where only estimated (DDP on CUDA)",
+    ALLREDUCE_ESTIMATE_KEY: "DDP on CUDA, in place of time_allreduce_s: an estimate of it, DDP's running average since "
+    "the trial's start over the steps torch samples (1-10, then every 100th) times the epoch's steps (s, mean over "
+    "ranks)",
     "time_optimizer_s": "step-time breakdown: the optimizer step (s, mean over ranks)",
     "time_eval_s": "step-time breakdown: the test set and the train_eval pass (s, mean over ranks)",
     "train_samples": "images trained in the epoch over all workers: steps x effective batch",
@@ -73,6 +85,9 @@ EPOCH_METRICS = {
     "peak_mem_total_mb": "peak memory summed over every worker (and every GPU of a dp worker) (MB)",
     "peak_mem_reserved_mb": "on GPUs, the largest peak of memory torch's caching allocator reserved on one GPU "
     "(allocations and cached blocks, without the CUDA context: nvidia-smi shows more) (MB); null on CPU",
+    "peak_mem_above_start_mb": "the largest rise of one worker's peak memory (as peak_mem_mb measures it) over its "
+    "resident level when the trial started: what the trial itself needed, without what earlier trials of a warm "
+    "slot left resident (MB)",
     "lr": "the scheduled learning rate at the epoch's last step",
     "peak_lr": "the learning rate after lr_scaling, before the schedule",
     "amp_skipped_steps": "optimizer steps the fp16 grad scaler skipped (inf/NaN gradients)",

@@ -16,17 +16,46 @@ import pandas as pd
 from ..core.config import TrainConfig
 from ..core.datasets import test_images
 from ..core.errors import ConfigError
-from ..core.runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, TrialLog, Where, load_run
+from ..core.runlog import (
+    ALLREDUCE_ESTIMATE_KEY,
+    BREAKDOWN_KEYS,
+    EPOCH_METRICS,
+    SWEEP_FILE,
+    TRIAL_FILE,
+    RunLog,
+    TrialLog,
+    Where,
+    load_run,
+)
 from .format import fmt_value, same_value
 from .metrics import INCLUDED, INCOMPLETE
 from .stats import TRAIN_COLUMNS, Overfit, binomial_var, train_basis, trial_overfitting
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
 # breakdown (its columns follow, those logged) and what the report does not read (_UNREAD).
-_UNREAD = ("epoch", "train_time_s", "train_samples", "end_unix", "diverged", *BREAKDOWN_KEYS)
+_UNREAD = ("epoch", "train_time_s", "train_samples", "end_unix", "diverged", *BREAKDOWN_KEYS, ALLREDUCE_ESTIMATE_KEY)
 assert set(_UNREAD) <= set(EPOCH_METRICS)
 EPOCH_KEYS = tuple(key for key in EPOCH_METRICS if key not in _UNREAD)
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
+
+# Time per epoch (the trial table's time/epoch, the factor tables and effects built on it): what a trial's epochs
+# cost once warm. A trial's first epoch pays the warm-up (a slot's first trial: first-touch allocations, oneDNN/cuDNN
+# plans; DDP's bucket rebuild; with compile=true the compile, which later trials of a slot find cached), so its
+# place in a slot would move a mean. Its throughput and step-time breakdown are means over the same epochs.
+TIME_PER_EPOCH_RULE = (
+    "the median over a trial's epochs after its first, which pays the warm-up (a one-epoch trial: that epoch)"
+)
+
+
+def warm_epochs(epochs: pd.DataFrame) -> pd.DataFrame:
+    """A trial's epochs (in epoch order) after its first; the one epoch of a one-epoch trial."""
+    return epochs.iloc[1:] if len(epochs) > 1 else epochs
+
+
+def time_per_epoch(epochs: pd.DataFrame) -> float:
+    """TIME_PER_EPOCH_RULE over a trial's epochs (in epoch order)."""
+    return float(warm_epochs(epochs)["epoch_time_s"].median())
+
 
 # What peak memory per worker measures, by the trials' device type (trial.json: system.device_type).
 MEMORY_MEASURES = {
@@ -170,12 +199,12 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
     row["final_train_eval_loss"] = final("train_eval_loss")
     row["final_test_loss"] = final("test_loss")
     row["train_time_s"] = float(e["epoch_time_s"].sum(min_count=1))
-    row["time_per_epoch_s"] = float(e["epoch_time_s"].mean())
-    row["samples_per_s"] = float(e["samples_per_s"].mean())
+    row["time_per_epoch_s"] = time_per_epoch(e)
+    row["samples_per_s"] = float(warm_epochs(e)["samples_per_s"].mean())
     row["peak_mem_mb"] = float(e["peak_mem_mb"].max())
     row["peak_mem_total_mb"] = float(e["peak_mem_total_mb"].max())
     for key in breakdown:
-        row[key] = float(e[key].mean())
+        row[key] = float(warm_epochs(e)[key].mean())
     row["overfitting"] = over is not None
     row["overfit_epoch"] = over.onset if over else None
     row["error"] = trial.meta.get("error")

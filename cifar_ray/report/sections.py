@@ -13,6 +13,7 @@ from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_blocks, status_counts
 from .load import TIME_PER_EPOCH_RULE
 from .metrics import INCOMPLETE, PAIRED_METRICS
+from .profile import profile_blocks
 from .stats import OVERFIT_RULE
 from .tables import (
     MAX_TRIAL_COLUMNS,
@@ -211,6 +212,10 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
     return [Heading("How to read this report"), Bullets(tuple(items))]
 
 
+def profile_section(report: Report, plots: Plots) -> list[Block]:
+    return profile_blocks(report)
+
+
 # The page, in order: each entry gives its blocks (none to leave itself out).
 LAYOUT: tuple[Section, ...] = (
     answer_section,
@@ -219,6 +224,7 @@ LAYOUT: tuple[Section, ...] = (
     trials_section,
     excluded_section,
     overfitting_section,
+    profile_section,
     curves_section,
     how_to_read_section,
 )

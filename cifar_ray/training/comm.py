@@ -14,6 +14,12 @@ Compression only exists where DDP does (strategy=ddp, workers > 1): config.py re
 With accumulation DDP all-reduces once per optimizer step (no_sync on the other micro-batches), and
 the hooks run only then.
 
+`timing.CommTimer` wraps whichever hook runs (torch's plain all-reduce hook for `none`) on CPU and measures, per
+synchronised step, the time backward spends on gradient communication rather than on computing gradients: inside
+the hooks (launching, compressing, PowerSGD's serialised waits) plus the wait after the last bucket's hook until
+every bucket's future has completed (DDP's finalize waits for them before backward returns). On CUDA a future
+completes when its work is enqueued, not done, so no hook is wrapped there (see training/timing.py).
+
 `allreduce_bytes_per_step` is the payload each worker hands to all-reduce per optimizer step
 (mean over the steps of an epoch), mirroring the hook; what crosses the wire depends on the
 all-reduce algorithm (a ring sends 2 (W-1)/W of it per worker).
@@ -40,6 +46,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 
 from ..core.config import TrainConfig
 from ..core.errors import ConfigError
+from .timing import timed_comm_hook
 
 logger = logging.getLogger(__name__)
 
@@ -237,11 +244,25 @@ def check_grad_compression(cfg: TrainConfig) -> None:
         raise ConfigError(BF16_UNSUPPORTED)
 
 
-def _cast_hook_installer(hook: Callable) -> Callable[[nn.parallel.DistributedDataParallel, TrainConfig], None]:
-    """Installs a stateless hook (torch's 16-bit casts): nothing to keep between steps."""
+def _register(ddp: nn.parallel.DistributedDataParallel, state: Any, hook: Callable | None) -> None:
+    """Register `hook` on `ddp` (None: DDP's built-in all-reduce), timed by a CommTimer where its futures tell when
+    the communication ended (CPU). torch's allreduce_hook does what the built-in does (divide by the world,
+    all-reduce the sum), in a hook that can be timed."""
+    if any(param.is_cuda for param in ddp.module.parameters()):
+        if hook is not None:
+            ddp.register_comm_hook(state, hook)
+        return
+    ddp.register_comm_hook(state, timed_comm_hook(ddp, hook or default_hooks.allreduce_hook))
+
+
+def _stateless_hook_installer(
+    hook: Callable | None,
+) -> Callable[[nn.parallel.DistributedDataParallel, TrainConfig], None]:
+    """Installs a stateless hook (torch's 16-bit casts; None: DDP's built-in all-reduce): nothing to keep between
+    steps."""
 
     def install(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig) -> None:
-        ddp.register_comm_hook(None, hook)  # None: the default (world) process group
+        _register(ddp, None, hook)  # None: the default (world) process group
 
     return install
 
@@ -258,7 +279,7 @@ def _install_powersgd(ddp: nn.parallel.DistributedDataParallel, cfg: TrainConfig
         params=list(ddp.module.parameters()),
     )
     state.serialize = dist.get_backend() == "gloo"
-    ddp.register_comm_hook(state, _guarded_powersgd_hook)
+    _register(ddp, state, _guarded_powersgd_hook)
     setattr(ddp, _STATE_ATTRIBUTE, state)
     return state
 
@@ -309,9 +330,13 @@ class Compression(NamedTuple):
 
 
 COMPRESSIONS: dict[str, Compression] = {
-    "none": Compression(lambda ddp, cfg: None, lambda param, rank: param.numel() * param.element_size()),
-    "fp16": Compression(_cast_hook_installer(default_hooks.fp16_compress_hook), lambda param, rank: param.numel() * 2),
-    "bf16": Compression(_cast_hook_installer(default_hooks.bf16_compress_hook), lambda param, rank: param.numel() * 2),
+    "none": Compression(_stateless_hook_installer(None), lambda param, rank: param.numel() * param.element_size()),
+    "fp16": Compression(
+        _stateless_hook_installer(default_hooks.fp16_compress_hook), lambda param, rank: param.numel() * 2
+    ),
+    "bf16": Compression(
+        _stateless_hook_installer(default_hooks.bf16_compress_hook), lambda param, rank: param.numel() * 2
+    ),
     "powersgd": Compression(
         _install_powersgd,
         lambda param, rank: powersgd_tensor_elements(param.shape, rank)[0] * param.element_size(),

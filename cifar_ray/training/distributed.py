@@ -70,6 +70,12 @@ def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> t
     return tensor
 
 
+def barrier() -> None:
+    """Every rank waits here until all have arrived (a no-op in one process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def reduce_train_totals(local: torch.Tensor) -> torch.Tensor:
     """train_epoch's [loss sum, correct, samples, skipped steps] over all ranks: the first three are
     summed; a skipped optimizer step is skipped by every rank at once (DDP gives all ranks the same

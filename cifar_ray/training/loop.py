@@ -26,12 +26,13 @@ from ..core import runlog
 from ..core.config import TrainConfig
 from . import comm, gpu
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
-from .distributed import Worker, all_reduce, broadcast_buffers, rank_seed, reduce_train_totals
-from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory
+from .distributed import Worker, all_reduce, barrier, broadcast_buffers, rank_seed, reduce_train_totals
+from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory, resident_memory_mb
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
+from .profile import profiled_steps
 from .state import load_checkpoint, rng_state, save_checkpoint
-from .timing import PhaseTimer, allreduce_wait_per_step, reduce_time_breakdown
+from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
@@ -65,7 +66,7 @@ def wrap_model(
         ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, **comm.ddp_kwargs(cfg)
         )
-        comm.register_comm_hook(ddp, cfg)  # grad_compression: fp16/bf16/PowerSGD all-reduce hook
+        comm.register_comm_hook(ddp, cfg)  # grad_compression's all-reduce hook, timed on CPU (timing.CommTimer)
         return ddp
     return model  # one process, one device: nothing to synchronise
 
@@ -220,14 +221,17 @@ def run_trial(
     resume_from: Path | None = None,
     loop_started: float | None = None,
     ready: Callable[[dict], None] | None = None,
+    profile: bool = False,
 ) -> None:
     """Train one trial on this worker from scratch or from the checkpoint folder `resume_from`, calling
     `report` after every epoch (collectively, on every rank); rank 0 writes the epochs to metrics.jsonl and
     hands `ready` (the slot's link to the Dispatcher, which writes trial.json) the trial's timeline. Everything
     a trial trains with is built here from its config (seeded RNG, data order, model, optimizer, wrapper,
     hooks), so a process that ran other trials before trains this one exactly as a fresh process would
-    (tests/test_train_eval.py)."""
+    (tests/test_train_eval.py). `profile` (--profile): rank 0 profiles a few steps of the first epoch it trains
+    (training/profile.py)."""
     rank, world, devices, device = worker.rank, worker.world, worker.devices, worker.device
+    at_start = resident_memory_mb(devices)  # what earlier trials of a warm slot left resident is not this trial's
     gpu.check_amp_supported(cfg, device)  # bf16 before Ampere: one line, not a cuDNN failure mid-epoch
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in loaded_splits(cfg))
@@ -250,6 +254,8 @@ def run_trial(
         reset_peak_memory(devices)
         started = time.perf_counter()
         steps = iterate_train(train, cfg, epoch, rank, world, memory_format(device))
+        if profile and rank == 0 and epoch == last_done + 1:
+            steps = profiled_steps(steps, steps_per_epoch, trial_dir, device, epoch)
         timer = PhaseTimer(device)
         train_totals = reduce_train_totals(train_epoch(training, steps, cfg, device, timer))
         phases = timer.seconds()  # synchronises CUDA once
@@ -260,7 +266,18 @@ def run_trial(
             train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, device, rank, world))
             evaluated |= evaluation_metrics("train_eval", train_eval_totals)
         metrics = epoch_record(
-            cfg, epoch, lr, training, worker, steps_per_epoch, train_totals, evaluated, phases, started, train_time
+            cfg,
+            epoch,
+            lr,
+            training,
+            worker,
+            steps_per_epoch,
+            train_totals,
+            evaluated,
+            phases,
+            started,
+            train_time,
+            at_start,
         )
         diverged = metrics["diverged"]
         if rank == 0:
@@ -273,6 +290,9 @@ def run_trial(
             if saved:
                 save_checkpoint(Path(folder), epoch, training, comm_states, rng_states)
             report(metrics, Path(folder) if saved else None)
+        # Rank 0 stores the checkpoint in `report`: without this, the others would wait for it inside the next
+        # epoch's first collective, and that wait would count as its compute.
+        barrier()
         if diverged:
             break
 
@@ -289,14 +309,15 @@ def epoch_record(
     phases: dict[str, float],
     started: float,
     train_time: float,
+    memory_at_start: list[float],
 ) -> dict:
     """The epoch's line of metrics.jsonl: the keys of runlog.EPOCH_METRICS, in its order. Called as evaluation
     ends (the time since training ended is evaluation's). Collective: the time breakdown and the peak memory are
     reduced over the ranks here, before the epoch's wall time is read."""
     eval_time = time.perf_counter() - started - train_time
-    allreduce_wait = allreduce_wait_per_step(training.model) * steps_per_epoch
-    breakdown = reduce_time_breakdown(phases, allreduce_wait, eval_time, worker.world, worker.device)
-    peak_per_worker, peak_total, peak_reserved = reduce_peak_memory(worker.devices)
+    waited, measured = allreduce_wait(training.model, steps_per_epoch)
+    breakdown = reduce_time_breakdown(phases, waited, eval_time, worker.world, worker.device, measured)
+    peak_per_worker, peak_total, peak_reserved, peak_above_start = reduce_peak_memory(worker.devices, memory_at_start)
     epoch_time = time.perf_counter() - started
     loss_sum, correct, samples, skipped = train_totals.tolist()
     return {
@@ -306,12 +327,13 @@ def epoch_record(
         **evaluated,  # test_loss, test_acc, and train_eval_loss, train_eval_acc unless train_eval_size=0
         "epoch_time_s": epoch_time,
         "train_time_s": train_time,
-        **breakdown,  # runlog.BREAKDOWN_KEYS
+        **breakdown,  # runlog.BREAKDOWN_KEYS (DDP on CUDA: ALLREDUCE_ESTIMATE_KEY for the all-reduce wait)
         "train_samples": int(samples),  # over all ranks: steps x effective batch
         "samples_per_s": samples / train_time,
         "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
         "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
         "peak_mem_reserved_mb": peak_reserved,  # GPUs: the caching allocator's largest peak on one GPU; CPU: None
+        "peak_mem_above_start_mb": peak_above_start,  # the trial's own: less what was resident at its start
         "lr": lr,
         "peak_lr": peak_lr(cfg),  # lr after lr_scaling
         "amp_skipped_steps": int(skipped),

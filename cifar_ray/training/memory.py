@@ -33,16 +33,35 @@ def reset_peak_rss() -> None:
             clear_refs.write("5")
 
 
-def peak_rss_mb() -> float:
-    """This process's peak RSS since the last reset_peak_rss (VmHWM), else since it started (ru_maxrss)."""
+def _proc_status_mb(field: str) -> float | None:
+    """A field of /proc/self/status in MB (the kernel writes kB); None where /proc cannot tell."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return None
+
+
+def rss_mb() -> float:
+    """This process's resident set now (VmRSS); 0.0 where /proc cannot tell (the rise over it is then the peak)."""
+    return _proc_status_mb("VmRSS") or 0.0
+
+
+def resident_memory_mb(devices: list[torch.device]) -> list[float]:
+    """What this worker holds now, measured as peak_memory_per_device_mb measures a peak: torch's allocations per
+    GPU, or the process's RSS on CPU. Taken at a trial's start, so that its epochs can log their rise over it."""
+    if devices[0].type == "cuda":
+        return [torch.cuda.memory_allocated(device) / 2**20 for device in devices]
+    return [rss_mb()]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS since the last reset_peak_rss (VmHWM), else since it started (ru_maxrss)."""
+    peak = _proc_status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def peak_memory_per_device_mb(devices: list[torch.device]) -> list[float]:
@@ -67,16 +86,18 @@ def peak_reserved_mb(devices: list[torch.device]) -> float | None:
     return max(torch.cuda.max_memory_reserved(device) / 2**20 for device in devices)
 
 
-def reduce_peak_memory(devices: list[torch.device]) -> tuple[float, float, float | None]:
-    """(per worker, total, reserved) over all ranks: the largest peak of any one device of any worker, the
-    sum of the peaks of every device of every worker (what the whole run occupies), and the largest
-    peak_reserved_mb of any one GPU (None on CPU)."""
+def reduce_peak_memory(devices: list[torch.device], at_start: list[float]) -> tuple[float, float, float | None, float]:
+    """(per worker, total, reserved, above start) over all ranks: the largest peak of any one device of any worker,
+    the sum of the peaks of every device of every worker (what the whole run occupies), the largest
+    peak_reserved_mb of any one GPU (None on CPU), and the largest rise of one device's peak over its level
+    `at_start` (resident_memory_mb when the trial started: a warm slot's earlier trials leave memory resident)."""
     peaks = peak_memory_per_device_mb(devices)
     reserved = peak_reserved_mb(devices)
-    largest = torch.tensor([max(peaks), reserved or 0.0], device=devices[0], dtype=torch.float64)
+    above_start = max(max(0.0, peak - start) for peak, start in zip(peaks, at_start))
+    largest = torch.tensor([max(peaks), reserved or 0.0, above_start], device=devices[0], dtype=torch.float64)
     total = torch.tensor([sum(peaks)], device=devices[0], dtype=torch.float64)
-    largest_peak, largest_reserved = all_reduce(largest, dist.ReduceOp.MAX).tolist()
-    return largest_peak, all_reduce(total).item(), None if reserved is None else largest_reserved
+    largest_peak, largest_reserved, largest_above_start = all_reduce(largest, dist.ReduceOp.MAX).tolist()
+    return largest_peak, all_reduce(total).item(), None if reserved is None else largest_reserved, largest_above_start
 
 
 class GpuOutOfMemoryError(RuntimeError):
