@@ -152,6 +152,36 @@ def bundle_label(factor: str, bundle: dict[str, Any]) -> str:
     return rest
 
 
+def _factor_keys(factor: str, values: list[Any]) -> list[str]:
+    """The config keys a grid factor sets, in the file's order: a bundle factor's mappings' keys, else the factor."""
+    return list(dict.fromkeys(key for value in values if isinstance(value, dict) for key in value)) or [factor]
+
+
+def _shared_key_refusal(grid: dict[str, list[Any]]) -> str | None:
+    """Two grid factors that set one key: the later would silently overwrite the earlier, and the report would
+    compare trials that ran the same config; one line, or None when every key has one factor."""
+    setter: dict[str, str] = {}
+    for factor, values in grid.items():
+        for key in _factor_keys(factor, values):
+            if key in setter:
+                return (
+                    f"grid.{setter[key]} and grid.{factor} both set {key}; allowed: each key set by one grid factor "
+                    f"(sweep {key} inside the bundles, or as a factor of its own)"
+                )
+            setter[key] = factor
+    return None
+
+
+def _values_that_run(values: list[Any], overrides: dict[str, Any]) -> list[Any]:
+    """A factor's values as the trials run them: --set wins over a bundle's keys, so a bundle is relabelled with
+    the overriding values, and bundles that become the same config are one value."""
+    ran = [
+        value | {k: overrides[k] for k in value if k in overrides} if isinstance(value, dict) else value
+        for value in values
+    ]
+    return list({repr(value): value for value in ran}.values())
+
+
 def unknown_top_level_key(key: str) -> str:
     return f"unknown top-level key '{key}'; allowed: {', '.join(SweepFile.model_fields)}"
 
@@ -160,7 +190,8 @@ def build_plan(
     data: Any, overrides: dict[str, Any] | None = None, source: str = "<sweep>", name: str | None = None
 ) -> SweepPlan:
     """Validate a parsed sweep document and expand it; `overrides` replace base keys for every
-    trial (and win over the grid, which then collapses to the overridden value)."""
+    trial and win over the grid: a factor all of whose keys they set leaves the grid, a bundle with some of its
+    keys set is relabelled from the values that run."""
     where = f"{source}: "
     refusal = name_refusal(name) if name is not None else None
     if refusal:
@@ -177,13 +208,20 @@ def build_plan(
         if key not in KEYS:
             raise ConfigError(unknown_key_message(str(key), f"{where}base: "))
     for factor, values in sweep.grid.items():
-        for key in [k for v in values if isinstance(v, dict) for k in v] or [factor]:
+        for key in _factor_keys(factor, values):
             if key not in KEYS:
                 raise ConfigError(unknown_key_message(str(key), f"{where}grid.{factor}: "))
+    shared_key_refusal = _shared_key_refusal(sweep.grid)
+    if shared_key_refusal:
+        raise ConfigError(where + shared_key_refusal)
     base_overrides = absolute_paths(overrides or {})
     file_base = absolute_paths(sweep.base)
     base = file_base | base_overrides
-    grid = {k: v for k, v in sweep.grid.items() if k not in base_overrides}
+    grid = {
+        k: _values_that_run(v, base_overrides)
+        for k, v in sweep.grid.items()
+        if set(_factor_keys(k, v)) - base_overrides.keys()
+    }
     labels = {k: [bundle_label(k, v) if isinstance(v, dict) else v for v in values] for k, values in grid.items()}
     if "seed" in grid and sweep.repeats > 1:
         raise ConfigError(f"{where}grid.seed and repeats={sweep.repeats} both vary the seed; use one of them")
@@ -204,7 +242,6 @@ def build_plan(
             for factor, i in zip(grid, point):
                 value = grid[factor][i]
                 values |= value if isinstance(value, dict) else {factor: value}
-            values |= base_overrides  # --set wins over bundle values too
             if sweep.repeats > 1:
                 swept["seed"] = values["seed"] = first_seed + repeat
             label = ", ".join(f"{k}={v}" for k, v in swept.items())
