@@ -155,8 +155,7 @@ def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
         **trial.config,
         "epochs_done": len(trial.epochs),
         "best_test_acc": max(accs) if accs else None,
-        # the epoch's "lr" is the scheduled value; the config key lr (peak LR) keeps its name
-        **{("final_lr" if k == "lr" else k): v for k, v in last.items() if k != "epoch"},
+        **{k: v for k, v in last.items() if k != "epoch"},  # lr_last, lr_max: the config key lr is the peak
     }
 
 

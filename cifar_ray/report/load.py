@@ -14,7 +14,17 @@ from typing import Any
 import pandas as pd
 
 from ..core.errors import ConfigError
-from ..core.runlog import BREAKDOWN_KEYS, EPOCH_METRICS, SWEEP_FILE, TRIAL_FILE, RunLog, TrialLog, Where, load_run
+from ..core.runlog import (
+    BREAKDOWN_KEYS,
+    EPOCH_METRICS,
+    OLD_EPOCH_METRICS,
+    SWEEP_FILE,
+    TRIAL_FILE,
+    RunLog,
+    TrialLog,
+    Where,
+    load_run,
+)
 from .format import fmt_value, same_value
 from .stats import TRAIN_COLUMNS, Overfit, train_basis, trial_overfitting
 
@@ -77,9 +87,11 @@ def breakdown_keys(run: RunLog) -> list[str]:
 
 
 def epochs_frame(run: RunLog, breakdown: Sequence[str] = ()) -> pd.DataFrame:
-    """One row per (trial, epoch); known numeric keys only, null/non-numeric values as NaN."""
-    columns = ["trial", "epoch", *EPOCH_KEYS, *breakdown]
+    """One row per (trial, epoch); known numeric keys only (an older log's where it has them), null/non-numeric
+    values as NaN."""
     rows = [{"trial": t.name, **row} for t in run.trials for row in t.epochs]
+    old = [key for key in OLD_EPOCH_METRICS if any(key in row for row in rows)]
+    columns = ["trial", "epoch", *EPOCH_KEYS, *breakdown, *old]
     frame = pd.DataFrame(rows).reindex(columns=columns)
     for column in columns[1:]:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)

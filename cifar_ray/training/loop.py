@@ -29,7 +29,7 @@ from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, broadcast_buffers, rank_seed, reduce_train_totals
 from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory
 from .models import build_model
-from .optim import build_optimizer, build_scheduler, peak_lr
+from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .state import load_checkpoint, rng_state, save_checkpoint
 from .timing import PhaseTimer, allreduce_wait_per_step, reduce_time_breakdown
 
@@ -246,7 +246,6 @@ def run_trial(
             ready({"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()})
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
-        lr = training.optimizer.param_groups[0]["lr"]
         reset_peak_memory(devices)
         started = time.perf_counter()
         steps = iterate_train(train, cfg, epoch, rank, world, memory_format(device))
@@ -260,7 +259,7 @@ def run_trial(
             train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, device, rank, world))
             evaluated |= evaluation_metrics("train_eval", train_eval_totals)
         metrics = epoch_record(
-            cfg, epoch, lr, training, worker, steps_per_epoch, train_totals, evaluated, phases, started, train_time
+            cfg, epoch, training, worker, steps_per_epoch, train_totals, evaluated, phases, started, train_time
         )
         diverged = metrics["diverged"]
         if rank == 0:
@@ -280,7 +279,6 @@ def run_trial(
 def epoch_record(
     cfg: TrainConfig,
     epoch: int,
-    lr: float,
     training: Training,
     worker: Worker,
     steps_per_epoch: int,
@@ -299,6 +297,7 @@ def epoch_record(
     peak_per_worker, peak_total, peak_reserved = reduce_peak_memory(worker.devices)
     epoch_time = time.perf_counter() - started
     loss_sum, correct, samples, skipped = train_totals.tolist()
+    lr_last, lr_max = epoch_lrs(cfg, epoch, steps_per_epoch)
     return {
         "epoch": epoch,
         "train_loss": loss_sum / samples,
@@ -312,7 +311,8 @@ def epoch_record(
         "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
         "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
         "peak_mem_reserved_mb": peak_reserved,  # GPUs: the caching allocator's largest peak on one GPU; CPU: None
-        "lr": lr,
+        "lr_last": lr_last,
+        "lr_max": lr_max,
         "peak_lr": peak_lr(cfg),  # lr after lr_scaling
         "amp_skipped_steps": int(skipped),
         "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(
