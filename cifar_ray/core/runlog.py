@@ -5,6 +5,7 @@
       sweep.json                the sweep: name, description, grid, base, host, versions, git, times
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
+      <trial>/network.json      the model as built: its layers and parameter count (rank 0, as the trial starts)
       <trial>/error.txt         the traceback of a failed trial
       <trial>/checkpoints/      the trial's checkpoints (layout: checkpoints.py)
 
@@ -43,6 +44,7 @@ SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
 EPOCHS_FILE = "metrics.jsonl"
 ERROR_FILE = "error.txt"
+NETWORK_FILE = "network.json"
 # Step-time breakdown of an epoch in seconds, mean over ranks (training.timing.PhaseTimer measures it).
 BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", "time_allreduce_s", "time_optimizer_s", "time_eval_s")
 # One line of metrics.jsonl: every key training writes, in its order, and what it measures. This is the one place

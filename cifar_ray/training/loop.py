@@ -24,11 +24,12 @@ from torch import nn
 
 from ..core import runlog
 from ..core.config import TrainConfig
+from ..core.storage import StoragePath
 from . import comm, gpu
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, broadcast_buffers, rank_seed, reduce_train_totals
 from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory
-from .models import build_model
+from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .state import load_checkpoint, rng_state, save_checkpoint
 from .timing import PhaseTimer, allreduce_wait_per_step, reduce_time_breakdown
@@ -234,6 +235,9 @@ def run_trial(
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
     train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
     raw_model = build_model(cfg).to(device, memory_format=memory_format(device))
+    if rank == 0:  # the network the trial trains, for the report (which reads no torch)
+        network = describe_network(raw_model, cfg, memory_format(device))
+        runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
     training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
