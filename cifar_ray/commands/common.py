@@ -40,7 +40,7 @@ SUMMARY_COLUMNS = (
     "peak_mem_mb",
     "peak_mem_total_mb",
 )
-SET_OPTION, RESUME_OPTION = "--set", "--resume"
+SET_OPTION, RESUME_OPTION, REPEATS_OPTION = "--set", "--resume", "--repeats"
 
 
 def is_override(word: str) -> bool:
@@ -279,6 +279,8 @@ def resume_command(args: argparse.Namespace) -> str:
         parts += ["--name", shlex.quote(args.name)]
     if args.address:
         parts += ["--address", shlex.quote(args.address)]
+    if args.repeats is not None:
+        parts += [REPEATS_OPTION, str(args.repeats)]
     if args.set:
         parts += [SET_OPTION, *map(shlex.quote, args.set)]
     return " ".join(parts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
+from .common import REPEATS_OPTION, RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
 
 HELP = "run a sweep file (a grid of trials) through Ray Tune"
 EXAMPLES = (
@@ -22,6 +22,10 @@ EXAMPLES = (
         "finish an interrupted run (with the --storage, --name and --set it was started with)",
         "cifar-ray sweep sweeps/quickstart.yaml --resume",
     ),
+    (
+        "add seeds to a finished or interrupted run: 5 per grid point in all, only the new trials run",
+        "cifar-ray sweep sweeps/quickstart.yaml --resume --repeats 5",
+    ),
 )
 
 
@@ -36,13 +40,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="finish an interrupted run of this sweep: finished trials are kept, "
         "the rest continue from their checkpoints",
     )
+    sweep.add_argument(
+        REPEATS_OPTION,
+        type=int,
+        metavar="N",
+        help="seeds per grid point, instead of the file's repeats; with --resume, more than the run has adds the "
+        "new seeds' trials to it (finished trials are kept as they are)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..core import runlog
     from ..core.config import parse_overrides
-    from ..core.sweep import load_sweep, trial_table, work_summary
+    from ..core.storage import StoragePath
+    from ..core.sweep import load_sweep, resumed_plan, trial_table, work_summary
 
-    plan = load_sweep(args.file, parse_overrides(args.set), args.name)
+    overrides = parse_overrides(args.set)
+    plan = load_sweep(args.file, overrides, args.name, args.repeats)
+    if args.resume:  # the run's trials as it planned them, and new seeds' where --repeats asks for more
+        recorded = runlog.read_json(StoragePath.of(args.storage) / plan.name / runlog.SWEEP_FILE)
+        if recorded:
+            plan = resumed_plan(args.file, overrides, args.name, args.repeats, recorded)
     if not args.dry_run:
         return run_plan_command(plan, args)
     print(f"{plan.name}: {plan.description}".rstrip(": "))

@@ -21,6 +21,7 @@ Everything is validated before Ray starts; errors are one line naming the file a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from .strict_yaml import load_yaml
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$"
 NAME_MAX = 80
 TRIAL_NAME_MAX = 120
+REPEATS_MAX = 100
 
 
 def name_refusal(name: Any) -> str | None:
@@ -67,7 +69,7 @@ class SweepFile(BaseModel):
     description: str = ""
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
-    repeats: int = Field(1, ge=1, le=100)
+    repeats: int = Field(1, ge=1, le=REPEATS_MAX)
     metric: Literal[OBJECTIVES] = DEFAULT_OBJECTIVE[0]  # type: ignore[valid-type]
     mode: Literal[MODES] = DEFAULT_OBJECTIVE[1]  # type: ignore[valid-type]
 
@@ -118,6 +120,8 @@ class SweepPlan:
     mode: str
     trials: list[TrialSpec]
     source: str = ""
+    # every repeat count the run was planned with, in order: a --resume --repeats N extension adds N (extended_plan)
+    repeat_counts: tuple[int, ...] = ()
 
     def summary(self) -> dict:
         return {
@@ -128,6 +132,7 @@ class SweepPlan:
             "grid": self.grid,
             "base": self.base,
             "repeats": self.repeats,
+            "repeat_counts": list(self.repeat_counts),
             "source": self.source,
             "trials": [t.name for t in self.trials],
         }
@@ -187,15 +192,21 @@ def unknown_top_level_key(key: str) -> str:
 
 
 def build_plan(
-    data: Any, overrides: dict[str, Any] | None = None, source: str = "<sweep>", name: str | None = None
+    data: Any,
+    overrides: dict[str, Any] | None = None,
+    source: str = "<sweep>",
+    name: str | None = None,
+    repeats: int | None = None,
 ) -> SweepPlan:
     """Validate a parsed sweep document and expand it; `overrides` replace base keys for every
     trial and win over the grid: a factor all of whose keys they set leaves the grid, a bundle with some of its
-    keys set is relabelled from the values that run."""
+    keys set is relabelled from the values that run. `repeats` (--repeats) replaces the file's."""
     where = f"{source}: "
     refusal = name_refusal(name) if name is not None else None
     if refusal:
         raise ConfigError(f"--name {refusal}")
+    if repeats is not None and not 1 <= repeats <= REPEATS_MAX:
+        raise ConfigError(f"--repeats {repeats}: allowed: 1 to {REPEATS_MAX} seeds per grid point")
     if not isinstance(data, dict):
         raise ConfigError(f"{where}a sweep file is a YAML mapping with keys {', '.join(SweepFile.model_fields)}")
     try:
@@ -204,6 +215,8 @@ def build_plan(
         raise ConfigError(validation_line(error, where, unknown_top_level_key)) from None
     except TypeError as error:  # non-string keys
         raise ConfigError(f"{where}{error}") from None
+    if repeats is not None:
+        sweep = sweep.model_copy(update={"repeats": repeats})
     for key in sweep.base:
         if key not in KEYS:
             raise ConfigError(unknown_key_message(str(key), f"{where}base: "))
@@ -249,11 +262,65 @@ def build_plan(
             index = len(trials)
             trials.append(TrialSpec(index, trial_name(index, swept), swept, config))
     return SweepPlan(
-        name or sweep.name, sweep.description, base, labels, sweep.repeats, sweep.metric, sweep.mode, trials, source
+        name or sweep.name,
+        sweep.description,
+        base,
+        labels,
+        sweep.repeats,
+        sweep.metric,
+        sweep.mode,
+        trials,
+        source,
+        (sweep.repeats,),
     )
 
 
-def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: str | None = None) -> SweepPlan:
+def _grid_point_and_seed(trial: TrialSpec) -> tuple:
+    """What a trial is in its sweep, whatever its number: its grid values and its seed."""
+    return tuple((k, repr(v)) for k, v in trial.swept.items() if k != "seed"), trial.config.seed
+
+
+def extended_plan(plan: SweepPlan, more: SweepPlan) -> SweepPlan:
+    """`plan` extended by the trials of `more` (the same sweep at more repeats) that it lacks: its own trials keep
+    their names and numbers, the new seeds follow them, numbered on (so no name is taken twice)."""
+    had = {_grid_point_and_seed(t) for t in plan.trials}
+    trials = list(plan.trials)
+    for trial in more.trials:
+        if _grid_point_and_seed(trial) not in had:
+            trials.append(TrialSpec(len(trials), trial_name(len(trials), trial.swept), trial.swept, trial.config))
+    return dataclasses.replace(more, trials=trials, repeat_counts=(*plan.repeat_counts, more.repeats))
+
+
+def resumed_plan(
+    path: str | Path, overrides: dict[str, Any], name: str | None, repeats: int | None, recorded: dict
+) -> SweepPlan:
+    """The plan a --resume of the run whose sweep.json is `recorded` continues: the plan as the run was planned
+    (its repeat_counts, each extension in turn), extended with new seeds to `repeats` (else the file's repeats)
+    when that is more. Fewer than the run has is refused: --resume never drops trials."""
+    data = read_sweep_file(path)
+    wanted = build_plan(data, overrides, str(path), name, repeats)
+    counts = recorded.get("repeat_counts") or [recorded.get("repeats", wanted.repeats)]
+    if wanted.repeats < counts[-1]:
+        asked = f"--repeats {repeats}" if repeats is not None else f"{path}: repeats: {wanted.repeats}"
+        raise ConfigError(
+            f"{asked} is fewer seeds than the {counts[-1]} per grid point the run already has; allowed: "
+            f"--repeats {counts[-1]} to resume it, or more to add seeds"
+        )
+    more = [wanted.repeats] if wanted.repeats > counts[-1] else []
+    plan = build_plan(data, overrides, str(path), name, counts[0])
+    for count in [*counts[1:], *more]:
+        plan = extended_plan(plan, build_plan(data, overrides, str(path), name, count))
+    return plan
+
+
+def load_sweep(
+    path: str | Path, overrides: dict[str, Any] | None = None, name: str | None = None, repeats: int | None = None
+) -> SweepPlan:
+    return build_plan(read_sweep_file(path), overrides, str(path), name, repeats)
+
+
+def read_sweep_file(path: str | Path) -> Any:
+    """The parsed YAML document of a sweep file, or a one-line ConfigError."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -271,7 +338,7 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         detail = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{at}: {detail}") from None
-    return build_plan(data, overrides, str(path), name)
+    return data
 
 
 def single_run_plan(overrides: dict[str, Any], name: str) -> SweepPlan:
