@@ -54,6 +54,16 @@ def test_a_resume_rebuilds_the_plan_through_its_recorded_extensions(tmp_path):
         resumed_plan(path, {}, None, None, recorded)
 
 
+def test_repeats_replaces_the_files_repeats(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY_SWEEP)
+    assert main(["sweep", str(path), "--repeats", "3", "--dry-run", "--json"]) == 0
+    trials = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert [(t["config"]["lr"], t["config"]["seed"]) for t in trials] == [
+        (lr, s) for lr in (0.05, 0.1) for s in range(3)
+    ]
+
+
 @pytest.mark.parametrize("repeats", ["0", "101"])
 def test_repeats_out_of_range_is_one_line(tmp_path, capsys, repeats):
     path = tmp_path / "s.yaml"
@@ -78,6 +88,7 @@ def test_resume_with_more_repeats_runs_only_the_new_seeds_and_keeps_the_finished
     sweep = ["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs")]
     run_dir = tmp_path / "runs" / "seeds"
     assert main(sweep) == 0, capsys.readouterr().err
+    capsys.readouterr()  # the first run's lines: the resumed run's are read below
     old = [t.name for t in runlog.load_run(run_dir).trials]
     assert old == ["t000-lr=0.05", "t001-lr=0.1"]
     before = {name: folder_hashes(run_dir / name) for name in old}
@@ -95,7 +106,9 @@ def test_resume_with_more_repeats_runs_only_the_new_seeds_and_keeps_the_finished
         (0.1, 1, 1),
     ]
     assert {name: folder_hashes(run_dir / name) for name in old} == before  # byte for byte, nothing added
-    assert "t000-lr=0.05 starts" not in out and "t002-lr=0.05-seed=1" in out
+    assert "resuming seeds: 2 of 4 trials unfinished" in out
+    assert "t002-lr=0.05-seed=1  starts" in out and "t003-lr=0.1-seed=1  starts" in out
+    assert not any(f"{name}  starts" in out or f"{name}  continues" in out for name in old)
     assert run.sweep["trials"] == [t.name for t in run.trials]
     assert (run.sweep["repeats"], run.sweep["repeat_counts"], "finished_at" in run.sweep) == (2, [1, 2], True)
 
