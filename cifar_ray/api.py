@@ -51,17 +51,41 @@ def _override_values(overrides: Overrides) -> dict[str, Any]:
 
 
 def sweep_plan(
-    source: str | os.PathLike | Mapping[str, Any], overrides: Overrides = None, name: str | None = None
+    source: str | os.PathLike | Mapping[str, Any],
+    overrides: Overrides = None,
+    name: str | None = None,
+    repeats: int | None = None,
 ) -> SweepPlan:
     """The validated trials of a sweep file or of a sweep given as a dict (the file's keys: name, base, grid,
-    repeats, ...), with `overrides` applied to every trial and `name` for the run folder; runs nothing
-    (`cifar-ray sweep FILE --dry-run`). Returns a core.sweep.SweepPlan; ConfigError for bad input."""
+    repeats, ...), with `overrides` applied to every trial, `name` for the run folder and `repeats` seeds per grid
+    point instead of the file's; runs nothing (`cifar-ray sweep FILE --dry-run`). Returns a core.sweep.SweepPlan;
+    ConfigError for bad input."""
     from .core.sweep import build_plan, load_sweep
 
     values = _override_values(overrides)
     if isinstance(source, Mapping):
-        return build_plan(dict(source), values, DICT_SOURCE, name)
-    return load_sweep(source, values, name)
+        return build_plan(dict(source), values, DICT_SOURCE, name, repeats)
+    return load_sweep(source, values, name, repeats)
+
+
+def resumed_sweep_plan(
+    source: str | os.PathLike | Mapping[str, Any],
+    overrides: Overrides = None,
+    name: str | None = None,
+    repeats: int | None = None,
+    storage: str | os.PathLike | StoragePath = "runs",
+) -> SweepPlan:
+    """The plan a resume of the run in storage/<name> continues: its trials as it planned them, and new seeds'
+    trials where `repeats` asks for more than it has (`sweep FILE --resume --repeats N`); the plain plan when the
+    folder holds no run (the resume then says there is nothing to resume)."""
+    from .core.sweep import resumed_plan
+
+    plan = sweep_plan(source, overrides, name, repeats)
+    recorded = runlog.read_json(StoragePath.of(storage) / plan.name / runlog.SWEEP_FILE)
+    if not recorded:
+        return plan
+    label = DICT_SOURCE if isinstance(source, Mapping) else None
+    return resumed_plan(source, _override_values(overrides), name, repeats, recorded, label)
 
 
 def train_plan(overrides: Overrides = None, name: str | None = None) -> SweepPlan:
@@ -162,6 +186,7 @@ def sweep(
     name: str | None = None,
     storage: str | os.PathLike = "runs",
     resume: bool = False,
+    repeats: int | None = None,
     max_concurrent: int | None = None,
     address: str | None = None,
     isolate: bool = False,
@@ -169,9 +194,16 @@ def sweep(
     print_line: Callable[[str], None] = print,
 ) -> Run:
     """Run a sweep file, or a sweep given as a dict, with `overrides` on every trial (`cifar-ray sweep`); returns
-    the run folder loaded (Run). `resume`: finish an interrupted run of the same sweep, overrides and name."""
+    the run folder loaded (Run). `resume`: finish an interrupted run of the same sweep, overrides and name;
+    `repeats`: seeds per grid point instead of the file's (with `resume`, more than the run has adds the new seeds'
+    trials to it)."""
+    plan = (
+        resumed_sweep_plan(source, overrides, name, repeats, storage)
+        if resume
+        else sweep_plan(source, overrides, name, repeats)
+    )
     run_dir = execute_plan(
-        sweep_plan(source, overrides, name),
+        plan,
         storage,
         resume=resume,
         max_concurrent=max_concurrent,

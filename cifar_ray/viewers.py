@@ -89,7 +89,8 @@ def export_run(run_dir: runlog.Where, to: str, out: str | os.PathLike | None = N
 
 def epoch_scalars(row: dict) -> dict[str, float]:
     """The numbers of one metrics.jsonl line that a viewer plots, in runlog.EPOCH_METRICS order."""
-    return {key: row[key] for key in runlog.EPOCH_METRICS if key not in NOT_PLOTTED and _is_number(row.get(key))}
+    known = {**runlog.EPOCH_METRICS, **runlog.OLD_EPOCH_METRICS}
+    return {key: row[key] for key in known if key not in NOT_PLOTTED and _is_number(row.get(key))}
 
 
 def _is_number(value: Any) -> bool:

@@ -478,7 +478,8 @@ def test_powersgd_run_through_ray_learns_and_reports_bytes(tmp_path, capsys):
     assert fp32 / compressed > 20  # simple_cnn width 8: 608776 B -> 17104 B per step
     # linear scaling: effective batch 64 = 2 x base_batch 32 -> peak 0.05; warm-up over epoch 1
     assert all(row["peak_lr"] == pytest.approx(0.05) for row in epochs)
-    assert epochs[0]["lr"] == pytest.approx(0.05 / steps) and epochs[1]["lr"] == pytest.approx(0.05)
+    assert epochs[0]["lr_last"] == epochs[0]["lr_max"] == pytest.approx(0.05)  # warm-up ends on the epoch's last step
+    assert epochs[1]["lr_max"] == pytest.approx(0.05) and epochs[1]["lr_last"] < 0.05  # then cosine decays
 
     # the checkpoint holds both ranks' PowerSGD state (each rank's own error feedback)
     checkpoints = sorted((tmp_path / "psgd" / result["trial"]).rglob("state.pt"))
@@ -496,3 +497,44 @@ def test_fused_optimizer_kernels_on_cuda_only():
         assert build_optimizer(params, TrainConfig(optimizer=name, use_gpu="true")).defaults["fused"] is True
         assert not build_optimizer(params, TrainConfig(optimizer=name, use_gpu="false")).defaults.get("fused")
     assert not build_optimizer(params, TrainConfig(optimizer="rmsprop", use_gpu="true")).defaults.get("fused")
+
+
+def test_each_epoch_logs_its_last_and_highest_step_lr_as_the_optimizer_ran_them(tmp_path, monkeypatch):
+    """lr_last and lr_max against the rates the optimizer stepped with (read before each step): warm-up over half
+    an epoch, then onecycle's rise, so that an epoch's highest, first and last rates differ."""
+    from cifar_ray.core.storage import StoragePath
+    from cifar_ray.training import loop
+    from cifar_ray.training.distributed import Worker
+
+    stepped: list[float] = []
+    build_training = loop.build_training
+
+    def recording(*args, **kwargs):
+        training = build_training(*args, **kwargs)
+        training.optimizer.register_step_pre_hook(lambda opt, *_: stepped.append(opt.param_groups[0]["lr"]))
+        return training
+
+    monkeypatch.setattr(loop, "build_training", recording)
+    cfg = TrainConfig(
+        dataset="synthetic",
+        train_subset=256,
+        test_subset=64,
+        train_eval_size=0,
+        width=4,
+        depth=2,
+        epochs=3,
+        batch_size=32,
+        scheduler="onecycle",
+        warmup_epochs=0.5,
+    )
+    epochs: list[dict] = []
+    torch.set_num_threads(1)
+    worker = Worker(rank=0, world=1, devices=[torch.device("cpu")])
+    loop.run_trial(cfg, StoragePath.of(tmp_path / "trial"), worker, lambda metrics, _: epochs.append(metrics))
+    steps = 256 // 32
+    assert len(stepped) == 3 * steps
+    ran = [stepped[i * steps : (i + 1) * steps] for i in range(3)]
+    assert [(row["lr_last"], row["lr_max"]) for row in epochs] == [
+        (pytest.approx(rates[-1], rel=1e-12), pytest.approx(max(rates), rel=1e-12)) for rates in ran
+    ]
+    assert ran[0][0] < ran[0][-1] < max(ran[0])  # the first step's rate (the old `lr`) is neither

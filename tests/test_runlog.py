@@ -221,3 +221,20 @@ def test_a_sweep_into_a_folder_with_a_corrupt_sweep_json_is_refused_before_ray_s
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"cifar-ray: error: cannot read {run_dir / runlog.SWEEP_FILE}")
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+
+
+def test_an_older_logs_lr_is_read_as_the_first_steps_rate_and_train_json_calls_nothing_final_lr(tmp_path):
+    """Logs written before lr_last held `lr`, the epoch's first step's rate: read as lr_first, never as the
+    config's lr (the peak) nor as a final rate; the report's epochs keep it."""
+    from cifar_ray.commands.common import trial_result
+    from cifar_ray.report.load import epochs_frame
+
+    trial_dir = tmp_path / "run" / "t000"
+    trial_dir.mkdir(parents=True)
+    runlog.write_json(trial_dir / runlog.TRIAL_FILE, {"config": {"lr": 0.05}, "status": "finished"})
+    (trial_dir / runlog.EPOCHS_FILE).write_text(json.dumps({"epoch": 1, "test_acc": 0.5, "lr": 0.0125}) + "\n")
+    assert runlog.read_epochs(trial_dir) == [{"epoch": 1, "test_acc": 0.5, "lr_first": 0.0125}]
+    run = runlog.load_run(tmp_path / "run")
+    result = trial_result(run.trials[0])
+    assert result["lr"] == 0.05 and result["lr_first"] == 0.0125 and "final_lr" not in result
+    assert epochs_frame(run)["lr_first"].tolist() == [0.0125]

@@ -58,7 +58,8 @@ def test_train_two_workers_on_cifar_fixture(cifar_dir, tmp_path, capsys):
             "epoch_time_s",
             "samples_per_s",
             "peak_mem_mb",
-            "lr",
+            "lr_last",
+            "lr_max",
         ):
             assert isinstance(row[key], float) and row[key] >= 0, key
     assert trial.meta["system"]["world_size"] == 2 and trial.meta["system"]["device_type"] == "cpu"

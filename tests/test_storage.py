@@ -76,7 +76,7 @@ def test_resume_hint_leaves_credentials_out():
     from cifar_ray.commands.common import resume_command
 
     args = argparse.Namespace(
-        file="s.yaml", storage="s3://key:hunter2@bucket/runs?region=x", name=None, address=None, set=[]
+        file="s.yaml", storage="s3://key:hunter2@bucket/runs?region=x", name=None, address=None, set=[], repeats=None
     )
     assert resume_command(args) == "cifar-ray sweep s.yaml --resume --storage 's3://bucket/runs?region=x'"
 

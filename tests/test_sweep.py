@@ -275,6 +275,51 @@ def test_summary_and_report_read_best_from_one_place():
     defaults = SweepFile(name="x")
     assert sweep_objective({}) == (defaults.metric, defaults.mode)
     assert sweep_objective({"metric": "test_loss", "mode": "min"}) == ("test_loss", "min")
-    trials = pd.DataFrame({"status": ["finished"], "final_test_loss": [0.5]})
+    trials = pd.DataFrame({"status": ["finished"], "outcome": ["finished"], "final_test_loss": [0.5]})
     metric, note = resolve_objective({"metric": "test_loss", "mode": "min"}, trials)
     assert (metric.column, metric.better, note) == ("final_test_loss", "min", "")
+
+
+OPTIMIZER_BUNDLES = {"optimizer": [{"optimizer": "momentum", "lr": 0.05}, {"optimizer": "adam", "lr": 0.001}]}
+
+
+def test_set_of_a_key_a_bundle_sets_relabels_the_trials_from_what_ran():
+    plan = build_plan({"name": "o", "grid": OPTIMIZER_BUNDLES}, {"lr": 0.5})
+    assert [(t.config.optimizer, t.config.lr) for t in plan.trials] == [("momentum", 0.5), ("adam", 0.5)]
+    assert [t.swept["optimizer"] for t in plan.trials] == ["momentum (lr=0.5)", "adam (lr=0.5)"]
+    assert plan.grid == {"optimizer": ["momentum (lr=0.5)", "adam (lr=0.5)"]}
+    assert [t.name for t in plan.trials] == ["t000-optimizer=momentum-lr-0.5", "t001-optimizer=adam-lr-0.5"]
+
+
+def test_bundles_made_one_config_by_set_are_one_value_and_a_bundle_set_whole_leaves_the_grid():
+    bundles = {"optimizer": [{"optimizer": "adam", "lr": 0.01}, {"optimizer": "adam", "lr": 0.001}]}
+    plan = build_plan({"name": "o", "grid": bundles | {"width": [8, 16]}}, {"lr": 0.5})
+    assert [t.swept for t in plan.trials] == [
+        {"optimizer": "adam (lr=0.5)", "width": 8},
+        {"optimizer": "adam (lr=0.5)", "width": 16},
+    ]
+    whole = build_plan({"name": "o", "grid": OPTIMIZER_BUNDLES | {"width": [8, 16]}}, {"lr": 0.5, "optimizer": "sgd"})
+    assert [t.swept for t in whole.trials] == [{"width": 8}, {"width": 16}] and whole.grid == {"width": [8, 16]}
+    assert all((t.config.optimizer, t.config.lr) == ("sgd", 0.5) for t in whole.trials)
+
+
+@pytest.mark.parametrize(
+    "grid, refusal",
+    [
+        (OPTIMIZER_BUNDLES | {"lr": [0.1, 0.2]}, "grid.optimizer and grid.lr both set lr"),
+        ({"lr": [0.1, 0.2], **OPTIMIZER_BUNDLES}, "grid.lr and grid.optimizer both set lr"),
+        (OPTIMIZER_BUNDLES | {"schedule": [{"lr": 0.1, "scheduler": "step"}]}, "grid.optimizer and grid.schedule both"),
+    ],
+)
+def test_two_factors_that_set_one_key_are_refused_in_one_line_before_ray(tmp_path, capsys, grid, refusal):
+    path = tmp_path / "shared.yaml"
+    path.write_text(json.dumps({"name": "shared", "grid": grid}))
+    with pytest.raises(ConfigError) as error:
+        load_sweep(path)
+    assert str(error.value).startswith(f"{path}: {refusal}") and "allowed: each key set by one grid factor" in str(
+        error.value
+    )
+    assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 2  # refused before Ray starts
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cifar-ray: error: ") and "\n" not in err
+    assert not (tmp_path / "runs").exists()

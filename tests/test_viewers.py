@@ -62,14 +62,17 @@ def logged_epochs(trial_dir: Path) -> dict[int, dict]:
 
 
 def expected_scalars(trial_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """{metric: [(epoch, value, end_unix)]}: every number of every epoch named in runlog.EPOCH_METRICS."""
+    """{metric: [(epoch, value, end_unix)]}: every number of every epoch named in runlog.EPOCH_METRICS, and an older
+    log's under its new name (the recorded quickstart's `lr` is lr_first)."""
     if not (trial_dir / runlog.EPOCHS_FILE).exists():
         return {}
     series: dict[str, list] = {}
+    known = {**runlog.EPOCH_METRICS, **runlog.OLD_EPOCH_METRICS}
     for epoch, row in sorted(logged_epochs(trial_dir).items()):
         for key, value in row.items():
+            key = runlog.RENAMED_EPOCH_KEYS.get(key, key)
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if numeric and key in runlog.EPOCH_METRICS and key not in NOT_PLOTTED:
+            if numeric and key in known and key not in NOT_PLOTTED:
                 series.setdefault(key, []).append((epoch, value, row["end_unix"]))
     return series
 

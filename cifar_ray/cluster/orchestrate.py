@@ -21,7 +21,7 @@ from collections.abc import Callable
 from ..core import runlog, sysinfo
 from ..core.errors import ConfigError
 from ..core.storage import StoragePath
-from ..core.sweep import SweepPlan
+from ..core.sweep import SweepPlan, TrialSpec
 from . import slots
 from .dispatcher import tune_trial
 from .live_view import live_tensorboard
@@ -160,14 +160,20 @@ def run_plan(
             raise ConfigError(
                 f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume"
             )
-        if previous.get("trials") != names:
+        recorded = previous.get("trials") or []
+        if names[: len(recorded)] != recorded:
             raise ConfigError(
                 f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file "
                 "and --set values, or use --name"
             )
-        tuner = tune.Tuner.restore(
-            run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem
-        )
+        if len(names) > len(recorded):  # --repeats added seeds: Tune's saved experiment cannot take new trials
+            add_trials(run_dir, plan, previous, names[len(recorded) :])
+            to_train = {spec.name for spec in slot_plan.specs}
+            tuner = new_tuner(trainable, [t for t in plan.trials if t.name in to_train], run_dir, plan.name, limit)
+        else:
+            tuner = tune.Tuner.restore(
+                run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem
+            )
     else:
         refusal = runlog.existing_run_refusal(run_dir, plan.name)
         if refusal:
@@ -188,23 +194,8 @@ def run_plan(
                 "slots": True,  # every trial runs in a slot (a one-trial slot when not warm)
             },
         )
-        for trial in plan.trials:
-            runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"trial": tune.grid_search([tune_trial(t, run_dir) for t in plan.trials])},
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=limit,
-                trial_dirname_creator=_trial_folder_name,
-                trial_name_creator=_trial_folder_name,
-            ),
-            run_config=tune.RunConfig(
-                name=plan.name,
-                **run_dir.parent.ray_storage(),
-                verbose=0,
-                callbacks=[progress_callback(), *live_tensorboard(run_dir)],
-            ),
-        )
+        write_pending(run_dir, plan.trials)
+        tuner = new_tuner(trainable, plan.trials, run_dir, plan.name, limit)
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
     untrained = len(slot_plan.specs) if resume else None
     print_line(sweep_header(plan, capacity, limit, run_dir, untrained, estimate_s))
@@ -232,6 +223,43 @@ def run_plan(
             mark_interrupted(run_dir, plan)
             close_session(sweep_file, _all_final(run_dir, plan))
     return run_dir
+
+
+def write_pending(run_dir: StoragePath, trials: list[TrialSpec]) -> None:
+    for trial in trials:
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "pending"})
+
+
+def add_trials(run_dir: StoragePath, plan: SweepPlan, previous: dict, added: list[str]) -> None:
+    """A --resume that adds seeds: sweep.json lists every trial and the repeat counts (an unfinished run again, so
+    no finished_at), and each new trial gets its first trial.json; the trials already there are not touched."""
+    summary = plan.summary()
+    sweep = {k: v for k, v in previous.items() if k != "finished_at"}
+    runlog.write_json(
+        run_dir / runlog.SWEEP_FILE, sweep | {k: summary[k] for k in ("trials", "repeats", "repeat_counts")}
+    )
+    write_pending(run_dir, [t for t in plan.trials if t.name in added])
+
+
+def new_tuner(trainable, trials: list[TrialSpec], run_dir: StoragePath, name: str, limit: int):
+    """A Tune experiment of `trials` in `run_dir`, one thin Tune trial each, in a folder named after the trial."""
+    from ray import tune
+
+    return tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search([tune_trial(t, run_dir) for t in trials])},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=limit,
+            trial_dirname_creator=_trial_folder_name,
+            trial_name_creator=_trial_folder_name,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            **run_dir.parent.ray_storage(),
+            verbose=0,
+            callbacks=[progress_callback(), *live_tensorboard(run_dir)],
+        ),
+    )
 
 
 def _all_final(run_dir: StoragePath, plan: SweepPlan) -> bool:

@@ -40,7 +40,7 @@ SUMMARY_COLUMNS = (
     "peak_mem_mb",
     "peak_mem_total_mb",
 )
-SET_OPTION, RESUME_OPTION = "--set", "--resume"
+SET_OPTION, RESUME_OPTION, REPEATS_OPTION = "--set", "--resume", "--repeats"
 
 
 def is_override(word: str) -> bool:
@@ -161,8 +161,7 @@ def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
         **trial.config,
         "epochs_done": len(trial.epochs),
         "best_test_acc": max(accs) if accs else None,
-        # the epoch's "lr" is the scheduled value; the config key lr (peak LR) keeps its name
-        **{("final_lr" if k == "lr" else k): v for k, v in last.items() if k != "epoch"},
+        **{k: v for k, v in last.items() if k != "epoch"},  # lr_last, lr_max: the config key lr is the peak
     }
 
 
@@ -252,6 +251,8 @@ def resume_command(args: argparse.Namespace) -> str:
         parts += ["--name", shlex.quote(args.name)]
     if args.address:
         parts += ["--address", shlex.quote(args.address)]
+    if args.repeats is not None:
+        parts += [REPEATS_OPTION, str(args.repeats)]
     if args.set:
         parts += [SET_OPTION, *map(shlex.quote, args.set)]
     return " ".join(parts)

@@ -7,7 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ..core.errors import UsageError
-from .common import RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
+from .common import REPEATS_OPTION, RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
 
 if TYPE_CHECKING:
     from ..core.sweep import SweepPlan
@@ -27,8 +27,9 @@ EXAMPLES = (
         "cifar-ray sweep --set dataset=synthetic epochs=1 sweeps/batch_size.yaml --name batch-size-short",
     ),
     (
-        "finish an interrupted run (with the --storage, --name and --set it was started with)",
-        "cifar-ray sweep sweeps/quickstart.yaml --resume",
+        "finish an interrupted run (with the --storage, --name and --set it was started with); --repeats 5: and add "
+        "seeds, to 5 per grid point in all (only the new trials run)",
+        "cifar-ray sweep sweeps/quickstart.yaml --resume --repeats 5",
     ),
 )
 
@@ -50,6 +51,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="finish an interrupted run of this sweep: finished trials are kept, "
         "the rest continue from their checkpoints",
     )
+    sweep.add_argument(
+        REPEATS_OPTION,
+        type=int,
+        metavar="N",
+        help="seeds per grid point, instead of the file's repeats; with --resume, more than the run has adds the "
+        "new seeds' trials to it (finished trials are kept as they are)",
+    )
 
 
 def estimate_refusal(args: argparse.Namespace) -> str | None:
@@ -69,10 +77,13 @@ def estimate_refusal(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import check_max_concurrent, sweep_plan
+    from ..api import check_max_concurrent, resumed_sweep_plan, sweep_plan
     from ..core.sweep import trial_table, work_summary
 
-    plan = sweep_plan(args.file, args.set, args.name)
+    if args.resume:  # the run's trials as it planned them, and new seeds' where --repeats asks for more
+        plan = resumed_sweep_plan(args.file, args.set, args.name, args.repeats, args.storage)
+    else:
+        plan = sweep_plan(args.file, args.set, args.name, args.repeats)
     refusal = estimate_refusal(args) if args.estimate else None
     if refusal:
         raise UsageError(refusal)

@@ -6,6 +6,7 @@
       provenance/session-N.*    what session N ran with: git changes, packages, GPU stack (provenance.py)
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
+      <trial>/network.json      the model as built: its layers and parameter count (rank 0, as the trial starts)
       <trial>/error.txt         the traceback of a failed trial
       <trial>/profile_trace.json  with --profile: a Chrome trace of a few steps of one epoch, written by rank 0
       <trial>/profile.json      with --profile: the top operators by self time in that trace (training/profile.py)
@@ -48,6 +49,7 @@ EPOCHS_FILE = "metrics.jsonl"
 ERROR_FILE = "error.txt"
 PROFILE_TRACE_FILE = "profile_trace.json"
 PROFILE_FILE = "profile.json"
+NETWORK_FILE = "network.json"
 # Step-time breakdown of an epoch in seconds, mean over ranks (training.timing.PhaseTimer measures it).
 ALLREDUCE_KEY = "time_allreduce_s"
 BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", ALLREDUCE_KEY, "time_optimizer_s", "time_eval_s")
@@ -88,7 +90,9 @@ EPOCH_METRICS = {
     "peak_mem_above_start_mb": "the largest rise of one worker's peak memory (as peak_mem_mb measures it) over its "
     "resident level when the trial started: what the trial itself needed, without what earlier trials of a warm "
     "slot left resident (MB)",
-    "lr": "the scheduled learning rate at the epoch's last step",
+    "lr_last": "the learning rate of the epoch's last optimizer step",
+    "lr_max": "the highest learning rate of the epoch's optimizer steps (above lr_last while warm-up or onecycle's "
+    "rise lifts it)",
     "peak_lr": "the learning rate after lr_scaling, before the schedule",
     "amp_skipped_steps": "optimizer steps the fp16 grad scaler skipped (inf/NaN gradients)",
     "allreduce_bytes_per_step": "bytes each worker sends to the gradient all-reduce per optimizer step",
@@ -97,6 +101,10 @@ EPOCH_METRICS = {
     "non-finite loss; one the grad scaler skipped is not a divergence): the trial stops",
 }
 assert set(BREAKDOWN_KEYS) <= set(EPOCH_METRICS)
+# Epoch keys of older logs, read under the name that says what they held: `lr` was the epoch's first step's rate.
+RENAMED_EPOCH_KEYS = {"lr": "lr_first"}
+OLD_EPOCH_METRICS = {"lr_first": "logs written before lr_last: the learning rate of the epoch's first optimizer step"}
+assert set(RENAMED_EPOCH_KEYS.values()) == set(OLD_EPOCH_METRICS)
 # Epoch metrics a sweep file may name as its `metric` (the one Tune ranks trials by).
 OBJECTIVES = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s", "samples_per_s", "peak_mem_mb")
 assert set(OBJECTIVES) <= set(EPOCH_METRICS)
@@ -149,8 +157,8 @@ def update_json(path: Where, **fields: Any) -> dict:
 
 
 def _epoch_rows(data: bytes) -> list[dict]:
-    """metrics.jsonl's epochs, a repeated epoch's last copy; ValueError for a line that is not an epoch's JSON,
-    except a last line cut short (see the module's docstring)."""
+    """metrics.jsonl's epochs, a repeated epoch's last copy, older keys renamed (RENAMED_EPOCH_KEYS); ValueError
+    for a line that is not an epoch's JSON, except a last line cut short (see the module's docstring)."""
     lines = data.decode().split("\n")  # the last item is "" when the file ends with its newline
     by_epoch: dict[int, dict] = {}
     for number, line in enumerate(lines, 1):
@@ -164,7 +172,7 @@ def _epoch_rows(data: bytes) -> list[dict]:
             raise ValueError(f"line {number} is not JSON") from None
         if not (isinstance(row, dict) and isinstance(row.get("epoch"), int)):
             raise ValueError(f"line {number} is not an epoch's metrics (a JSON object with an integer epoch)")
-        by_epoch[row["epoch"]] = row
+        by_epoch[row["epoch"]] = {RENAMED_EPOCH_KEYS.get(key, key): value for key, value in row.items()}
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 

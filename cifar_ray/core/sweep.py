@@ -21,8 +21,10 @@ Everything is validated before Ray starts; errors are one line naming the file a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +50,7 @@ from .strict_yaml import load_yaml
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$"
 NAME_MAX = 80
 TRIAL_NAME_MAX = 120
+REPEATS_MAX = 100
 
 
 def name_refusal(name: Any) -> str | None:
@@ -67,7 +70,7 @@ class SweepFile(BaseModel):
     description: str = ""
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
-    repeats: int = Field(1, ge=1, le=100)
+    repeats: int = Field(1, ge=1, le=REPEATS_MAX)
     metric: Literal[OBJECTIVES] = DEFAULT_OBJECTIVE[0]  # type: ignore[valid-type]
     mode: Literal[MODES] = DEFAULT_OBJECTIVE[1]  # type: ignore[valid-type]
 
@@ -118,6 +121,8 @@ class SweepPlan:
     mode: str
     trials: list[TrialSpec]
     source: str = ""
+    # every repeat count the run was planned with, in order: a --resume --repeats N extension adds N (extended_plan)
+    repeat_counts: tuple[int, ...] = ()
 
     def summary(self) -> dict:
         return {
@@ -128,6 +133,7 @@ class SweepPlan:
             "grid": self.grid,
             "base": self.base,
             "repeats": self.repeats,
+            "repeat_counts": list(self.repeat_counts),
             "source": self.source,
             "trials": [t.name for t in self.trials],
         }
@@ -152,19 +158,56 @@ def bundle_label(factor: str, bundle: dict[str, Any]) -> str:
     return rest
 
 
+def _factor_keys(factor: str, values: list[Any]) -> list[str]:
+    """The config keys a grid factor sets, in the file's order: a bundle factor's mappings' keys, else the factor."""
+    return list(dict.fromkeys(key for value in values if isinstance(value, dict) for key in value)) or [factor]
+
+
+def _shared_key_refusal(grid: dict[str, list[Any]]) -> str | None:
+    """Two grid factors that set one key: the later would silently overwrite the earlier, and the report would
+    compare trials that ran the same config; one line, or None when every key has one factor."""
+    setter: dict[str, str] = {}
+    for factor, values in grid.items():
+        for key in _factor_keys(factor, values):
+            if key in setter:
+                return (
+                    f"grid.{setter[key]} and grid.{factor} both set {key}; allowed: each key set by one grid factor "
+                    f"(sweep {key} inside the bundles, or as a factor of its own)"
+                )
+            setter[key] = factor
+    return None
+
+
+def _values_that_run(values: list[Any], overrides: dict[str, Any]) -> list[Any]:
+    """A factor's values as the trials run them: --set wins over a bundle's keys, so a bundle is relabelled with
+    the overriding values, and bundles that become the same config are one value."""
+    ran = [
+        value | {k: overrides[k] for k in value if k in overrides} if isinstance(value, dict) else value
+        for value in values
+    ]
+    return list({repr(value): value for value in ran}.values())
+
+
 def unknown_top_level_key(key: str) -> str:
     return f"unknown top-level key '{key}'; allowed: {', '.join(SweepFile.model_fields)}"
 
 
 def build_plan(
-    data: Any, overrides: dict[str, Any] | None = None, source: str = "<sweep>", name: str | None = None
+    data: Any,
+    overrides: dict[str, Any] | None = None,
+    source: str = "<sweep>",
+    name: str | None = None,
+    repeats: int | None = None,
 ) -> SweepPlan:
     """Validate a parsed sweep document and expand it; `overrides` replace base keys for every
-    trial (and win over the grid, which then collapses to the overridden value)."""
+    trial and win over the grid: a factor all of whose keys they set leaves the grid, a bundle with some of its
+    keys set is relabelled from the values that run. `repeats` (--repeats) replaces the file's."""
     where = f"{source}: "
     refusal = name_refusal(name) if name is not None else None
     if refusal:
         raise ConfigError(f"--name {refusal}")
+    if repeats is not None and not 1 <= repeats <= REPEATS_MAX:
+        raise ConfigError(f"--repeats {repeats}: allowed: 1 to {REPEATS_MAX} seeds per grid point")
     if not isinstance(data, dict):
         raise ConfigError(f"{where}a sweep file is a YAML mapping with keys {', '.join(SweepFile.model_fields)}")
     try:
@@ -173,17 +216,26 @@ def build_plan(
         raise ConfigError(validation_line(error, where, unknown_top_level_key)) from None
     except TypeError as error:  # non-string keys
         raise ConfigError(f"{where}{error}") from None
+    if repeats is not None:
+        sweep = sweep.model_copy(update={"repeats": repeats})
     for key in sweep.base:
         if key not in KEYS:
             raise ConfigError(unknown_key_message(str(key), f"{where}base: "))
     for factor, values in sweep.grid.items():
-        for key in [k for v in values if isinstance(v, dict) for k in v] or [factor]:
+        for key in _factor_keys(factor, values):
             if key not in KEYS:
                 raise ConfigError(unknown_key_message(str(key), f"{where}grid.{factor}: "))
+    shared_key_refusal = _shared_key_refusal(sweep.grid)
+    if shared_key_refusal:
+        raise ConfigError(where + shared_key_refusal)
     base_overrides = absolute_paths(overrides or {})
     file_base = absolute_paths(sweep.base)
     base = file_base | base_overrides
-    grid = {k: v for k, v in sweep.grid.items() if k not in base_overrides}
+    grid = {
+        k: _values_that_run(v, base_overrides)
+        for k, v in sweep.grid.items()
+        if set(_factor_keys(k, v)) - base_overrides.keys()
+    }
     labels = {k: [bundle_label(k, v) if isinstance(v, dict) else v for v in values] for k, values in grid.items()}
     if "seed" in grid and sweep.repeats > 1:
         raise ConfigError(f"{where}grid.seed and repeats={sweep.repeats} both vary the seed; use one of them")
@@ -204,7 +256,6 @@ def build_plan(
             for factor, i in zip(grid, point):
                 value = grid[factor][i]
                 values |= value if isinstance(value, dict) else {factor: value}
-            values |= base_overrides  # --set wins over bundle values too
             if sweep.repeats > 1:
                 swept["seed"] = values["seed"] = first_seed + repeat
             label = ", ".join(f"{k}={v}" for k, v in swept.items())
@@ -212,11 +263,72 @@ def build_plan(
             index = len(trials)
             trials.append(TrialSpec(index, trial_name(index, swept), swept, config))
     return SweepPlan(
-        name or sweep.name, sweep.description, base, labels, sweep.repeats, sweep.metric, sweep.mode, trials, source
+        name or sweep.name,
+        sweep.description,
+        base,
+        labels,
+        sweep.repeats,
+        sweep.metric,
+        sweep.mode,
+        trials,
+        source,
+        (sweep.repeats,),
     )
 
 
-def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: str | None = None) -> SweepPlan:
+def _grid_point_and_seed(trial: TrialSpec) -> tuple:
+    """What a trial is in its sweep, whatever its number: its grid values and its seed."""
+    return tuple((k, repr(v)) for k, v in trial.swept.items() if k != "seed"), trial.config.seed
+
+
+def extended_plan(plan: SweepPlan, more: SweepPlan) -> SweepPlan:
+    """`plan` extended by the trials of `more` (the same sweep at more repeats) that it lacks: its own trials keep
+    their names and numbers, the new seeds follow them, numbered on (so no name is taken twice)."""
+    had = {_grid_point_and_seed(t) for t in plan.trials}
+    trials = list(plan.trials)
+    for trial in more.trials:
+        if _grid_point_and_seed(trial) not in had:
+            trials.append(TrialSpec(len(trials), trial_name(len(trials), trial.swept), trial.swept, trial.config))
+    return dataclasses.replace(more, trials=trials, repeat_counts=(*plan.repeat_counts, more.repeats))
+
+
+def resumed_plan(
+    path: str | Path | Mapping[str, Any],
+    overrides: dict[str, Any],
+    name: str | None,
+    repeats: int | None,
+    recorded: dict,
+    source: str | None = None,
+) -> SweepPlan:
+    """The plan a --resume of the run whose sweep.json is `recorded` continues: the plan as the run was planned
+    (its repeat_counts, each extension in turn), extended with new seeds to `repeats` (else the file's repeats)
+    when that is more. Fewer than the run has is refused: --resume never drops trials. `path`: the sweep file, or
+    its content as a dict (`source` then names it in errors)."""
+    data = dict(path) if isinstance(path, Mapping) else read_sweep_file(path)
+    source = source or str(path)
+    wanted = build_plan(data, overrides, source, name, repeats)
+    counts = recorded.get("repeat_counts") or [recorded.get("repeats", wanted.repeats)]
+    if wanted.repeats < counts[-1]:
+        asked = f"--repeats {repeats}" if repeats is not None else f"{source}: repeats: {wanted.repeats}"
+        raise ConfigError(
+            f"{asked} is fewer seeds than the {counts[-1]} per grid point the run already has; allowed: "
+            f"--repeats {counts[-1]} to resume it, or more to add seeds"
+        )
+    more = [wanted.repeats] if wanted.repeats > counts[-1] else []
+    plan = build_plan(data, overrides, source, name, counts[0])
+    for count in [*counts[1:], *more]:
+        plan = extended_plan(plan, build_plan(data, overrides, source, name, count))
+    return plan
+
+
+def load_sweep(
+    path: str | Path, overrides: dict[str, Any] | None = None, name: str | None = None, repeats: int | None = None
+) -> SweepPlan:
+    return build_plan(read_sweep_file(path), overrides, str(path), name, repeats)
+
+
+def read_sweep_file(path: str | Path) -> Any:
+    """The parsed YAML document of a sweep file, or a one-line ConfigError."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -234,7 +346,7 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, name: 
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         detail = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{at}: {detail}") from None
-    return build_plan(data, overrides, str(path), name)
+    return data
 
 
 def single_run_plan(overrides: dict[str, Any], name: str) -> SweepPlan:

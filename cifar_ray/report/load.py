@@ -20,6 +20,7 @@ from ..core.runlog import (
     ALLREDUCE_ESTIMATE_KEY,
     BREAKDOWN_KEYS,
     EPOCH_METRICS,
+    OLD_EPOCH_METRICS,
     SWEEP_FILE,
     TRIAL_FILE,
     RunLog,
@@ -113,9 +114,11 @@ def breakdown_keys(run: RunLog) -> list[str]:
 
 
 def epochs_frame(run: RunLog, breakdown: Sequence[str] = ()) -> pd.DataFrame:
-    """One row per (trial, epoch); known numeric keys only, null/non-numeric values as NaN."""
-    columns = ["trial", "epoch", *EPOCH_KEYS, *breakdown]
+    """One row per (trial, epoch); known numeric keys only (an older log's where it has them), null/non-numeric
+    values as NaN."""
     rows = [{"trial": t.name, **row} for t in run.trials for row in t.epochs]
+    old = [key for key in OLD_EPOCH_METRICS if any(key in row for row in rows)]
+    columns = ["trial", "epoch", *EPOCH_KEYS, *breakdown, *old]
     frame = pd.DataFrame(rows).reindex(columns=columns)
     for column in columns[1:]:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)

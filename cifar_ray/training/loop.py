@@ -24,12 +24,13 @@ from torch import nn
 
 from ..core import runlog
 from ..core.config import TrainConfig
+from ..core.storage import StoragePath
 from . import comm, gpu
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, barrier, broadcast_buffers, rank_seed, reduce_train_totals
 from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory, resident_memory_mb
-from .models import build_model
-from .optim import build_optimizer, build_scheduler, peak_lr
+from .models import build_model, describe_network
+from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .profile import profiled_steps
 from .state import load_checkpoint, rng_state, save_checkpoint
 from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown
@@ -238,6 +239,9 @@ def run_trial(
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
     train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
     raw_model = build_model(cfg).to(device, memory_format=memory_format(device))
+    if rank == 0:  # the network the trial trains, for the report (which reads no torch)
+        network = describe_network(raw_model, cfg, memory_format(device))
+        runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
     training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
@@ -250,7 +254,6 @@ def run_trial(
             ready({"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()})
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
-        lr = training.optimizer.param_groups[0]["lr"]
         reset_peak_memory(devices)
         started = time.perf_counter()
         steps = iterate_train(train, cfg, epoch, rank, world, memory_format(device))
@@ -268,7 +271,6 @@ def run_trial(
         metrics = epoch_record(
             cfg,
             epoch,
-            lr,
             training,
             worker,
             steps_per_epoch,
@@ -300,7 +302,6 @@ def run_trial(
 def epoch_record(
     cfg: TrainConfig,
     epoch: int,
-    lr: float,
     training: Training,
     worker: Worker,
     steps_per_epoch: int,
@@ -320,6 +321,7 @@ def epoch_record(
     peak_per_worker, peak_total, peak_reserved, peak_above_start = reduce_peak_memory(worker.devices, memory_at_start)
     epoch_time = time.perf_counter() - started
     loss_sum, correct, samples, skipped = train_totals.tolist()
+    lr_last, lr_max = epoch_lrs(cfg, epoch, steps_per_epoch)
     return {
         "epoch": epoch,
         "train_loss": loss_sum / samples,
@@ -334,7 +336,8 @@ def epoch_record(
         "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
         "peak_mem_reserved_mb": peak_reserved,  # GPUs: the caching allocator's largest peak on one GPU; CPU: None
         "peak_mem_above_start_mb": peak_above_start,  # the trial's own: less what was resident at its start
-        "lr": lr,
+        "lr_last": lr_last,
+        "lr_max": lr_max,
         "peak_lr": peak_lr(cfg),  # lr after lr_scaling
         "amp_skipped_steps": int(skipped),
         "allreduce_bytes_per_step": comm.allreduce_bytes_per_step(

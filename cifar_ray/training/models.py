@@ -117,3 +117,42 @@ def build_model(cfg: TrainConfig) -> nn.Module:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def describe_network(model: nn.Module, cfg: TrainConfig, memory_format: torch.memory_format) -> dict:
+    """The model as built for `cfg`: every layer (a module with no submodules) in the order one image passes it,
+    with its type, output shape (one image's) and parameters, and the total parameter count. Read from a forward
+    pass of one zero image in eval mode, without gradients: nothing in the model, nor any random stream, changes."""
+    device = next(model.parameters()).device
+    layers: list[dict] = []
+    hooks = [
+        module.register_forward_hook(
+            lambda module, _, output, name=name: layers.append(
+                {
+                    "name": name,
+                    "type": type(module).__name__,
+                    "output": list(output.shape[1:]),
+                    "params": sum(p.numel() for p in module.parameters()),
+                }
+            )
+        )
+        for name, module in model.named_modules()
+        if not any(module.children())
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        model(torch.zeros(1, 3, 32, 32, device=device).contiguous(memory_format=memory_format))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return {
+        "model": cfg.model,
+        "width": cfg.width,
+        "depth": cfg.depth if cfg.model == "simple_cnn" else None,
+        "norm": cfg.norm,
+        "layers": layers,
+        "total_params": count_parameters(model),
+    }

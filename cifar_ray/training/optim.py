@@ -144,6 +144,15 @@ def lr_at_step(step: int, cfg: TrainConfig, steps_per_epoch: int) -> float:
     return peak_lr(cfg) * lr_multiplier(step, total, warmup, cfg.scheduler)
 
 
+def epoch_lrs(cfg: TrainConfig, epoch: int, steps_per_epoch: int) -> tuple[float, float]:
+    """(the last, the highest) LR of epoch `epoch`'s (1-based) optimizer steps: the highest is above the last
+    while warm-up or onecycle's rise lifts the LR through the epoch."""
+    rates = [
+        lr_at_step(step, cfg, steps_per_epoch) for step in range((epoch - 1) * steps_per_epoch, epoch * steps_per_epoch)
+    ]
+    return rates[-1], max(rates)
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
