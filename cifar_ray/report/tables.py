@@ -32,6 +32,11 @@ def has_train_eval(report: Report) -> bool:
     return bool((report.trials["train_basis"] == "eval").any())
 
 
+def has_flops(report: Report) -> bool:
+    """Whether any trial logged its FLOP/s (runs before FLOPs were counted did not)."""
+    return bool(report.trials["flops_per_s"].notna().any())
+
+
 def _always(report: Report) -> bool:
     return True
 
@@ -86,6 +91,8 @@ TRIAL_COLUMNS = (
     TrialColumn("time", "r", _field("train_time_s", fmt_duration)),
     TrialColumn("time/epoch (s)", "r", _field("time_per_epoch_s", fmt_num)),
     TrialColumn("samples/s", "r", _field("samples_per_s", fmt_num)),
+    TrialColumn("GFLOP/s", "r", lambda report, r: fmt_num(r["flops_per_s"] / 1e9), has_flops),
+    TrialColumn("MFU (%)", "r", _field("mfu", fmt_pct), has_flops),
     TrialColumn("peak mem per worker (MB)", "r", _field("peak_mem_mb", fmt_num)),
     TrialColumn("peak mem, total over workers (MB)", "r", _field("peak_mem_total_mb", fmt_num)),
     TrialColumn("status", "l", _field("status", str)),
