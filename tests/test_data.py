@@ -330,6 +330,13 @@ def test_pad_crop_takes_each_image_at_its_drawn_offset():
         assert torch.equal(out[i], padded[i, :, dy[i] : dy[i] + 32, dx[i] : dx[i] + 32])
 
 
+def test_flip_and_crop_in_one_gather_equal_flip_then_crop():
+    images = torch.randn(32, 3, 32, 32)
+    fused = data.augment(images, "flip_crop", torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(2)
+    assert torch.equal(fused, data._pad_crop(data._flip(images, generator), generator))
+
+
 def test_synthetic_is_deterministic_and_balanced():
     a, b = data.synthetic_cifar(500, split_seed=1), data.synthetic_cifar(500, split_seed=1)
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)

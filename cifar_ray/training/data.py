@@ -299,18 +299,26 @@ def _flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.where(flip[:, None, None, None], images.flip(3), images)
 
 
-def _pad_crop(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Each image reflect-padded by CROP_PADDING and cropped back to its size at a random offset."""
+def _pad_crop(images: torch.Tensor, generator: torch.Generator, flip: torch.Tensor | None = None) -> torch.Tensor:
+    """Each image reflect-padded by CROP_PADDING and cropped back to its size at a random offset; with `flip` (a bool
+    per image), the images it marks mirrored left-right first, in the same gather."""
     n, channels, h, w = images.shape
     device, p = images.device, CROP_PADDING
     padded = torch.nn.functional.pad(images, (p, p, p, p), mode="reflect").flatten(2)
     dy, dx = _draw(images, generator, 2 * p + 1), _draw(images, generator, 2 * p + 1)
     rows = dy[:, None, None] + torch.arange(h, device=device)[:, None]
     cols = dx[:, None, None] + torch.arange(w, device=device)
+    if flip is not None:  # reflect padding is symmetric: the padded mirror image is the mirrored padded image
+        cols = torch.where(flip[:, None, None], w + 2 * p - 1 - cols, cols)
     # One gather of each image's h*w pixels from its flattened padded plane, shared by its channels: on a CPU
     # core 4x faster than indexing with batch, channel, row and column tensors (the same pixels).
     flat = (rows * (w + 2 * p) + cols).view(n, 1, h * w).expand(n, channels, h * w)
     return padded.gather(2, flat).view(n, channels, h, w)
+
+
+def _flip_crop(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """_flip then _pad_crop, drawing as they do, in one pass over the batch instead of two."""
+    return _pad_crop(images, generator, flip=_draw(images, generator, 2).bool())
 
 
 def _cutout(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -329,8 +337,8 @@ def _cutout(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 AUGMENTATIONS: dict[str, tuple[Callable[[torch.Tensor, torch.Generator], torch.Tensor], ...]] = {
     "none": (),
     "flip": (_flip,),
-    "flip_crop": (_flip, _pad_crop),
-    "flip_crop_cutout": (_flip, _pad_crop, _cutout),
+    "flip_crop": (_flip_crop,),
+    "flip_crop_cutout": (_flip_crop, _cutout),
 }
 
 
