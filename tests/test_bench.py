@@ -14,13 +14,19 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
     readme = run_bench(quick=True, out_dir=tmp_path / "bench", storage=tmp_path / "runs", say=lambda line: None)
     record = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert record["goals"] == GOALS and record["versions"]["torch"] and record["host"]["cpu_count"]
-    assert [row["batch_size"] for row in record["batch_sizes"]] == [32, 128]
+    scanned = [(row["model"], row["batch_size"]) for row in record["batch_sizes"]]
+    assert scanned == [("simple_cnn", 32), ("simple_cnn", 128), ("resnet9", 32), ("resnet9", 128)]
     for row in record["batch_sizes"]:
         assert row["samples_per_s"] > 0 and set(row["breakdown_s"]) == {"data", "forward_backward", "optimizer"}
+        assert 0 < row["mfu"] < 1 and row["flops_per_s"] > 0 and row["peak_source"].startswith("GEMM probe")
+    # FLOPs per image do not depend on the batch, so FLOP/s follow images/s; resnet9 costs more FLOPs per image
+    per_image = {row["model"]: row["flops_per_s"] / row["samples_per_s"] for row in record["batch_sizes"]}
+    assert per_image["resnet9"] > 5 * per_image["simple_cnn"]
     assert record["data_path"]["ours_images_per_s"] > 0 and record["data_path"]["dataloader_images_per_s"] > 0
-    assert (
-        len(record["loop_rounds"]) == 1 and record["loop_rounds"][0]["ratio"] > 0
-    )  # interleaved rounds: 1 with --quick
+    (loop_round,) = record["loop_rounds"]  # interleaved rounds: 1 with --quick
+    bare = [loop_round["bare_contiguous_samples_per_s"], loop_round["bare_channels_last_samples_per_s"]]
+    assert min(bare) > 0 and loop_round["ours_samples_per_s"] > 0
+    assert loop_round["ratio"] == pytest.approx(loop_round["ray_samples_per_s"] / max(bare))
     layouts = sorted((t["workers"], t["cpus_per_worker"]) for t in record["trials"])
     assert layouts == [(1, 2), (2, 1)]  # the isolated trials of section 4 (section 3's runs in a warm slot)
     for trial in record["trials"]:
@@ -43,6 +49,7 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
         "## 3. Data path",
         "## 4. Scaling",
         "## 5. Batch size",
+        "| resnet9 (width 32) | 128 |",
     ):
         assert heading in text
     assert "Ray was already running" in text  # the session's Ray was reused, so ray.init is not timed

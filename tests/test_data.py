@@ -316,6 +316,27 @@ def test_batched_augmentation():
     assert ((cut == 0).flatten(1).sum(1) >= (data.CUTOUT_SIZE // 2) ** 2 * 3).all()  # every image has a hole
 
 
+def test_pad_crop_takes_each_image_at_its_drawn_offset():
+    images, p = torch.randn(16, 3, 32, 32), data.CROP_PADDING
+    out = data.augment(images, "flip_crop", torch.Generator().manual_seed(5))
+    draws = torch.Generator().manual_seed(5)
+    flip = torch.randint(0, 2, (16,), generator=draws).bool()  # the flip's draw comes first
+    dy, dx = (torch.randint(0, 2 * p + 1, (16,), generator=draws) for _ in range(2))
+    padded = torch.nn.functional.pad(
+        torch.where(flip[:, None, None, None], images.flip(3), images), (p,) * 4, "reflect"
+    )
+    assert (dy != dx).any()  # rows and columns told apart
+    for i in range(16):
+        assert torch.equal(out[i], padded[i, :, dy[i] : dy[i] + 32, dx[i] : dx[i] + 32])
+
+
+def test_flip_and_crop_in_one_gather_equal_flip_then_crop():
+    images = torch.randn(32, 3, 32, 32)
+    fused = data.augment(images, "flip_crop", torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(2)
+    assert torch.equal(fused, data._pad_crop(data._flip(images, generator), generator))
+
+
 def test_synthetic_is_deterministic_and_balanced():
     a, b = data.synthetic_cifar(500, split_seed=1), data.synthetic_cifar(500, split_seed=1)
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)

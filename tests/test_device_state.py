@@ -18,6 +18,7 @@ from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.check_runs import make_config
 from cifar_ray.training.distributed import Worker
+from cifar_ray.training.flops import Peak
 from cifar_ray.training.memory import GpuOutOfMemoryError, peak_reserved_mb, release_trial
 from cifar_ray.training.models import build_model
 from cifar_ray.training.state import load_checkpoint, rng_state, save_checkpoint
@@ -112,7 +113,10 @@ def _fp16_epoch(overflow_steps: set[int], scaler_enabled: bool = True, steps: in
     started = time.perf_counter()
     totals = train.train_epoch(training, batches, cfg, cpu, timer)
     worker = Worker(0, 1, [cpu])
-    record = train.epoch_record(cfg, 1, 0.1, training, worker, steps, totals, {}, timer.seconds(), started, 1.0, [0.0])
+    peak = Peak(1e9, "a made-up peak")
+    record = train.epoch_record(
+        cfg, 1, training, worker, steps, totals, {}, timer.seconds(), started, 1.0, [0.0], 1e6, peak
+    )
     return record, training
 
 

@@ -3,6 +3,7 @@ a trial's memory its own (two gloo ranks, torch.multiprocessing, for the first t
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 
@@ -94,6 +95,7 @@ def test_a_checkpoint_stored_by_rank_0_is_not_counted_as_the_other_ranks_compute
 
 def test_a_trials_memory_above_its_start_leaves_out_what_was_resident_before(tmp_path):
     torch.set_num_threads(1)
+    gc.collect()  # earlier tests' garbage freed during the trial would sink its peak below its start level
     left_resident = np.ones(300 * 2**20 // 8)  # 300 MB touched: an earlier trial's leftovers in a warm process
     epochs: list[dict] = []
     worker = Worker(rank=0, world=1, devices=[torch.device("cpu")])

@@ -20,7 +20,7 @@ from cifar_ray.core.config import TrainConfig
 from cifar_ray.training import comm, data
 from cifar_ray.training import loop as train
 from cifar_ray.training.check_runs import make_config, train_steps
-from cifar_ray.training.distributed import rank_seed, reduce_train_totals
+from cifar_ray.training.distributed import Worker, rank_seed, reduce_train_totals
 from cifar_ray.training.memory import peak_memory_mb, reset_peak_memory
 from cifar_ray.training.models import build_model
 from cifar_ray.training.state import CheckpointError, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
@@ -265,8 +265,25 @@ def test_inputs_take_the_models_memory_format():
     split = data.synthetic_cifar(32, split_seed=1)
     images, _ = next(data.iterate_train(split, cfg, 1, 0, 1, torch.channels_last))[0]
     assert images.is_contiguous(memory_format=torch.channels_last)
-    assert train.memory_format(torch.device("cuda", 0)) == torch.channels_last
-    assert train.memory_format(torch.device("cpu")) == torch.contiguous_format
+
+
+def test_the_loop_trains_channels_last_on_cpu(monkeypatch, tmp_path):
+    """Weights and every batch the model sees in a CPU trial are NHWC (oneDNN's fast layout: loop.MEMORY_FORMAT)."""
+    weights, inputs = [], []
+    real_build = train.build_training
+
+    def recording(cfg, model, *args, **kwargs):
+        weights.extend(p.is_contiguous(memory_format=torch.channels_last) for p in model.parameters() if p.dim() == 4)
+        model.register_forward_pre_hook(
+            lambda _, args: inputs.append(args[0].is_contiguous(memory_format=torch.channels_last))
+        )
+        return real_build(cfg, model, *args, **kwargs)
+
+    monkeypatch.setattr(train, "build_training", recording)
+    cfg = make_config(train_subset=64, test_subset=32, batch_size=16, epochs=1, augment="flip_crop")
+    train.run_trial(cfg, str(tmp_path), Worker(0, 1, [torch.device("cpu")]), lambda metrics, folder: None)
+    assert weights and all(weights)
+    assert len(inputs) >= 4 and all(inputs)  # 4 training steps and the evaluation passes
 
 
 def test_cutout_hole_is_exactly_cutout_size():

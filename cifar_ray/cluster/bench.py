@@ -1,13 +1,15 @@
 """`cifar-ray bench`'s measurements: where the time goes, measured side by side in one run (report/bench.py renders
 the record, commands/bench.py writes both).
 
-1. the training loop inside a Ray Train worker vs a bare PyTorch loop (same model, batch, threads),
-   in interleaved rounds with Ray up for both, the median of the per-round ratios;
+1. the training loop inside a Ray Train worker vs a bare PyTorch loop (same model, batch, threads; no data pipeline)
+   in both memory formats, in interleaved rounds with Ray up for all, the median of the per-round ratios to the
+   faster bare loop;
 2. orchestration overhead per trial (worker start, data load, teardown; 1 and 2 workers) and a
    sweep's wall time vs its pure training time, and the trial length at which that meets the goal;
 3. our tensor-resident data path vs a torchvision DataLoader with per-sample PIL transforms;
 4. scaling on the cores at hand: 1 worker x 2 threads vs 2 workers x 1 thread;
-5. images/s and time per epoch vs batch size, with the step-time breakdown.
+5. images/s, model GFLOP/s and MFU vs batch size for both models (our loop in this process), with the step-time
+   breakdown.
 Numbers are medians over epochs after the first (warm-up); every record states the machine.
 """
 
@@ -24,13 +26,14 @@ from ..core import runlog, sysinfo
 from ..core.config import TrainConfig, parse_config
 from ..core.storage import StoragePath
 from ..core.sweep import build_plan
-from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits
-from ..training.loop import build_training, torch_threads, train_epoch
+from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits, normalise
+from ..training.flops import device_peak, throughput, training_flops_per_image
+from ..training.loop import MEMORY_FORMAT, build_training, torch_threads, train_epoch
 from ..training.models import build_model
 from ..training.timing import PhaseTimer
 
 GOALS = {
-    "ray_vs_bare": 0.95,
+    "ray_vs_bare": 0.9,
     "sweep_wall_vs_training": 1.15,
     "loader_speedup": 10.0,
     "data_share": 0.03,
@@ -55,33 +58,69 @@ def bench_config(quick: bool, **overrides) -> TrainConfig:
     return parse_config(base | overrides)
 
 
+# The batch-size scan's models (section 5): the bench's workload and a model of ~10x its FLOPs per image.
+SCAN_MODELS = ({"model": "simple_cnn", "width": 16}, {"model": "resnet9", "width": 32})
+MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
 def median_after_warmup(values: list[float]) -> float:
     return statistics.median(values[1:] if len(values) > 1 else values)
 
 
 def bare_loop(cfg: TrainConfig) -> dict:
-    """The same loop without Ray: train_epoch in this process, cfg.cpus_per_worker threads."""
+    """Our loop without Ray: train_epoch in this process, cfg.cpus_per_worker threads; its model FLOP/s and MFU."""
     cpu = torch.device("cpu")
     with torch_threads(cfg.cpus_per_worker):
         torch.manual_seed(cfg.seed)
         train, _ = load_splits(cfg)
-        training = build_training(cfg, build_model(cfg), len(train) // cfg.effective_batch, cpu, world=1)
+        model = build_model(cfg).to(memory_format=MEMORY_FORMAT)
+        flops_per_image, peak = training_flops_per_image(model), device_peak(cpu, cfg.amp)
+        training = build_training(cfg, model, len(train) // cfg.effective_batch, cpu, world=1)
         rates, phases, times = [], [], []
         for epoch in range(1, cfg.epochs + 1):
             timer = PhaseTimer(cpu)
             started = time.perf_counter()
-            totals = train_epoch(training, iterate_train(train, cfg, epoch, 0, 1), cfg, cpu, timer)
+            steps = iterate_train(train, cfg, epoch, 0, 1, MEMORY_FORMAT)
+            totals = train_epoch(training, steps, cfg, cpu, timer)
             elapsed = time.perf_counter() - started
             rates.append(totals[2].item() / elapsed)
             times.append(elapsed)
             phases.append(timer.seconds())
     last = phases[-1]
+    rate = median_after_warmup(rates)
     return {
-        "samples_per_s": median_after_warmup(rates),
+        "samples_per_s": rate,
+        **throughput(flops_per_image, rate, 1.0, peak.flops_per_s),  # flops_per_s, mfu
+        "peak_source": peak.source,
         "epoch_time_s": median_after_warmup(times),
         "breakdown_s": last,
         "data_share": last.get("data", 0.0) / sum(last.values()),
     }
+
+
+def bare_pytorch_loop(cfg: TrainConfig, memory_format: torch.memory_format) -> float:
+    """Images/s of the plainest loop PyTorch allows for cfg's model, batch and threads: forward, loss, backward,
+    SGD step on batches normalised beforehand (no data pipeline, no metrics, no schedule), in `memory_format`;
+    the median over epochs after the first."""
+    with torch_threads(cfg.cpus_per_worker):
+        torch.manual_seed(cfg.seed)
+        train, _ = load_splits(cfg)
+        model = build_model(cfg).to(memory_format=memory_format).train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        images = normalise(train.images).contiguous(memory_format=memory_format)
+        batches = [
+            (images[i : i + cfg.batch_size], train.labels[i : i + cfg.batch_size])
+            for i in range(0, len(train) - cfg.batch_size + 1, cfg.batch_size)
+        ]
+        rates = []
+        for _ in range(cfg.epochs):
+            started = time.perf_counter()
+            for x, y in batches:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            rates.append(len(batches) * cfg.batch_size / (time.perf_counter() - started))
+    return median_after_warmup(rates)
 
 
 def loader_comparison(cfg: TrainConfig, batches: int) -> dict:
@@ -250,10 +289,12 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
     record["ray_init_s"] = (time.perf_counter() - t0) if owns_ray else None
     try:
         record["cluster"] = cluster_capacity()
-        say("bench 1/6: batch-size scan of the bare loop (1 thread)")
+        say("bench 1/6: batch-size scan of our loop without Ray, both models (1 thread)")
         sizes = [32, 128] if quick else [16, 32, 64, 128, 256]
         record["batch_sizes"] = [
-            {"batch_size": b, **bare_loop(bench_config(quick, batch_size=b, epochs=2))} for b in sizes
+            {**model, "batch_size": b, **bare_loop(bench_config(quick, **model, batch_size=b, epochs=2))}
+            for model in SCAN_MODELS
+            for b in sizes
         ]
 
         say("bench 2/6: data path, ours vs torchvision DataLoader + PIL transforms")
@@ -264,21 +305,26 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
             for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "test_subset", "epochs")
         }
         rounds = 1 if quick else 3
-        say(f"bench 3/6: {rounds} round(s) of bare loop, then the same loop in a 1-worker warm slot (1 thread each)")
+        say(
+            f"bench 3/6: {rounds} round(s) of bare PyTorch loops (contiguous, channels_last), our loop without Ray, "
+            "then our loop in a 1-worker warm slot (1 thread each)"
+        )
         record["loop_rounds"], record["trials"] = [], []
-        for i in range(rounds):  # interleaved, so that a slow phase of the machine hits both sides
-            bare = bare_loop(base_cfg)
+        for i in range(rounds):  # interleaved, so that a slow phase of the machine hits every side
+            bare = {name: bare_pytorch_loop(base_cfg, layout) for name, layout in MEMORY_FORMATS.items()}
+            ours = bare_loop(base_cfg)
             run_dir, _ = run_sweep(f"bench-loop-{i + 1}", base, {"workers": [1]}, storage, 1, say, warm=True)
             trial = trial_overheads(run_dir)[0]  # not in the overhead table: a warm slot's start is not the trial's
             record["loop_rounds"].append(
                 {
-                    "bare_samples_per_s": bare["samples_per_s"],
+                    **{f"bare_{name}_samples_per_s": rate for name, rate in bare.items()},
+                    "ours_samples_per_s": ours["samples_per_s"],
                     "ray_samples_per_s": trial["samples_per_s"],
-                    "ratio": trial["samples_per_s"] / bare["samples_per_s"],
+                    "ratio": trial["samples_per_s"] / max(bare.values()),
                 }
             )
             if i == 0:
-                record["bare_loop"] = bare
+                record["bare_loop"] = ours
 
         say("bench 4/6: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
         layouts = [{"workers": 2, "cpus_per_worker": 1}, {"workers": 1, "cpus_per_worker": 2}]

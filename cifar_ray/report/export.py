@@ -21,6 +21,8 @@ from .findings import findings
 from .header import header_info
 from .html import to_html
 from .plots import plot_curves, plot_factor
+from .roofline import PLOT_FILE as ROOFLINE_PLOT
+from .roofline import draw_roofline, roofline_data, shows_plot
 from .sections import document
 from .verdicts import DEFAULT_MARGIN_PP
 
@@ -87,6 +89,9 @@ def report_document(report: Report, out_dir: Path) -> Document:
         plots = {"": plot_curves(report, out_dir)}
         for key in report.factors:
             plots[key] = plot_factor(report, key, out_dir)
+        roofline = roofline_data(report)
+        if shows_plot(roofline, report):
+            draw_roofline(roofline, out_dir / ROOFLINE_PLOT)
     return document(report, plots)
 
 

@@ -34,7 +34,16 @@ from .stats import TRAIN_COLUMNS, Overfit, binomial_var, train_basis, trial_over
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
 # breakdown (its columns follow, those logged) and what the report does not read (_UNREAD).
-_UNREAD = ("epoch", "train_time_s", "train_samples", "end_unix", "diverged", *BREAKDOWN_KEYS, ALLREDUCE_ESTIMATE_KEY)
+_UNREAD = (
+    "epoch",
+    "train_time_s",
+    "train_samples",
+    "end_unix",
+    "diverged",
+    "peak_source",
+    *BREAKDOWN_KEYS,
+    ALLREDUCE_ESTIMATE_KEY,
+)
 assert set(_UNREAD) <= set(EPOCH_METRICS)
 EPOCH_KEYS = tuple(key for key in EPOCH_METRICS if key not in _UNREAD)
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
@@ -203,7 +212,11 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
     row["final_test_loss"] = final("test_loss")
     row["train_time_s"] = float(e["epoch_time_s"].sum(min_count=1))
     row["time_per_epoch_s"] = time_per_epoch(e)
-    row["samples_per_s"] = float(warm_epochs(e)["samples_per_s"].mean())
+    warm = warm_epochs(e)  # throughput and MFU over the epochs time/epoch takes
+    row["samples_per_s"] = float(warm["samples_per_s"].mean())
+    row["flops_per_s"] = float(warm["flops_per_s"].mean())  # NaN for runs logged before FLOPs were counted
+    row["mfu"] = float(warm["mfu"].mean())
+    row["peak_source"] = trial.epochs[-1].get("peak_source") if trial.epochs else None
     row["peak_mem_mb"] = float(e["peak_mem_mb"].max())
     row["peak_mem_total_mb"] = float(e["peak_mem_total_mb"].max())
     for key in breakdown:

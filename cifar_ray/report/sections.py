@@ -13,7 +13,9 @@ from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_blocks, status_counts
 from .load import TIME_PER_EPOCH_RULE
 from .metrics import INCOMPLETE, PAIRED_METRICS
+from .network import network_blocks
 from .profile import profile_blocks
+from .roofline import roofline_blocks
 from .stats import OVERFIT_RULE
 from .tables import (
     MAX_TRIAL_COLUMNS,
@@ -212,6 +214,14 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
     return [Heading("How to read this report"), Bullets(tuple(items))]
 
 
+def roofline_section(report: Report, plots: Plots) -> list[Block]:
+    return roofline_blocks(report)
+
+
+def network_section(report: Report, plots: Plots) -> list[Block]:
+    return network_blocks(report)
+
+
 def profile_section(report: Report, plots: Plots) -> list[Block]:
     return profile_blocks(report)
 
@@ -221,7 +231,9 @@ LAYOUT: tuple[Section, ...] = (
     answer_section,
     findings_section,
     factor_sections,
+    roofline_section,
     trials_section,
+    network_section,
     excluded_section,
     overfitting_section,
     profile_section,

@@ -21,6 +21,11 @@ def has_train_eval(report: Report) -> bool:
     return bool((report.trials["train_basis"] == "eval").any())
 
 
+def has_flops(report: Report) -> bool:
+    """Whether any trial logged its FLOP/s (runs before FLOPs were counted did not)."""
+    return bool(report.trials["flops_per_s"].notna().any())
+
+
 def _always(report: Report) -> bool:
     return True
 
@@ -78,6 +83,8 @@ TRIAL_COLUMNS = (
     TrialColumn("final test acc (%)", "r", _field("final_test_acc", fmt_pct)),
     TrialColumn("best test acc (%) (epoch)", "r", _best_cell, _best_differs),
     TrialColumn("time/epoch (s)", "r", _field("time_per_epoch_s", fmt_num)),
+    TrialColumn("MFU (%)", "r", _field("mfu", fmt_pct), has_flops),
+    TrialColumn("GFLOP/s", "r", lambda report, r: fmt_num(r["flops_per_s"] / 1e9), has_flops),
     TrialColumn("peak mem per worker (MB)", "r", _field("peak_mem_mb", fmt_num)),
     TrialColumn("overfitting", "l", _overfit_cell, lambda report: bool(report.trials["overfitting"].any())),
     TrialColumn("peak mem, total over workers (MB)", "r", _field("peak_mem_total_mb", fmt_num), _several_workers),

@@ -16,7 +16,7 @@ from ..core.config import TrainConfig, parse_config
 from ..core.errors import ConfigError
 from .data import Split, iterate_train, load_splits
 from .distributed import reduce_train_totals
-from .loop import build_training, memory_format, torch_threads, train_epoch
+from .loop import MEMORY_FORMAT, build_training, torch_threads, train_epoch
 from .models import build_model
 
 # GradScaler's initial scale in the checks: its default 65536 makes real fp16 gradients overflow in
@@ -162,7 +162,7 @@ def _build(cfg, device, dtype, rank, world, scaler=None, prepare=None, devices=N
     """(training split, initial parameters, Training) as train.run_trial builds them: seed, data, model, wrapper."""
     torch.manual_seed(cfg.seed)  # same order as train.run_trial: seed, data, model
     train, _ = (split.to(device) for split in cached_splits(cfg))
-    model = build_model(cfg).to(device=device, dtype=dtype, memory_format=memory_format(device))
+    model = build_model(cfg).to(device=device, dtype=dtype, memory_format=MEMORY_FORMAT)
     initial = param_vector(model.parameters())
     if prepare is not None:
         prepare(model)
@@ -172,7 +172,7 @@ def _build(cfg, device, dtype, rank, world, scaler=None, prepare=None, devices=N
 
 def _train_range(training, train, cfg, device, dtype, rank, world, start: int, stop: int) -> torch.Tensor:
     """Optimizer steps start..stop-1 of epoch 1 (the data order of a run that did the steps before)."""
-    steps = iterate_train(train, cfg, 1, rank, world, memory_format(device))
+    steps = iterate_train(train, cfg, 1, rank, world, MEMORY_FORMAT)
     return train_epoch(training, cast_steps(itertools.islice(steps, start, stop), dtype), cfg, device)
 
 

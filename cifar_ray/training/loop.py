@@ -28,6 +28,7 @@ from ..core.storage import StoragePath
 from . import comm, gpu
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, barrier, broadcast_buffers, rank_seed, reduce_train_totals
+from .flops import Peak, throughput, training_flops_per_image, trial_peak
 from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory, resident_memory_mb
 from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
@@ -37,6 +38,10 @@ from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
+# NHWC on every device; the model and its inputs share it, or every convolution converts its input. On CUDA cuDNN
+# runs tensor-core convolutions without transposes (airbench, torchvision recipes); on CPU oneDNN runs NHWC
+# natively, faster than NCHW (docs/semantics.md).
+MEMORY_FORMAT = torch.channels_last
 
 
 class ReplicaAutocast(nn.Module):
@@ -187,7 +192,7 @@ def evaluate(
     autocast = amp_autocast(cfg, device)
     for start in range(shard.start, shard.stop, EVAL_BATCH):
         stop = min(start + EVAL_BATCH, shard.stop)
-        images = normalise(split.images[start:stop]).contiguous(memory_format=memory_format(device))
+        images = normalise(split.images[start:stop]).contiguous(memory_format=MEMORY_FORMAT)
         labels = split.labels[start:stop]
         with autocast:
             logits = model(images)
@@ -201,12 +206,6 @@ def evaluation_metrics(prefix: str, totals: torch.Tensor) -> dict[str, float]:
     """`{prefix}_loss` and `{prefix}_acc` from evaluate()'s totals summed over the ranks."""
     loss_sum, correct, samples = totals.tolist()
     return {f"{prefix}_loss": loss_sum / samples, f"{prefix}_acc": correct / samples}
-
-
-def memory_format(device: torch.device) -> torch.memory_format:
-    """NHWC on CUDA lets cuDNN use tensor-core convolutions without transposes (airbench, torchvision
-    recipes); the model and its inputs must share it, or every convolution converts the input."""
-    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 
 # An epoch's metrics and, on rank 0 unless the epoch diverged, the folder of its checkpoint (None elsewhere).
@@ -238,11 +237,12 @@ def run_trial(
     train, test = (split.to(device) for split in loaded_splits(cfg))
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
     train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
-    raw_model = build_model(cfg).to(device, memory_format=memory_format(device))
+    raw_model = build_model(cfg).to(device, memory_format=MEMORY_FORMAT)
     if rank == 0:  # the network the trial trains, for the report (which reads no torch)
-        network = describe_network(raw_model, cfg, memory_format(device))
+        network = describe_network(raw_model, cfg, MEMORY_FORMAT)
         runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
+    flops_per_image, peak = training_flops_per_image(raw_model), trial_peak(cfg, devices, world)
     training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
     last_done = 0
@@ -256,7 +256,7 @@ def run_trial(
     for epoch in range(last_done + 1, cfg.epochs + 1):
         reset_peak_memory(devices)
         started = time.perf_counter()
-        steps = iterate_train(train, cfg, epoch, rank, world, memory_format(device))
+        steps = iterate_train(train, cfg, epoch, rank, world, MEMORY_FORMAT)
         if profile and rank == 0 and epoch == last_done + 1:
             steps = profiled_steps(steps, steps_per_epoch, trial_dir, device, epoch)
         timer = PhaseTimer(device)
@@ -280,6 +280,8 @@ def run_trial(
             started,
             train_time,
             at_start,
+            flops_per_image,
+            peak,
         )
         diverged = metrics["diverged"]
         if rank == 0:
@@ -311,6 +313,8 @@ def epoch_record(
     started: float,
     train_time: float,
     memory_at_start: list[float],
+    flops_per_image: float,
+    peak: Peak,
 ) -> dict:
     """The epoch's line of metrics.jsonl: the keys of runlog.EPOCH_METRICS, in its order. Called as evaluation
     ends (the time since training ended is evaluation's). Collective: the time breakdown and the peak memory are
@@ -332,6 +336,9 @@ def epoch_record(
         **breakdown,  # runlog.BREAKDOWN_KEYS (DDP on CUDA: ALLREDUCE_ESTIMATE_KEY for the all-reduce wait)
         "train_samples": int(samples),  # over all ranks: steps x effective batch
         "samples_per_s": samples / train_time,
+        **throughput(flops_per_image, samples, train_time, peak.flops_per_s),  # flops_per_s, mfu
+        "peak_flops_per_s": peak.flops_per_s,
+        "peak_source": peak.source,
         "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)
         "peak_mem_total_mb": peak_total,  # the sum over every worker (and every GPU of a dp worker)
         "peak_mem_reserved_mb": peak_reserved,  # GPUs: the caching allocator's largest peak on one GPU; CPU: None

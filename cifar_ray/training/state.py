@@ -69,9 +69,9 @@ def save_checkpoint(
 
 def match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
     """Give every optimizer state tensor shaped like its parameter the parameter's strides. A checkpoint's
-    buffers keep the layout they were saved in (contiguous from a CPU run) while the parameters take this
-    device's (channels_last on CUDA, loop.memory_format); load_state_dict moves them without changing their
-    strides, and the fused and foreach kernels refuse tensor lists of mismatched strides."""
+    buffers keep the layout they were saved in (contiguous from a CPU run before CPU runs took channels_last)
+    while the parameters take loop.MEMORY_FORMAT; load_state_dict moves them without changing their strides,
+    and the fused and foreach kernels refuse tensor lists of mismatched strides."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             state = optimizer.state.get(param, {})

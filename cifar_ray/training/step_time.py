@@ -13,7 +13,7 @@ from ..core.config import TrainConfig
 from ..core.estimate import StepTime
 from . import gpu
 from .data import iterate_train, synthetic_cifar
-from .loop import EVAL_BATCH, build_training, evaluate, memory_format, torch_threads, train_epoch
+from .loop import EVAL_BATCH, MEMORY_FORMAT, build_training, evaluate, torch_threads, train_epoch
 from .models import build_model
 
 # After one warm-up step, steps are timed until they add up to TIMED_S (at least one, at most MAX_TIMED_STEPS); the
@@ -39,14 +39,13 @@ def time_step(cfg: TrainConfig) -> StepTime:
     gpu.set_cuda_numerics()  # as a worker sets them (distributed.select_devices)
     if cfg.compile:  # dynamo's caches hold the previous step's model: past 8 recompiles it runs eager
         torch._dynamo.reset()
-    fmt = memory_format(device)
     # One optimizer step per "epoch": every call of iterate_train over these images yields one step of rank 0.
     train = synthetic_cifar(cfg.effective_batch, split_seed=1).to(device)
     evaluated = synthetic_cifar(min(EVAL_BATCH, cfg.test_subset or EVAL_BATCH), split_seed=2).to(device)
 
     def one_step(epoch: int) -> float:
         started = time.perf_counter()
-        totals = train_epoch(training, iterate_train(train, cfg, epoch, 0, cfg.ray_workers, fmt), cfg, device)
+        totals = train_epoch(training, iterate_train(train, cfg, epoch, 0, cfg.ray_workers, MEMORY_FORMAT), cfg, device)
         return _synchronised_seconds(started, totals)
 
     def one_evaluation() -> float:
@@ -55,7 +54,7 @@ def time_step(cfg: TrainConfig) -> StepTime:
 
     with torch_threads(cfg.cpus_per_worker):
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg).to(device, memory_format=fmt)
+        model = build_model(cfg).to(device, memory_format=MEMORY_FORMAT)
         training = build_training(cfg, model, 1 + MAX_TIMED_STEPS, device, world=1)
         first = one_step(1)
         steps = [one_step(2)]
