@@ -191,12 +191,13 @@ def sweep(
     address: str | None = None,
     isolate: bool = False,
     verbose: bool = False,
+    profile: bool = False,
     print_line: Callable[[str], None] = print,
 ) -> Run:
     """Run a sweep file, or a sweep given as a dict, with `overrides` on every trial (`cifar-ray sweep`); returns
     the run folder loaded (Run). `resume`: finish an interrupted run of the same sweep, overrides and name;
     `repeats`: seeds per grid point instead of the file's (with `resume`, more than the run has adds the new seeds'
-    trials to it)."""
+    trials to it); `profile`: a torch.profiler trace of a few steps of each trial (`--profile`)."""
     plan = (
         resumed_sweep_plan(source, overrides, name, repeats, storage)
         if resume
@@ -210,6 +211,7 @@ def sweep(
         address=address,
         isolate=isolate,
         verbose=verbose,
+        profile=profile,
         print_line=print_line,
     )
     return load(run_dir)
@@ -223,10 +225,11 @@ def train(
     address: str | None = None,
     isolate: bool = False,
     verbose: bool = False,
+    profile: bool = False,
     print_line: Callable[[str], None] = print,
 ) -> Run:
     """Train one configuration, the default config with `overrides` (`cifar-ray train`); returns the run folder
-    loaded (Run) with its one trial."""
+    loaded (Run) with its one trial. `profile`: as for sweep."""
     run_dir = execute_plan(
         train_plan(overrides, name),
         storage,
@@ -234,6 +237,7 @@ def train(
         address=address,
         isolate=isolate,
         verbose=verbose,
+        profile=profile,
         print_line=print_line,
     )
     return load(run_dir)
@@ -290,10 +294,14 @@ class Run:
     epochs: pd.DataFrame
 
     def report(
-        self, out: str | os.PathLike | None = None, baseline: Mapping[str, Any] | str | None = None, fmt: str = "md"
+        self,
+        out: str | os.PathLike | None = None,
+        baseline: Mapping[str, Any] | str | None = None,
+        fmt: str = "md",
+        margin_pp: float | None = None,
     ) -> Path:
         """This run's report (see the module's `report`)."""
-        return report(self.path, out, baseline, fmt)
+        return report(self.path, out, baseline, fmt, margin_pp)
 
     def status_counts(self) -> dict[str, int]:
         """How many trials ended (or stand) in each status: {"finished": 3, "failed": 1}."""
