@@ -238,3 +238,15 @@ def test_an_older_logs_lr_is_read_as_the_first_steps_rate_and_train_json_calls_n
     result = trial_result(run.trials[0])
     assert result["lr"] == 0.05 and result["lr_first"] == 0.0125 and "final_lr" not in result
     assert epochs_frame(run)["lr_first"].tolist() == [0.0125]
+
+
+def test_the_more_seeds_command_drops_what_a_resume_refuses_or_replaces():
+    from cifar_ray.core.runlog import more_seeds_command
+
+    assert more_seeds_command("cifar-ray sweep s.yaml --estimate --storage /tmp/r", 11) == (
+        "cifar-ray sweep s.yaml --storage /tmp/r --resume --repeats 11"
+    )
+    assert more_seeds_command("cifar-ray sweep s.yaml --repeats 3 --set lr=0.1 --dry-run", 5) == (
+        "cifar-ray sweep s.yaml --set lr=0.1 --resume --repeats 5"
+    )
+    assert more_seeds_command(None, 4) == "cifar-ray sweep FILE --resume --repeats 4"

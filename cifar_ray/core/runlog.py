@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ EPOCH_METRICS = {
     "mfu": "model FLOPs utilisation, 0-1: flops_per_s / peak_flops_per_s",
     "peak_flops_per_s": "the trial's devices' peak FLOP/s at its dtype, summed over workers (peak_source says how "
     "it was found)",
-    "peak_source": "how peak_flops_per_s was found: a GEMM probe on each worker (size, dtype, threads), once per "
+    "peak_source": "how one device's peak was found: a GEMM probe on each worker (size, dtype, threads), once per "
     "worker process",
     "peak_mem_mb": "the largest peak memory of one worker process (RSS), or on GPUs of one GPU (torch's "
     "allocations, without the CUDA context) (MB)",
@@ -316,3 +317,22 @@ def record_outcome(trial_dir: Where) -> None:
         finished_at=now_iso(),
         finished_unix=time.time(),
     )
+
+
+# Options of a run's first command that a resume refuses (--estimate times a whole sweep before it starts) or replaces.
+_NOT_RESUMED = ("--estimate", "--dry-run", "--resume")
+
+
+def more_seeds_command(command: str | None, repeats: int) -> str:
+    """The command that adds seeds to the run that `command` (sweep.json's, as typed) started: its words less the
+    options a resume refuses or replaces, then --resume --repeats `repeats`."""
+    words, kept = shlex.split(command) if command else ["cifar-ray", "sweep", "FILE"], []
+    skip = False
+    for word in words:
+        if skip or word in _NOT_RESUMED or word.startswith("--repeats="):
+            skip = False
+            continue
+        skip = word == "--repeats"  # and its value
+        if not skip:
+            kept.append(word)
+    return shlex.join([*kept, "--resume", "--repeats", str(repeats)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..core import runlog
 from .build import Report
 from .compare import RUN_FACTOR
 from .format import (
@@ -213,7 +214,7 @@ def seeds_text(report: Report, row: pd.Series) -> str:
     command = report.run.sweep.get("command") if not report.comparison else None
     return (
         f"; about {more} more seed{'s' if more != 1 else ''} would resolve it at this spread "
-        f"(`{command or 'cifar-ray sweep FILE'} --resume --repeats {report.seeds + more}`)"
+        f"(`{runlog.more_seeds_command(command, report.seeds + more)}`)"
     )
 
 

@@ -75,9 +75,6 @@ MEMORY_MEASURES = {
 
 
 # What the time/epoch column is (trial frame "time_per_epoch_s"), said once in the report's "How to read".
-TIME_PER_EPOCH_RULE = "the mean of the trial's logged epoch times (epoch_time_s)"
-
-
 def load(run_dir: Where) -> RunLog:
     """The run's logs; ConfigError when the folder is missing or holds no trial."""
     try:

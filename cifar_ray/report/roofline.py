@@ -126,7 +126,8 @@ def finding(data: RooflineData, report: Report) -> str:
     others = [f"{phase} in {n}" for phase, n in counts.items() if phase != "compute"]
     if others:
         parts.append(("bound by " if parts else "**Bound by** ") + ", ".join(others) + " (largest share of step time)")
-    text = "; ".join(parts) + f" (peak: {'; '.join(data.peak_sources) or 'not recorded'})."
+    sources = "; ".join(data.peak_sources) or "not recorded"
+    text = "; ".join(parts) + f" (peak of a device: {sources}; a trial's is the sum over its devices)."
     row = data.largest_batch
     b = row["bound"] if row is not None else None
     if b is not None:

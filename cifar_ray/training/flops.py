@@ -84,8 +84,7 @@ def trial_peak(cfg: TrainConfig, devices: list[torch.device], world: int) -> Pea
     `world` workers. Collective."""
     own = device_peak(devices[0], cfg.amp)
     local = torch.tensor([own.flops_per_s * len(devices)], dtype=torch.float64, device=devices[0])
-    count = world * len(devices)
-    return Peak(all_reduce(local).item(), own.source + (f"; summed over {count} devices" if count > 1 else ""))
+    return Peak(all_reduce(local).item(), own.source)  # the source of one device's peak: the same on each
 
 
 def throughput(flops_per_image: float, samples: float, seconds: float, peak_flops_per_s: float) -> dict[str, float]:
