@@ -58,14 +58,16 @@ def test_the_config_key_table_is_what_trainconfig_renders():
     )
 
 
-def test_the_committed_quickstart_report_is_what_the_code_renders_from_its_logs(tmp_path):
-    """reports/quickstart/ keeps the demo's logs (reports/quickstart/logs: sweep.json, trial.json, metrics.jsonl)
+@pytest.mark.parametrize("fmt, file", [("md", "README.md"), ("html", "report.html")])
+def test_the_committed_quickstart_report_is_what_the_code_renders_from_its_logs(tmp_path, fmt, file):
+    """reports/quickstart/ keeps the demo's logs (reports/quickstart/logs: sweep.json, trial.json, metrics.jsonl, ...)
     beside its report, so a change to the report's text shows here until the committed report is regenerated."""
     from cifar_ray.report import write_report
 
-    readme = write_report(ROOT / "reports" / "quickstart" / "logs", out_dir=tmp_path)
-    assert readme.read_text() == (ROOT / "reports" / "quickstart" / "README.md").read_text(), (
-        "reports/quickstart/README.md is stale: cifar-ray report reports/quickstart/logs --out reports/quickstart"
+    written = write_report(ROOT / "reports" / "quickstart" / "logs", out_dir=tmp_path, fmt=fmt)
+    assert written.read_text() == (ROOT / "reports" / "quickstart" / file).read_text(), (
+        f"reports/quickstart/{file} is stale: cifar-ray report reports/quickstart/logs --out reports/quickstart"
+        f" --format {fmt}"
     )
 
 
