@@ -199,3 +199,16 @@ def test_running_out_of_gpu_memory_is_final_where_other_failures_are_retried(tmp
     assert asyncio.run(d.take(shape, "slot-a")) == trials[1]  # not retried: failed, the slot goes on
     meta = runlog.read_json(trials[0].trial_file)
     assert meta["status"] == "oom" and meta["error"] == "GpuOutOfMemoryError: CUDA out of memory"
+
+
+def test_a_trial_that_ended_before_its_tune_trial_started_still_has_its_news(tmp_path):
+    """A short trial can end in its slot before Tune starts its thin trial: the thin trial asks whether this session
+    trains it (not the trial's status, already final) and then reads every epoch from the start."""
+    trials = run_trials(tmp_path)
+    d = dispatcher(trials[:1])  # t001 finished in an earlier session: not this one's
+    asyncio.run(d.take(trials[0].shape, "slot-a"))
+    for epoch in (1, 2):
+        asyncio.run(d.epoch("t000", {"epoch": epoch}))
+    assert runlog.read_json(trials[0].trial_file)["status"] == "finished"
+    assert asyncio.run(d.trains("t000")) and not asyncio.run(d.trains("t001"))
+    assert [event.get("epoch", {}).get("epoch") for event in news(d, "t000")][-2:] == [1, 2]

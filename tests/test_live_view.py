@@ -16,6 +16,7 @@ from helpers import wait_for
 from cifar_ray.cli import main
 from cifar_ray.cluster.live_view import LIVE_FLUSH_S, TUNE_TAG, live_tensorboard, logged_epochs
 from cifar_ray.core import provenance, runlog
+from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder
 from cifar_ray.core.storage import StoragePath
 
 
@@ -81,6 +82,21 @@ def test_a_resumed_session_fills_in_the_epochs_a_killed_driver_never_passed_on(t
     assert len(list(trial_dir.glob("events.out.tfevents.*"))) == 2  # a file per session
 
 
+def test_epochs_trained_while_no_driver_listened_are_filled_in_as_the_trial_ends(tmp_path):
+    """A killed driver's slot went on and logged every epoch; the resumed trial reports none (its slot finds it
+    trained) and ends: its end writes them, from metrics.jsonl."""
+    trial_dir = tmp_path / "live" / "t000"
+    trial_dir.mkdir(parents=True)
+    for epoch in (1, 2):
+        runlog.append_epoch(trial_dir, epoch_row(epoch))
+    [session] = live_tensorboard(StoragePath.of(tmp_path / "live"))
+    trial = FakeTrial(trial_dir)
+    session.log_trial_start(trial)
+    session.log_trial_end(trial)
+    assert logged_epochs(trial_dir) == {1, 2}
+    assert_tensorboard_holds_every_epoch(trial_dir)
+
+
 def test_a_run_folder_at_a_uri_keeps_tunes_own_logger(tmp_path):
     assert live_tensorboard(StoragePath.of("s3://bucket/runs/live?endpoint_override=localhost:1")) == []
 
@@ -108,6 +124,9 @@ def test_tensorboard_shows_every_epoch_as_it_arrives_and_after_a_killed_driver_r
         # copies them there every 10 s or more).
         wait_for(lambda: 1 in logged_epochs(first), 10, "epoch 1 in the run folder's TensorBoard files")
         wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial", driver)
+        # Its checkpoint too: killed before it, the resumed trial trains epoch 1 again, which then shows twice.
+        checkpoint = second / CHECKPOINTS / epoch_folder(1) / CHECKPOINT_FILE
+        wait_for(checkpoint.exists, 60, "epoch 1's checkpoint of the second trial", driver)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # at once: the driver and the local Ray it started, no state saved
         driver.wait()

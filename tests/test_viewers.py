@@ -141,7 +141,7 @@ def test_tensorboard_holds_every_epoch_metric_the_config_and_the_status(run_dir,
     assert main(["export", str(run_dir), "--to", "tensorboard"]) == 0
     out = capsys.readouterr().out
     logdir = run_dir / "tensorboard"
-    assert metric_values(run_dir) == 12 * 21 + 7  # quickstart: 21 numbers an epoch; the restarted trial: 4 + 3
+    assert metric_values(run_dir) == 12 * 26 + 7  # quickstart: 26 numbers an epoch; the restarted trial: 4 + 3
     assert out.splitlines() == [
         f"tensorboard: 6 trials, 14 epochs, {metric_values(run_dir)} metric values written to {logdir}",
         f"open it: tensorboard --logdir {logdir}",

@@ -92,6 +92,10 @@ class Dispatcher:
             self.news[trial].append(event)
             self._condition().notify_all()
 
+    async def trains(self, trial: str) -> bool:
+        """Whether this session trains the trial: a resumed run's trials that finished before are not its."""
+        return trial in self.specs
+
     async def read(self, trial: str, since: int, wait_s: float) -> list[dict]:
         """The trial's news from index `since`, waiting up to wait_s for some."""
         async with self._condition():

@@ -6,10 +6,11 @@ experiment checkpoints (every 10 s or more), through tensorboardX's writer threa
 a driver killed in between loses what was not copied yet; a --resume continues from the copy and never reports
 those epochs again. RunFolderTensorBoard, a TBXLoggerCallback (so Tune adds none of its own), writes into each
 trial's folder itself, within LIVE_FLUSH_S of the result, each epoch at step = epoch (slots.thin_trial reports it
-as timesteps_total), and before an epoch it writes from metrics.jsonl, the training's own record, every earlier
-epoch that the trial's event files lack: those a killed driver never passed on. Each writer gets a file of its own
-(tensorboardX names a file by the second and the host only: a second writer in the same second emptied the first
-one's file). A run folder at a URI keeps Tune's logger and its lag: tensorboardX writes local files.
+as timesteps_total). Before an epoch, and as the trial ends, it writes from metrics.jsonl, the training's own
+record, every earlier epoch that the trial's event files lack: those a killed driver never passed on. Each writer
+gets a file of its own (tensorboardX names a file by the second and the host only: a second writer in the same
+second emptied the first one's file). A run folder at a URI keeps Tune's logger and its lag: tensorboardX writes
+local files.
 """
 
 from __future__ import annotations
@@ -69,17 +70,27 @@ def live_tensorboard(run_dir: StoragePath) -> list:
             )
             self._trial_result[trial] = {}
 
+        def _fill_in(self, iteration, trial, before: int | None) -> None:
+            """Write the epochs of metrics.jsonl (those before `before`; all for None) that the event files lack."""
+            if trial not in self._logged:
+                self._logged[trial] = logged_epochs(trial.path)
+            logged = self._logged[trial]
+            for row in runlog.read_epochs(trial.path):
+                if (before is None or row["epoch"] < before) and row["epoch"] not in logged:
+                    super().log_trial_result(iteration, trial, row | {TIMESTEPS_TOTAL: row["epoch"]})
+                    logged.add(row["epoch"])
+
         def log_trial_result(self, iteration, trial, result):
             epoch = result.get("epoch")
             if isinstance(epoch, int):
-                if trial not in self._logged:
-                    self._logged[trial] = logged_epochs(trial.path)
-                logged = self._logged[trial]
-                for row in runlog.read_epochs(trial.path):
-                    if row["epoch"] < epoch and row["epoch"] not in logged:
-                        super().log_trial_result(iteration, trial, row | {TIMESTEPS_TOTAL: row["epoch"]})
-                        logged.add(row["epoch"])
-                logged.add(epoch)
+                self._fill_in(iteration, trial, epoch)
+                self._logged[trial].add(epoch)
             super().log_trial_result(iteration, trial, result)
+
+        def log_trial_end(self, trial, failed=False):
+            # Epochs no result brought: trained while no driver listened (a killed driver's slot went on), so the
+            # resumed trial reports none of them.
+            self._fill_in(0, trial, None)
+            super().log_trial_end(trial, failed)
 
     return [RunFolderTensorBoard()]

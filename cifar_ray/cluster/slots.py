@@ -357,9 +357,11 @@ def thin_trial(tune_config: dict) -> None:
     from ray.tune.result import TIMESTEPS_TOTAL
 
     spec = tune_run_trial(tune_config)
-    if runlog.read_json(spec.trial_file).get("status") in runlog.TRAINED_STATUSES:
-        return  # trained before the driver died; Tune's saved state may lag behind our log
     dispatcher = ray.get_actor(dispatcher_name(spec.run_dir.name))
+    # Trained before the driver died (Tune's saved state may lag behind our log): no news comes. Not the trial's
+    # status: a short trial can end in its slot before Tune starts this, and its epochs must still be reported.
+    if not ray.get(dispatcher.trains.remote(spec.name)):
+        return
     seen = 0
     while True:
         news = ray.get(dispatcher.read.remote(spec.name, seen, NEWS_WAIT_S))
