@@ -179,11 +179,9 @@ def test_other_cuda_library_errors_read_as_failed():
         assert failure_status(worker_group_error(RuntimeError(message))) == "failed"
 
 
-def test_trials_travel_as_typed_specs_and_old_runs_dicts_still_read(tmp_path):
+def test_trials_travel_as_typed_specs(tmp_path):
     trial = run_trials(tmp_path, count=1)[0]
     assert tune_run_trial({"trial": {"name": trial.name, "run": trial}}) is trial
-    record = runlog.read_json(trial.trial_file)  # what a run started before RunTrial saved in Tune's param_space
-    assert tune_run_trial({"trial": record, "run_dir": trial.run_dir}) == trial
 
 
 def test_running_out_of_gpu_memory_is_final_where_other_failures_are_retried(tmp_path):
@@ -202,13 +200,12 @@ def test_running_out_of_gpu_memory_is_final_where_other_failures_are_retried(tmp
 
 
 def test_a_trial_that_ended_before_its_tune_trial_started_still_has_its_news(tmp_path):
-    """A short trial can end in its slot before Tune starts its thin trial: the thin trial asks whether this session
-    trains it (not the trial's status, already final) and then reads every epoch from the start."""
+    """A short trial can end in its slot before Tune starts its thin trial, which then reads every epoch from the
+    start."""
     trials = run_trials(tmp_path)
-    d = dispatcher(trials[:1])  # t001 finished in an earlier session: not this one's
+    d = dispatcher(trials[:1])
     asyncio.run(d.take(trials[0].shape, "slot-a"))
     for epoch in (1, 2):
         asyncio.run(d.epoch("t000", {"epoch": epoch}))
     assert runlog.read_json(trials[0].trial_file)["status"] == "finished"
-    assert asyncio.run(d.trains("t000")) and not asyncio.run(d.trains("t001"))
     assert [event.get("epoch", {}).get("epoch") for event in news(d, "t000")][-2:] == [1, 2]

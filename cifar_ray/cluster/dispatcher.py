@@ -53,13 +53,8 @@ def tune_trial(trial: TrialSpec, run_dir: StoragePath) -> dict:
 
 
 def tune_run_trial(tune_config: dict) -> RunTrial:
-    """The RunTrial in a thin Tune trial's config. A run started before trials travelled as RunTrials saved
-    its trial.json dict and its run folder there instead (Tune restores its param_space as saved)."""
-    trial = tune_config["trial"]
-    if "run" in trial:
-        return trial["run"]
-    cfg = TrainConfig(**trial["config"])
-    return RunTrial(trial["name"], trial["swept"], cfg, tune_config["run_dir"], trial_shape(cfg).key)
+    """The RunTrial in a thin Tune trial's config."""
+    return tune_config["trial"]["run"]
 
 
 class Dispatcher:
@@ -91,10 +86,6 @@ class Dispatcher:
         async with self._condition():
             self.news[trial].append(event)
             self._condition().notify_all()
-
-    async def trains(self, trial: str) -> bool:
-        """Whether this session trains the trial: a resumed run's trials that finished before are not its."""
-        return trial in self.specs
 
     async def read(self, trial: str, since: int, wait_s: float) -> list[dict]:
         """The trial's news from index `since`, waiting up to wait_s for some."""

@@ -134,8 +134,6 @@ def run_plan(
     recorded in sweep.json (the CLI gives its own; None from Python). `estimate_s`: the wall time `sweep --estimate`
     expected, recorded in sweep.json and repeated in the header. `profile`: --profile, for the trials this session
     trains."""
-    from ray import tune
-
     capacity = cluster_capacity()
     plan = resolve_plan(plan, capacity, print_line)
     check_fits(plan, capacity)
@@ -156,7 +154,7 @@ def run_plan(
     slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent, one_trial=not warm, profile=profile)
     limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot running, and the next ones
     if resume:
-        if not previous or not tune.Tuner.can_restore(run_dir.path, storage_filesystem=run_dir.ray_filesystem):
+        if not previous:
             raise ConfigError(
                 f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume"
             )
@@ -166,14 +164,17 @@ def run_plan(
                 f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file "
                 "and --set values, or use --name"
             )
-        if len(names) > len(recorded):  # --repeats added seeds: Tune's saved experiment cannot take new trials
-            add_trials(run_dir, plan, previous, names[len(recorded) :])
-            to_train = {spec.name for spec in slot_plan.specs}
-            tuner = new_tuner(trainable, [t for t in plan.trials if t.name in to_train], run_dir, plan.name, limit)
-        else:
-            tuner = tune.Tuner.restore(
-                run_dir.path, trainable=trainable, resume_errored=True, storage_filesystem=run_dir.ray_filesystem
+        if not slot_plan.specs:
+            raise ConfigError(
+                f"nothing to resume in {run_dir}: every trial has trained to its end; report it with "
+                f"`cifar-ray report {run_dir}`, or add seeds with --resume --repeats N"
             )
+        if len(names) > len(recorded):  # --repeats added seeds
+            add_trials(run_dir, plan, previous, names[len(recorded) :])
+        # A new Tune experiment of the trials still to train, never Tune's restore: a failed read of its saved
+        # state makes Tune restart the experiment silently, and the slots go by trial.json, not by Tune's state.
+        to_train = {spec.name for spec in slot_plan.specs}
+        tuner = new_tuner(trainable, [t for t in plan.trials if t.name in to_train], run_dir, plan.name, limit)
     else:
         refusal = runlog.existing_run_refusal(run_dir, plan.name)
         if refusal:

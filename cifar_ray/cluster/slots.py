@@ -9,7 +9,7 @@ config), then take the next. A warm slot (the default) keeps its processes, proc
 dataset for the next trial; a one-trial slot (`--isolate`) ends after its trial, so each trial gets a fresh
 worker group, with the same code, checkpoints and failure handling.
 
-Ray Tune stays the sweep engine: each trial is a Tune trial (names, results, experiment state, restore), a
+Ray Tune stays the sweep engine: each trial is a Tune trial (names, results, callbacks), a
 thin one that holds no core and forwards the epochs the Dispatcher collected for it. The Dispatcher holds the
 whole plan, so slots never wait on Tune: a slot takes trials whether or not Tune has started their thin trial
 yet, and Tune runs only as many thin trials as slots run at once plus LOOK_AHEAD. Every shape gets as many
@@ -358,10 +358,7 @@ def thin_trial(tune_config: dict) -> None:
 
     spec = tune_run_trial(tune_config)
     dispatcher = ray.get_actor(dispatcher_name(spec.run_dir.name))
-    # Trained before the driver died (Tune's saved state may lag behind our log): no news comes. Not the trial's
-    # status: a short trial can end in its slot before Tune starts this, and its epochs must still be reported.
-    if not ray.get(dispatcher.trains.remote(spec.name)):
-        return
+    # Every epoch from the first: a short trial can end in its slot before Tune starts this, and is still reported.
     seen = 0
     while True:
         news = ray.get(dispatcher.read.remote(spec.name, seen, NEWS_WAIT_S))
@@ -371,7 +368,7 @@ def thin_trial(tune_config: dict) -> None:
                 tune.report({STARTED: event["start"]})
             elif "epoch" in event:
                 # Tune's TensorBoard files step a result at its timesteps_total, else at Tune's count of reports
-                # (the start counts too; after a restore it counts on from Tune's last saved state): the epoch.
+                # (the start counts too): the epoch.
                 tune.report(event["epoch"] | {TIMESTEPS_TOTAL: event["epoch"]["epoch"]})
             elif "failed" in event:
                 raise TrialFailed(event["failed"])
