@@ -158,9 +158,9 @@ def test_resume_trains_a_failed_trial_again_from_its_checkpoint_as_isolate_does(
     assert run.trials[1].epochs[0] == first_epoch  # continued from its checkpoint, not trained from scratch
 
     sweep_record = (run_dir / runlog.SWEEP_FILE).read_bytes()
-    assert main([*sweep, "--resume"]) == 2
-    assert "every trial has trained to its end" in capsys.readouterr().err
-    assert (run_dir / runlog.SWEEP_FILE).read_bytes() == sweep_record  # refused before anything is written
+    assert main([*sweep, "--resume"]) == 0
+    assert "every trial has trained to its end; nothing to resume" in "".join(capsys.readouterr())
+    assert (run_dir / runlog.SWEEP_FILE).read_bytes() == sweep_record  # a no-op: no session added
 
 
 class TunerNotBuilt(RuntimeError):

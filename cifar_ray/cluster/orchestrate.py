@@ -164,11 +164,9 @@ def run_plan(
                 f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file "
                 "and --set values, or use --name"
             )
-        if not slot_plan.specs:
-            raise ConfigError(
-                f"nothing to resume in {run_dir}: every trial has trained to its end; report it with "
-                f"`cifar-ray report {run_dir}`, or add seeds with --resume --repeats N"
-            )
+        if not slot_plan.specs:  # a no-op that writes nothing: no session, no provenance
+            print_line(f"{run_dir}: every trial has trained to its end; nothing to resume (--repeats N adds seeds)")
+            return run_dir
         if len(names) > len(recorded):  # --repeats added seeds
             add_trials(run_dir, plan, previous, names[len(recorded) :])
         # A new Tune experiment of the trials still to train, never Tune's restore: a failed read of its saved
