@@ -8,6 +8,7 @@ tests/test_layers.py holds that). Fault injection lives apart, in tests/faults.p
 - `COMPUTED`: the epoch metrics a trial computes, equal from run to run.
 - `fake_gpus`: this machine's GPUs as torch.cuda reports them, monkeypatched (no GPU here).
 - `two_gloo_ranks`: what a function finds on each of two gloo ranks (torch.multiprocessing, ~10 s).
+- `assert_tensorboard_holds_every_epoch`: a trial folder's TensorBoard files against its metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import random
 import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch
 
 from cifar_ray.cluster import checks as ddp_checks
+from cifar_ray.cluster.live_view import TUNE_TAG
+from cifar_ray.core import runlog
 from cifar_ray.training import checks as check
 
 CPU = torch.device("cpu")
@@ -335,3 +340,36 @@ def two_gloo_ranks(findings, folder: Path) -> list[dict]:
 
     mp.spawn(_gloo_rank, args=(2, str(folder), findings), nprocs=2, join=True)
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def tensorboard_scalars(trial_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the trial folder's event files, as TensorBoard's own reader sees them: tag -> (step, value)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(trial_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def epochs_in_metrics(trial_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """What metrics.jsonl holds of each numeric epoch metric, as (epoch, value)."""
+    by_metric: dict[str, list[tuple[int, float]]] = {}
+    for row in runlog.read_epochs(trial_dir):
+        for key in runlog.EPOCH_METRICS:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                by_metric.setdefault(key, []).append((row["epoch"], float(value)))
+    return by_metric
+
+
+def assert_tensorboard_holds_every_epoch(trial_dir: Path) -> None:
+    scalars, logged = tensorboard_scalars(trial_dir), epochs_in_metrics(trial_dir)
+    assert logged, f"{trial_dir} logged no epoch"
+    for metric, rows in logged.items():
+        seen = scalars.get(TUNE_TAG.format(metric))
+        assert seen is not None, (trial_dir.name, metric, sorted(scalars))
+        # A driver killed within a flush of a result leaves some of its scalars: the resume writes that epoch whole
+        # again, the same points twice. A step with two values stays twice and fails.
+        seen = sorted(set(seen))
+        assert [step for step, _ in seen] == [epoch for epoch, _ in rows], (trial_dir.name, metric, seen, rows)
+        assert [value for _, value in seen] == pytest.approx([value for _, value in rows], rel=1e-6), metric

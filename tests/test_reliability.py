@@ -1,4 +1,5 @@
-"""Things really die here: a Ray Train worker, the sweep driver; a run really diverges."""
+"""Things really die here: the sweep driver (a worker killed: test_slots.py, test_fault_injection.py); a run really
+diverges. The live view and each session's provenance across a killed driver and --resume."""
 
 import contextlib
 import json
@@ -6,61 +7,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from helpers import wait_for
+from helpers import assert_tensorboard_holds_every_epoch, wait_for
 
 from cifar_ray.cli import main
-from cifar_ray.core import runlog
+from cifar_ray.cluster.live_view import logged_epochs
+from cifar_ray.core import provenance, runlog
 from cifar_ray.core.checkpoints import CHECKPOINTS
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 CHECKPOINTED = f"{CHECKPOINTS}/epoch-*/state.pt"  # a warm slot's trial has saved an epoch
-
-
-def test_killed_worker_resumes_from_checkpoint_with_contiguous_epochs(tmp_path, capsys):
-    trial_dir = tmp_path / "wk" / "t000"
-    killed = []
-
-    def kill_a_worker_mid_epoch_two():
-        wait_for(lambda: len(runlog.read_epochs(trial_dir)) >= 1, 120, "epoch 1")
-        time.sleep(0.5)  # into epoch 2
-        workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
-        workers[-1].kill()  # SIGKILL: no cleanup, like a crash or the OOM killer
-        killed.append(workers[-1].pid)
-
-    killer = threading.Thread(target=kill_a_worker_mid_epoch_two, daemon=True)
-    killer.start()
-    code = main(
-        [
-            "train",
-            "--storage",
-            str(tmp_path),
-            "--name",
-            "wk",
-            "--json",
-            "--set",
-            "dataset=synthetic",
-            "train_subset=4096",
-            "test_subset=256",
-            "width=8",
-            "epochs=4",
-            "workers=2",
-            "batch_size=64",
-        ]
-    )
-    killer.join(timeout=5)
-    out, err = capsys.readouterr()
-    assert killed, "no worker was killed"
-    assert code == 0, err
-    result = json.loads(out.strip().splitlines()[-1])
-    assert result["status"] == "finished" and result["epochs_done"] == 4
-    lines = [json.loads(line) for line in (trial_dir / runlog.EPOCHS_FILE).read_text().splitlines()]
-    assert [row["epoch"] for row in lines] == [1, 2, 3, 4]  # each epoch once, in order, on disk
 
 
 def _sweep_file(tmp_path: Path) -> Path:
@@ -75,7 +34,7 @@ def _sweep_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsys):
+def test_killed_driver_resumes_without_rerunning_finished_trials_and_tensorboard_holds_every_epoch(tmp_path, capsys):
     sweep, storage = _sweep_file(tmp_path), tmp_path / "runs"
     run_dir = storage / "kill"
     driver = subprocess.Popen(
@@ -93,8 +52,13 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsy
             checkpointed = [t.name for t in trials if t.name not in done and any((run_dir / t.name).glob(CHECKPOINTED))]
             return done, checkpointed
 
+        # Live: an epoch in metrics.jsonl is in the run folder's event files within seconds (Tune's own logger
+        # copies them there every 10 s or more).
+        first = run_dir / "t000-lr=0.05"
+        wait_for(lambda: len(runlog.read_epochs(first)) >= 1, 240, "epoch 1 of the first trial", driver)
+        wait_for(lambda: 1 in logged_epochs(first), 10, "epoch 1 in the run folder's TensorBoard files")
         # Kill once a trial is done and another is cut off after its first checkpoint.
-        wait_for(lambda: all(progress()), 240, "a finished trial and a checkpointed running one")
+        wait_for(lambda: all(progress()), 240, "a finished trial and a checkpointed running one", driver)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started, no cleanup
         driver.wait()
@@ -129,6 +93,18 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, capsy
         else:
             assert result["status"] == "finished" and epochs == [1, 2, 3], (name, epochs)
     assert runlog.read_json(run_dir / runlog.SWEEP_FILE).get("finished_at")
+    for name in results:  # the killed driver's epochs too, filled in from metrics.jsonl by the resumed session
+        assert_tensorboard_holds_every_epoch(run_dir / name)
+
+    run = runlog.load_run(run_dir)
+    records = provenance.read_sessions(run_dir, run.sweep)
+    assert [r["session"] for r in records] == [1, 2]  # one per session, the first kept
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(provenance.__file__).parent, capture_output=True)
+    for record in records:
+        assert record["git"]["commit"] == head.stdout.decode().strip()
+        assert (run_dir / record["git"]["diff"]).exists()
+        assert {"ray", "torch"} <= set(record["packages"])
+        assert record["gpu"] == {"gpus": [], "why": "no CUDA GPU visible to the sweep's driver process"}
 
 
 # Loaded by every Python process of the sweep below (driver, Dispatcher, Ray Train workers): each local write of a
