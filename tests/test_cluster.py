@@ -238,59 +238,32 @@ def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: st
     return sweep, runlog.load_run(storage / name), node_ids
 
 
-def test_sweep_runs_on_both_nodes_of_a_real_cluster(tmp_path):
-    """The nodes have no cifar_ray_cpu resources (a cluster started without them): cap packing."""
-    sweep_yaml = (
-        "name: two-nodes\n"
-        "base: {dataset: synthetic, train_subset: 512, test_subset: 128, "
-        "width: 8, epochs: 1, batch_size: 64, workers: 1}\n"
-        "grid:\n  seed: [0, 1]\n"
-    )
-    sweep, run, cluster_nodes = run_sweep(LocalCluster(nodes=2, cpus_per_node=1), tmp_path, sweep_yaml)
-
-    results = json.loads(sweep.stdout.strip().splitlines()[-1])
-    assert [r["status"] for r in results] == ["finished", "finished"], results
-    assert all(r["epochs_done"] == 1 and r["train_samples"] == 512 and r["test_acc"] is not None for r in results)
-    assert "packing:" not in sweep.stdout + sweep.stderr  # Tune's cap bounds isolated trials, not warm slots
-    assert run.sweep["cluster"]["nodes"] == 2 and run.sweep["cluster"]["packing"] == "cap"
-    used = []
-    for trial in run.trials:
-        system = trial.meta["system"]
-        assert len(system["nodes"]) == system["world_size"] == 1 and system["hostnames"] == [socket.gethostname()]
-        assert trial.meta["driver"]["node_id"] in cluster_nodes
-        assert [row["epoch"] for row in trial.epochs] == [1]
-        used += system["nodes"]
-    # 1 CPU per node and both trials at once: the second trial's worker had to go to the other node
-    assert set(used) == cluster_nodes, (used, cluster_nodes)
-
-
-def test_sweep_through_ray_client_interrupted_and_resumed(tmp_path):
-    """`--address ray://HOST:PORT`: Tune then runs in an actor on the cluster. Two 1-worker trials
-    at once on a 2-CPU node only run if every trial keeps its zero-CPU driver there (through the
-    client they had Tune's default 1 CPU each and starved their own workers); the epoch lines
-    printed there must reach the client's terminal; Ctrl-C on the client leaves the trials
-    interrupted, not failed, and --resume through the client finishes them."""
+def test_a_sweep_through_ray_client_interrupted_and_resumed_on_both_nodes(tmp_path):
+    """Two 1-CPU nodes without cifar_ray_cpu resources (a cluster started without them): cap packing. The first
+    session goes through Ray Client (`--address ray://HOST:PORT`: Tune then runs in an actor on the cluster); the
+    epoch lines printed there must reach the client's terminal, and Ctrl-C on the client leaves the trials
+    interrupted, not failed. The resume connects as a driver (`--address HOST:PORT`) and finishes them. Two
+    1-worker trials at once only run if every trial keeps its zero-CPU driver (through the client they had Tune's
+    default 1 CPU each and starved their own workers), and with 1 CPU per node the second one's worker goes to the
+    other node."""
     (tmp_path / "sweep.yaml").write_text(
         "name: via-client\n"
         "base: {dataset: synthetic, train_subset: 1024, test_subset: 128, "
         "width: 8, epochs: 3, batch_size: 64, workers: 1}\n"
         "grid:\n  seed: [0, 1]\n"
     )
-    storage = tmp_path / "shared"
-    cluster = LocalCluster(nodes=1, cpus_per_node=2, resources={"cifar_ray_cpu": 2})
-    command = [
-        str(BIN / "cifar-ray"),
-        "sweep",
-        str(tmp_path / "sweep.yaml"),
-        "--storage",
-        str(storage),
-        "--address",
-        f"ray://127.0.0.1:{cluster.client_port}",
-    ]
+    storage = tmp_path / "shared"  # one folder every node sees: here, the same disk
+    cluster = LocalCluster(nodes=2, cpus_per_node=1)
+    command = [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--storage", str(storage)]
     try:
         cluster.start()
         first = subprocess.Popen(
-            command, env=cluster.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [*command, "--address", f"ray://127.0.0.1:{cluster.client_port}"],
+            env=cluster.env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         seen = []
         for line in first.stdout:  # the relayed epoch lines arrive while the sweep runs
@@ -302,27 +275,43 @@ def test_sweep_through_ray_client_interrupted_and_resumed(tmp_path):
         assert first.wait(timeout=60) == 130, "".join(seen)[-3000:]
         interrupted = {t.name: t.status for t in runlog.load_run(storage / "via-client").trials}
         resumed = subprocess.run(
-            command + ["--resume", "--json"], env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=240
+            [*command, "--address", cluster.address, "--resume", "--json"],
+            env=cluster.env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
+        status = cluster.ray("status", f"--address={cluster.address}").stdout
     finally:
         left = cluster.stop()
     assert not left, f"processes of the test cluster still alive: {[(p.pid, p.name()) for p in left]}"
     output = "".join(seen)
     # the driver marks the trials it stopped interrupted at once (issue 24); none is left "running" or failed
     assert "--resume" in output and "interrupted" in interrupted.values(), (interrupted, output[-3000:])
-    assert set(interrupted.values()) <= {"interrupted", "pending"}, (
-        interrupted,
-        output[-3000:],
-    )
+    assert set(interrupted.values()) <= {"interrupted", "pending"}, (interrupted, output[-3000:])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "packing:" not in output + resumed.stdout + resumed.stderr  # Tune's cap bounds no warm slot
+    assert not list(storage.glob(".cifar-ray-storage-check-*"))  # the shared-storage probe cleans up
+    cluster_nodes = set(re.findall(r"node_([0-9a-f]{20,})", status))
+    assert len(cluster_nodes) == 2, status
+
     run = runlog.load_run(storage / "via-client")
+    assert run.sweep["cluster"]["nodes"] == 2 and run.sweep["cluster"]["packing"] == "cap"
     assert [t.status for t in run.trials] == ["finished", "finished"]
-    assert all([row["epoch"] for row in t.epochs] == [1, 2, 3] for t in run.trials)
     progress = re.findall(r"^(t00\d-seed=\d)\s+epoch 3/3 ", resumed.stderr, re.MULTILINE)  # --json: progress on stderr
     assert sorted(progress) == [t.name for t in run.trials], resumed.stderr[-3000:]
+    used = []
+    for trial in run.trials:
+        assert [row["epoch"] for row in trial.epochs] == [1, 2, 3]
+        system = trial.meta["system"]
+        assert len(system["nodes"]) == system["world_size"] == 1 and system["hostnames"] == [socket.gethostname()]
+        assert trial.meta["driver"]["node_id"] in cluster_nodes
+        used += system["nodes"]
     started = sorted(t.meta["started_unix"] for t in run.trials)
     finished = sorted(t.meta["finished_unix"] for t in run.trials)
     assert started[1] < finished[0]  # side by side, as the 2 slots allow
+    assert set(used) == cluster_nodes, (used, cluster_nodes)  # 1 CPU per node: a trial on each
 
 
 @pytest.mark.skipif(not os.environ.get("CIFAR_RAY_LONG_TESTS"), reason="~75 s more; set CIFAR_RAY_LONG_TESTS=1")
