@@ -239,26 +239,12 @@ def folder_shape(run_dir: Path) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_the_api_and_the_command_line_leave_the_same_run_folder(ray_cluster, tmp_path, capsys):
-    assert main(["sweep", str(write_sweep_file(tmp_path)), "--storage", str(tmp_path / "cli")]) == 0
-    lines: list[str] = []
-    run = api.sweep(TINY_SWEEP, storage=tmp_path / "api", print_line=lines.append)
-    cli_shape, api_shape = folder_shape(tmp_path / "cli" / "tiny"), folder_shape(tmp_path / "api" / "tiny")
-    assert cli_shape == api_shape
-    assert "tiny/sweep.json" not in cli_shape and "sweep.json" in cli_shape
-    assert sum("trial.json" in path for path in api_shape) == 2
-    assert run.status_counts() == {"finished": 2} and len(run.epochs) == 2
-    from_cli = cifar_ray.load(tmp_path / "cli" / "tiny")
-    assert list(from_cli.trials.columns) == list(run.trials.columns)
-    assert list(from_cli.trials["trial"]) == list(run.trials["trial"])
-    printed = capsys.readouterr().out
-    assert sum(" epoch 1/1 " in line for line in lines) == 2 == printed.count(" epoch 1/1 ")  # the same progress
-
-
-@pytest.mark.slow
-def test_the_api_page_runs_as_written(ray_cluster, tmp_path, monkeypatch, capsys):
+def test_the_api_page_runs_as_written_and_the_command_line_leaves_the_same_run_folder(
+    ray_cluster, tmp_path, monkeypatch, capsys
+):
     """docs/api.md's Python blocks, in order, in one namespace, in a scratch folder that holds only a link to
-    sweeps/: its runs/ and reports/ land there."""
+    sweeps/: its runs/ and reports/ land there. Then `cifar-ray sweep` runs the page's sweep as a file with the same
+    overrides: the same run folder, the same trial table, the same progress lines."""
     (tmp_path / "sweeps").symlink_to(ROOT / "sweeps")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
@@ -266,7 +252,21 @@ def test_the_api_page_runs_as_written(ray_cluster, tmp_path, monkeypatch, capsys
         exec(compile(block, str(API_PAGE), "exec"), namespace)
     printed = capsys.readouterr().out
     assert "already holds a finished run of 'api-demo'" in printed
-    assert cifar_ray.load("runs/api-demo").status_counts() == {"finished": 2}
+    run = cifar_ray.load("runs/api-demo")
+    assert run.status_counts() == {"finished": 2} and len(run.epochs) == 2
     assert cifar_ray.load("runs/api-one").status_counts() == {"finished": 1}
     assert (tmp_path / "reports" / "api-demo" / "README.md").is_file()
     assert (tmp_path / "reports" / "api-demo-json" / "report.json").is_file()
+
+    sweep_file = write_sweep_file(tmp_path, namespace["sweep"])
+    assert main(["sweep", str(sweep_file), "--set", "epochs=1", "batch_size=32", "--storage", "cli"]) == 0
+    cli_shape, api_shape = folder_shape(tmp_path / "cli" / "api-demo"), folder_shape(tmp_path / "runs" / "api-demo")
+    assert cli_shape == api_shape
+    assert "api-demo/sweep.json" not in cli_shape and "sweep.json" in cli_shape
+    assert sum("trial.json" in path for path in api_shape) == 2
+    from_cli = cifar_ray.load(tmp_path / "cli" / "api-demo")
+    assert list(from_cli.trials.columns) == list(run.trials.columns)
+    assert list(from_cli.trials["trial"]) == list(run.trials["trial"])
+    api_progress = [line for line in printed.splitlines() if " epoch 1/1 " in line and "optimizer" in line]
+    cli_progress = [line for line in capsys.readouterr().out.splitlines() if " epoch 1/1 " in line]
+    assert len(api_progress) == 2 == len(cli_progress)  # the same progress, printed
