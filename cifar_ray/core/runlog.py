@@ -13,8 +13,8 @@
       <trial>/checkpoints/      the trial's checkpoints (layout: checkpoints.py)
 
 Ray Tune writes its own files (result.json, progress.csv, ...) into the same trial folders; they are
-not read back: after a driver restore they may lag behind, while metrics.jsonl is written by the
-training itself as each epoch ends.
+not read back: they hold what each session's Tune experiment was told, and lag behind after a killed
+driver, while metrics.jsonl is written by the training itself as each epoch ends.
 
 Reads tell "absent" from "failed" (storage.read_retrying): a missing file is empty ({} or no epochs); a file
 that cannot be read or does not parse is read again, then raises StorageError naming it, so status and report
