@@ -139,17 +139,22 @@ def execute_plan(
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
     run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad
     max_concurrent or storage, a folder that already holds a run (unless `resume`; `resumable`: whether the
-    refusal offers --resume), and on the embedded Ray amp=bf16 on an old GPU and CIFAR-10 that cannot be had.
+    refusal offers --resume), a resume of no run or of another sweep's, and on the embedded Ray amp=bf16 on an old
+    GPU and CIFAR-10 that cannot be had.
     Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs
     this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines. `estimate`: time
     the sweep's distinct steps here before Ray starts; the sweep's header repeats the estimate (sweep --estimate).
     `profile`: torch.profiler over a few steps of one epoch per trial (--profile; a trace in each trial folder)."""
+    from .cluster import orchestrate, session  # these import Ray inside their functions only
+
     check_max_concurrent(max_concurrent)
     run_dir = StoragePath.of(storage) / plan.name
-    refusal = None if resume else runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
+    if resume:
+        refusal = orchestrate.resume_refusal(plan, run_dir)
+    else:
+        refusal = runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
     if refusal:
         raise ConfigError(refusal)
-    from .cluster import orchestrate, session  # these import Ray inside their functions only
 
     if session.cluster_address(address) is None:
         check_local_gpus(plan)  # a refusal before the data download writes anything

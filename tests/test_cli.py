@@ -121,7 +121,7 @@ def test_ensure_local_data_checks_each_cifar_data_dir_once(tmp_path, monkeypatch
 def write_run(storage: Path, name: str, statuses: list[str], **sweep) -> Path:
     run_dir = storage / name
     trials = [f"t{i:03d}-seed={i}" for i in range(len(statuses))]
-    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": name, "trials": trials} | sweep)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": name, "trials": trials, "slots": True} | sweep)
     for trial, status in zip(trials, statuses):
         runlog.write_json(run_dir / trial / runlog.TRIAL_FILE, {"name": trial, "status": status})
     return run_dir
@@ -155,10 +155,32 @@ def test_a_folder_holding_a_run_is_refused_before_ray_starts(tmp_path, capsys, r
             "finish it, --name NEW to start another, or delete the folder\n"
         )
     assert sorted(p.relative_to(storage) for p in storage.rglob("*")) == before  # nothing written
-    with pytest.raises(RayStarted):  # --resume goes on to Ray (which resumes or says there is nothing to resume)
+    with pytest.raises(RayStarted):  # --resume goes on to Ray (which compares the resolved configs, then resumes)
         main(["sweep", str(sweep_file), "--storage", str(storage), "--resume"])
     [(code, subprocess_err)] = no_torch_nor_ray(["sweep", str(sweep_file), "--storage", str(storage)])
     assert (code, subprocess_err) == (2, err)
+
+
+@pytest.mark.parametrize(
+    "sweep, refusal",
+    [
+        (None, "nothing to resume in {run_dir}: no interrupted run of 'fake' there; run without --resume"),
+        ({"trials": ["t000-lr=0.1"]}, "{run_dir} holds a different sweep (its trials differ from this file's)"),
+        ({"slots": None, "warm": None}, "{run_dir} was started with --isolate by an older cifar-ray"),
+    ],
+    ids=["no run", "another sweep", "an old --isolate run"],
+)
+def test_a_resume_of_no_run_or_of_another_is_refused_before_ray_starts(tmp_path, capsys, ray_start, sweep, refusal):
+    sweep_file = tmp_path / "fake.yaml"
+    sweep_file.write_text("name: fake\nbase: {dataset: synthetic}\ngrid: {seed: [0, 1]}\n")
+    storage = tmp_path / "runs"
+    run_dir = storage / "fake"
+    if sweep is not None:
+        write_run(storage, "fake", ["finished", "running"], **sweep)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["sweep", str(sweep_file), "--storage", str(storage), "--resume"]) == 2  # RayStarted not raised
+    assert capsys.readouterr().err.startswith(f"cifar-ray: error: {refusal.format(run_dir=run_dir)}")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
 
 
 def test_existing_run_refusal_is_none_without_a_run(tmp_path):

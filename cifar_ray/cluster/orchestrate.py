@@ -55,6 +55,21 @@ def changed_configs_refusal(plan: SweepPlan, run_dir: StoragePath) -> str | None
     )
 
 
+def resume_refusal(plan: SweepPlan, run_dir: StoragePath) -> str | None:
+    """Why `plan` cannot resume the run in `run_dir`, read from its sweep.json alone (so before Ray starts): no run
+    there, another sweep's trials, or an older --isolate run; None when it can."""
+    previous = runlog.read_json(run_dir / runlog.SWEEP_FILE)
+    if not previous:
+        return f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume"
+    recorded = previous.get("trials") or []
+    if [t.name for t in plan.trials][: len(recorded)] != recorded:
+        return (
+            f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file "
+            "and --set values, or use --name"
+        )
+    return old_isolated_run_refusal(previous, run_dir)
+
+
 def old_isolated_run_refusal(sweep: dict, run_dir: StoragePath) -> str | None:
     """Runs started with --isolate before trials ran in slots kept Ray Train's checkpoints in <trial>/train,
     which this version does not read: refused, not trained again from scratch."""
@@ -141,7 +156,7 @@ def run_plan(
     sweep_file = run_dir / runlog.SWEEP_FILE
     previous = runlog.read_json(sweep_file)
     if resume:  # refused before anything is written or started
-        refusal = changed_configs_refusal(plan, run_dir) or (previous and old_isolated_run_refusal(previous, run_dir))
+        refusal = resume_refusal(plan, run_dir) or changed_configs_refusal(plan, run_dir)
         if refusal:
             raise ConfigError(refusal)
     client = is_ray_client()
@@ -154,16 +169,7 @@ def run_plan(
     slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent, one_trial=not warm, profile=profile)
     limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot running, and the next ones
     if resume:
-        if not previous:
-            raise ConfigError(
-                f"nothing to resume in {run_dir}: no interrupted run of '{plan.name}' there; run without --resume"
-            )
         recorded = previous.get("trials") or []
-        if names[: len(recorded)] != recorded:
-            raise ConfigError(
-                f"{run_dir} holds a different sweep (its trials differ from this file's); resume with the same file "
-                "and --set values, or use --name"
-            )
         if not slot_plan.specs:  # a no-op that writes nothing: no session, no provenance
             print_line(f"{run_dir}: every trial has trained to its end; nothing to resume (--repeats N adds seeds)")
             return run_dir
