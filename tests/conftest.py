@@ -76,9 +76,10 @@ def no_process_outlives_the_session():
         time.sleep(0.5)
     for proc in left:
         try:
-            warnings.warn(f"stopped {proc.pid} ({proc.name()}): the test session left it alive", stacklevel=1)
+            command = " ".join(proc.cmdline())[:200]
+            warnings.warn(f"stopped {proc.pid} ({command}): the test session left it alive", stacklevel=1)
             proc.kill()
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
 
 
