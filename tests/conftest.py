@@ -52,13 +52,15 @@ def pytest_configure(config) -> None:
 
 
 def session_processes() -> list[psutil.Process]:
-    """The live processes this session started (its marker in their environment), this one and its parents aside."""
+    """The live processes this session started (its marker in their environment), this one and its parents aside,
+    and multiprocessing's resource tracker (it ends with this process)."""
     mine, spared = os.environ[SESSION_MARKER], {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     found = []
     for proc in psutil.process_iter():
         try:
             if proc.pid not in spared and proc.status() != psutil.STATUS_ZOMBIE:
-                if proc.environ().get(SESSION_MARKER) == mine:
+                tracker = "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+                if proc.environ().get(SESSION_MARKER) == mine and not tracker:
                     found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
