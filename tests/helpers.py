@@ -3,6 +3,8 @@ tests/test_layers.py holds that). Fault injection lives apart, in tests/faults.p
 
 - Run folders written by hand exactly as training writes them: the "bs-workers" run (`make_run`, its pieces
   `write_sweep`, `write_trial`, `healthy_epochs`) and a factorial run (`make_factorial`), for the report's tests.
+  Trials that `write_correct` gives a per-image log (test_correct.json) are as new versions write them; without
+  one, as older versions did.
 - `shared_ddp_run`: the suite's one TorchTrainer run of the DDP checks.
 - `wait_for`: poll a condition while a real run goes on.
 - `COMPUTED`: the epoch metrics a trial computes, equal from run to run.
@@ -22,6 +24,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
@@ -151,6 +154,19 @@ def write_trial(
         (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in epochs))
 
 
+def write_correct(run_dir: Path, index: int, correct, epoch: int) -> None:
+    """Trial `index`'s per-image log as training writes it: `correct`, one bool per test image in dataset order."""
+    bits = numpy.packbits(numpy.asarray(correct, dtype=bool)).tobytes()
+    runlog.write_correct_images(run_dir / trial_name(index), runlog.CorrectImages(epoch, len(correct), bits))
+
+
+def ranked_correct(accuracy: float, images: int) -> numpy.ndarray:
+    """The first round(accuracy x images) test images right, the rest wrong: trials so logged rank the images alike
+    (a more accurate one gets right every image a less accurate one does), so any two disagree on the fewest images
+    their accuracies allow."""
+    return numpy.arange(images) < round(accuracy * images)
+
+
 def write_sweep(run_dir: Path, names: list[str], grid: dict = GRID, repeats: int = 2, **extra) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     sweep = {
@@ -232,8 +248,9 @@ def factorial_epochs(acc: float, loss: float, epoch_time: float) -> list[dict]:
 
 
 def make_factorial(run_dir: Path, grid: dict = FACTORIAL_GRID, accuracy=None, loss=None, status=None, **sweep) -> dict:
-    """optimizer x workers x amp x 3 seeds. Default truth: adam +10 pp, workers=2 +1 pp, amp nothing, plus
-    0.2 pp of per-trial noise; workers=2 halves the epoch time. Returns the final test accuracy per trial."""
+    """optimizer x workers x amp x 3 seeds on the 10,000 test images, each trial with its per-image log
+    (ranked_correct). Default truth: adam +10 pp, workers=2 +1 pp, amp nothing, plus 0.2 pp of per-trial noise;
+    workers=2 halves the epoch time. Returns the final test accuracy per trial."""
     rng = random.Random(7)
     combos = [
         dict(zip(grid, values)) | {"seed": seed}
@@ -250,7 +267,7 @@ def make_factorial(run_dir: Path, grid: dict = FACTORIAL_GRID, accuracy=None, lo
     finals = {}
     for i, swept in enumerate(combos):
         acc = (accuracy or (lambda s: 0.70 + 0.10 * (s.get("optimizer") == "adam") + 0.01 * (s["workers"] == 2)))(swept)
-        acc += rng.gauss(0.0, FACTORIAL_NOISE)
+        acc = round(acc + rng.gauss(0.0, FACTORIAL_NOISE), 4)  # whole images of the 10,000 logged right
         final_loss = loss(swept) if loss else 1.0 - acc
         epoch_time = 10.0 / swept["workers"] + 0.01 * swept["seed"]
         finals[i] = acc
@@ -263,6 +280,7 @@ def make_factorial(run_dir: Path, grid: dict = FACTORIAL_GRID, accuracy=None, lo
             gpus=False,
             planned=FACTORIAL_EPOCHS,
         )
+        write_correct(run_dir, i, ranked_correct(acc, 10_000), FACTORIAL_EPOCHS)
     return finals
 
 

@@ -10,9 +10,10 @@ import re
 import statistics
 from pathlib import Path
 
+import numpy
 import pandas as pd
 import pytest
-from helpers import FACTORIAL_GRID, FACTORIAL_SEEDS, make_factorial
+from helpers import FACTORIAL_GRID, FACTORIAL_SEEDS, make_factorial, ranked_correct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,19 +83,21 @@ def test_paired_effects_are_the_matched_differences(factorial):
     assert row["workers"] == 2 and row["n_pairs"] == 12
     assert row["mean_diff"] == pytest.approx(statistics.mean(diffs))
     assert row["std_diff"] == pytest.approx(statistics.stdev(diffs))
-    # The test set's binomial noise (10000 test images: the default test set) floors the interval.
+    # The shared test set's part (10000 test images, logged per image): the variance over images of the per-image
+    # difference averaged over the pairs, over the images; it does not shrink with the pairs.
     pairs = [
         (finals[i], finals[j])
         for i, a in enumerate(report.trials.itertuples())
         for j, b in enumerate(report.trials.itertuples())
         if a.workers == 2 and b.workers == 1 and (a.optimizer, a.amp, a.seed) == (b.optimizer, b.amp, b.seed)
     ]
-    floor = statistics.mean((p * (1 - p) + q * (1 - q)) / 10_000 for p, q in pairs)
-    half = 2.201 * math.sqrt((statistics.variance(diffs) + floor) / 12)  # t(0.975, 11)
+    per_image = numpy.mean([ranked_correct(p, 10_000) * 1.0 - ranked_correct(q, 10_000) for p, q in pairs], axis=0)
+    testset = per_image.var(ddof=1) / 10_000
+    half = 2.201 * math.sqrt(statistics.variance(diffs) / 12 + testset)  # t(0.975, 11)
     assert (row["ci_low"], row["ci_high"]) == pytest.approx(
         (row["mean_diff"] - half, row["mean_diff"] + half), abs=1e-5
     )
-    assert row["floor_var"] == pytest.approx(floor)
+    assert row["testset_var"] == pytest.approx(testset) and row["testset_noise"] == "measured per image"
     assert row["mean_diff"] == pytest.approx(0.01, abs=0.002) and row["ci_high"] - row["ci_low"] < 0.01
     assert row["verdict"] == "CI excludes 0" and row["n_planned"] == 12 and row["lost"] == ""
     assert report.effects["optimizer"]["final_test_acc"].iloc[0]["mean_diff"] == pytest.approx(0.10, abs=0.002)
@@ -131,8 +134,10 @@ def test_paired_findings_separate_a_small_real_effect_from_none(factorial, tmp_p
     row = next(line for line in section.splitlines() if line.startswith("| workers=2 |"))
     low, high = map(float, re.search(r"\[\+(\d\.\d\d), \+(\d\.\d\d)\]", row).groups())
     assert 0.7 < mean < 1.3 and low < mean < high and high - low < 1.0
-    assert finding(text, "amp=bf16").endswith("12 of 12 pairs: equivalent within ±1 pp.")
-    assert finding(text, "optimizer=adam").endswith("12 of 12 pairs: CI excludes 0.")
+    assert finding(text, "amp=bf16").endswith(
+        "12 of 12 pairs: equivalent within ±1 pp; test-set noise measured per image."
+    )
+    assert finding(text, "optimizer=adam").endswith("12 of 12 pairs: CI excludes 0; test-set noise measured per image.")
     assert "Seed noise of final test accuracy: 0." in text and "over 8 configurations with ≥ 2 included seeds" in text
 
     assert row.startswith(f"| workers=2 | 12 of 12 | +{mean:.2f} [+{low:.2f}, +{high:.2f}] | -5.00 [")
@@ -170,7 +175,8 @@ def test_exports_carry_the_paired_effects(factorial, tmp_path):
         "lost",
         "mean_diff",
         "std_diff",
-        "floor_var",
+        "testset_var",
+        "testset_noise",
         "se",
         "ci_low",
         "ci_high",

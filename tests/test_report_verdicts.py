@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import FACTORIAL_EPOCHS, factorial_epochs, make_factorial, trial_name, write_sweep, write_trial
+from helpers import (
+    FACTORIAL_EPOCHS,
+    factorial_epochs,
+    make_factorial,
+    ranked_correct,
+    trial_name,
+    write_correct,
+    write_sweep,
+    write_trial,
+)
 
 from cifar_ray.cli import main
 from cifar_ray.report import build_report, write_report
@@ -19,7 +28,8 @@ from cifar_ray.report.verdicts import holm, judge, p_differs, p_equivalent, pair
 
 def paired_run(run_dir: Path, accuracy: dict[tuple[int, int], float], test_subset: int = 0, logged=None) -> Path:
     """workers 1 vs 2 over seeds: `accuracy` maps (workers, seed) to the final test accuracy; `logged` maps
-    (workers, seed) to the epochs a trial marked finished logged (all of them by default)."""
+    (workers, seed) to the epochs a trial marked finished logged (all of them by default). Each trial logs which
+    test images it got right (ranked_correct: the pairs disagree on the fewest images their accuracies allow)."""
     combos = [{"workers": w, "seed": s} for w, s in accuracy]
     write_sweep(
         run_dir,
@@ -32,6 +42,7 @@ def paired_run(run_dir: Path, accuracy: dict[tuple[int, int], float], test_subse
         key = (swept["workers"], swept["seed"])
         epochs = factorial_epochs(accuracy[key], 0.5, 10.0 / swept["workers"])[: (logged or {}).get(key)]
         write_trial(run_dir, i, swept, "finished", epochs, gpus=False, planned=FACTORIAL_EPOCHS)
+        write_correct(run_dir, i, ranked_correct(accuracy[key], test_subset or 10_000), len(epochs))
         if test_subset:
             meta_path = run_dir / trial_name(i) / "trial.json"
             meta = json.loads(meta_path.read_text())
@@ -50,20 +61,21 @@ def findings_line(text: str, start: str) -> str:
 
 
 def test_equal_differences_on_a_small_test_set_are_not_a_zero_width_interval(tmp_path):
-    """Three pairs that all differ by exactly one image in 500 (+0.2 pp): the spread is 0, but the test set's
-    binomial noise (about 1.8 pp per trial at 80 %) keeps the interval wide and the verdict open."""
+    """Three pairs that all differ on the same one image of 500 (+0.2 pp): the spread is 0, but one image is what
+    the draw of 500 test images can move (its test-set part: var over images of the per-image difference / 500,
+    0.2 pp), so the interval stays wide and the verdict open."""
     run_dir = paired_run(
         tmp_path / "run", {(w, s): 0.800 + 0.002 * (w == 2) for w in (1, 2) for s in (0, 1, 2)}, test_subset=500
     )
     row = workers_effect(run_dir)
     assert row["std_diff"] == pytest.approx(0.0, abs=1e-12) and row["mean_diff"] == pytest.approx(0.002)
-    assert row["floor_var"] == pytest.approx((0.8 * 0.2 + 0.802 * 0.198) / 500)
-    assert row["ci_high"] - row["ci_low"] > 0.05
+    assert row["testset_var"] == pytest.approx((1 / 500) / 500) and row["se"] == pytest.approx(0.002)
+    assert row["ci_high"] - row["ci_low"] > 0.015
     assert row["verdict"] == "not conclusive"
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
     line = findings_line(text, "- **workers=2**")
     assert "3 of 3 pairs: not conclusive; about " in line and "more seeds would resolve it at this spread" in line
-    assert "tested on 500 images" in text and "n = the test images, 500 here" in text
+    assert "tested on 500 images" in text and "(n = 500 here" in text
 
 
 def test_two_pairs_give_no_verdict_however_clear(tmp_path):
@@ -87,7 +99,9 @@ def test_no_effect_is_equivalent_within_the_margin_the_user_sets(tmp_path, capsy
     out = tmp_path / "out"
     assert main(["report", str(run_dir), "--out", str(out), "--margin", "2"]) == 0
     text = (out / "README.md").read_text(encoding="utf-8")
-    assert findings_line(text, "- **amp=bf16**").endswith("12 of 12 pairs: equivalent within ±2 pp.")
+    assert findings_line(text, "- **amp=bf16**").endswith(
+        "12 of 12 pairs: equivalent within ±2 pp; test-set noise measured per image."
+    )
     capsys.readouterr()
     refused = tmp_path / "refused"
     assert main(["report", str(run_dir), "--out", str(refused), "--margin", "0"]) == 2

@@ -7,6 +7,7 @@
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
       <trial>/network.json      the model as built: its layers and parameter count (rank 0, as the trial starts)
+      <trial>/test_correct.json which test images the final evaluation got right, packed bits (rank 0; CorrectImages)
       <trial>/error.txt         the traceback of a failed trial
       <trial>/profile_trace.json  with --profile: a Chrome trace of a few steps of one epoch, written by rank 0
       <trial>/profile.json      with --profile: the top operators by self time in that trace (training/profile.py)
@@ -30,6 +31,7 @@ diverged | oom.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -51,6 +53,7 @@ ERROR_FILE = "error.txt"
 PROFILE_TRACE_FILE = "profile_trace.json"
 PROFILE_FILE = "profile.json"
 NETWORK_FILE = "network.json"
+TEST_CORRECT_FILE = "test_correct.json"
 # Step-time breakdown of an epoch in seconds, mean over ranks (training.timing.PhaseTimer measures it).
 ALLREDUCE_KEY = "time_allreduce_s"
 BREAKDOWN_KEYS = ("time_data_s", "time_compute_s", ALLREDUCE_KEY, "time_optimizer_s", "time_eval_s")
@@ -210,11 +213,48 @@ def sweep_objective(sweep: dict) -> tuple[str, str]:
     return sweep.get("metric", DEFAULT_OBJECTIVE[0]), sweep.get("mode", DEFAULT_OBJECTIVE[1])
 
 
+@dataclass(frozen=True)
+class CorrectImages:
+    """Which test images a trial's final evaluation got right (TEST_CORRECT_FILE): one bit per image of the test
+    set in dataset order (the first test_subset images), the same order for every trial and any number of workers,
+    as numpy.packbits packs them (first image in the first byte's highest bit); `images` says where the last
+    byte's padding starts. A JSON object (`epoch`, `images`, `bits` in base64) rather than a bare .bin: the count
+    and the epoch travel with the bits in one file written whole, and it reads like every other file here (10,000
+    images: 1,250 bytes, 1.7 kB as base64)."""
+
+    epoch: int  # the evaluation's epoch: the trial's last
+    images: int
+    bits: bytes
+
+
+def write_correct_images(trial_dir: Where, record: CorrectImages) -> None:
+    write_json(
+        StoragePath.of(trial_dir) / TEST_CORRECT_FILE,
+        {"epoch": record.epoch, "images": record.images, "bits": base64.b64encode(record.bits).decode("ascii")},
+    )
+
+
+def _correct_images(data: bytes) -> CorrectImages:
+    value = _json_object(data)
+    epoch, images, text = value.get("epoch"), value.get("images"), value.get("bits")
+    bits = base64.b64decode(text, validate=True) if isinstance(text, str) else b""  # binascii.Error: a ValueError
+    if not (isinstance(epoch, int) and isinstance(images, int) and images > 0 and len(bits) == -(-images // 8)):
+        raise ValueError(f"it holds no packed bits of an epoch's test images ({len(bits)} bytes for {images} images)")
+    return CorrectImages(epoch, images, bits)
+
+
+def read_correct_images(trial_dir: Where) -> CorrectImages | None:
+    """The trial's CorrectImages; None when it logged none (older versions, or no final evaluation yet);
+    StorageError when the file cannot be read or is not such a record."""
+    return read_retrying(StoragePath.of(trial_dir) / TEST_CORRECT_FILE, _correct_images, None)
+
+
 @dataclass
 class TrialLog:
     name: str
     meta: dict
     epochs: list[dict] = field(default_factory=list)
+    correct: CorrectImages | None = None  # read only for the report (load_run's per_image)
 
     @property
     def status(self) -> str:
@@ -236,8 +276,9 @@ class RunLog:
     trials: list[TrialLog]
 
 
-def load_run(run_dir: Where) -> RunLog:
-    """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last). A file that
+def load_run(run_dir: Where, per_image: bool = False) -> RunLog:
+    """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last); with
+    `per_image`, each trial's CorrectImages too (one more read per trial, which only the report needs). A file that
     cannot be read raises StorageError naming it: status and report say so in one line rather than show a
     table with its trial as pending (another user's files of mode 0600 in a shared folder, a storage outage)."""
     run_dir = StoragePath.of(run_dir)
@@ -247,7 +288,15 @@ def load_run(run_dir: Where) -> RunLog:
     listed = list(sweep.get("trials", []))
     found = [name for name in run_dir.subfolders() if (run_dir / name / TRIAL_FILE).exists()]
     names = [n for n in listed if n in found] + [n for n in found if n not in listed]
-    trials = [TrialLog(n, read_json(run_dir / n / TRIAL_FILE), read_epochs(run_dir / n)) for n in names]
+    trials = [
+        TrialLog(
+            n,
+            read_json(run_dir / n / TRIAL_FILE),
+            read_epochs(run_dir / n),
+            read_correct_images(run_dir / n) if per_image else None,
+        )
+        for n in names
+    ]
     return RunLog(run_dir, sweep, trials)
 
 

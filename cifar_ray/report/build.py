@@ -29,7 +29,15 @@ from .compare import (
     refuse_unpaired,
 )
 from .format import fmt_value, values_label
-from .load import breakdown_keys, epochs_frame, memory_measure, resolve_baseline, sweep_grid, trial_frame
+from .load import (
+    breakdown_keys,
+    epochs_frame,
+    image_scores,
+    memory_measure,
+    resolve_baseline,
+    sweep_grid,
+    trial_frame,
+)
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
 from .stats import Overfit, config_frame, factor_frame, paired_effects, seed_noise
 from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, judge
@@ -97,6 +105,7 @@ def build_report(
     groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown, metrics) for key in factors}
     configs = config_frame(trials, factors, grid, breakdown, metrics)
     # Runs pair on their configs (RUN_MATCH_RULE), not on grid labels: one run's label may be another's config value.
+    per_image = image_scores(run)
     paired = trials.assign(paired_config=[paired_config(t, comparison) for t in run.trials]) if comparison else trials
     effects = {
         key: {
@@ -108,7 +117,7 @@ def build_report(
                 chosen[key],
                 m.column,
                 ["paired_config"] if comparison and key == RUN_FACTOR else None,
-                floor=f"{m.column}_var" if m.kind == "acc" else None,
+                per_image=per_image if m.kind == "acc" else None,
             )
             for m in PAIRED_METRICS
         }

@@ -133,7 +133,7 @@ def combine_runs(sources: Sequence[RunSource]) -> RunLog:
                     values.append(value)
         grid[key] = values
     trials = [
-        TrialLog(f"{s.label}/{t.name}", t.meta | {"swept": {RUN_FACTOR: s.label} | t.swept}, t.epochs)
+        TrialLog(f"{s.label}/{t.name}", t.meta | {"swept": {RUN_FACTOR: s.label} | t.swept}, t.epochs, t.correct)
         for s in sources
         for t in s.log.trials
     ]

@@ -232,6 +232,6 @@ def effect_lines(report: Report, key: str) -> list[str]:
         mean = paired_parts(PAIRED_METRICS[0], row)[0]  # its interval is in the factor's effects table
         lines.append(
             head + f"final test accuracy {mean} pp, {pairs_text(row)}: {verdict_text(report, row)}"
-            f"{seeds_text(report, row)}.{run_level_note(report, key)}"
+            f"{seeds_text(report, row)}; test-set noise {row['testset_noise']}.{run_level_note(report, key)}"
         )
     return lines

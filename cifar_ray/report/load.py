@@ -30,7 +30,8 @@ from ..core.runlog import (
 )
 from .format import fmt_value, same_value
 from .metrics import INCLUDED, INCOMPLETE
-from .stats import TRAIN_COLUMNS, Overfit, binomial_var, train_basis, trial_overfitting
+from .stats import TRAIN_COLUMNS, Overfit, train_basis, trial_overfitting
+from .testset import ImageScores, unpack
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
 # breakdown (its columns follow, those logged) and what the report does not read (_UNREAD).
@@ -78,7 +79,7 @@ MEMORY_MEASURES = {
 def load(run_dir: Where) -> RunLog:
     """The run's logs; ConfigError when the folder is missing or holds no trial."""
     try:
-        run = load_run(run_dir)
+        run = load_run(run_dir, per_image=True)
     except FileNotFoundError:
         raise ConfigError(
             f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} (<storage>/<sweep name>)"
@@ -170,6 +171,16 @@ def trial_test_images(config: dict) -> int | None:
         return None
 
 
+def image_scores(run: RunLog) -> dict[str, ImageScores]:
+    """Trial name -> which test images its final evaluation got right, for the trials that logged it at their last
+    logged epoch (a record of another epoch is not the evaluation behind their final accuracy)."""
+    return {
+        trial.name: ImageScores(str(config_value(trial.config, "dataset")), unpack(trial.correct))
+        for trial in run.trials
+        if trial.correct is not None and trial.epochs and trial.correct.epoch == trial.epochs[-1]["epoch"]
+    }
+
+
 def _outcome(status: str, epochs_done: int, planned: Any) -> str:
     """The status, or INCOMPLETE for a trial marked finished with fewer epochs logged than planned."""
     short = status == INCLUDED and isinstance(planned, int) and epochs_done < planned
@@ -193,7 +204,6 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
         return float(e[column].iloc[-1]) if len(e) else math.nan
 
     row["final_test_acc"] = final("test_acc")
-    row["final_test_acc_var"] = binomial_var(row["final_test_acc"], row["test_images"] or 0)
     acc = e["test_acc"]
     if acc.notna().any():
         best = acc.idxmax()

@@ -173,9 +173,9 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
     """Every definition the report relies on, each once."""
     margin = fmt_value(round(100 * report.margin, 6))
     tested = (
-        f"{report.test_images} here, from each trial's dataset and test_subset: the logs record no count"
+        f"{report.test_images} here, from each trial's dataset and test_subset"
         if report.test_images
-        else "unknown for these trials' dataset: no floor"
+        else "unknown for these trials' dataset: no test-set part without a per-image log"
     )
     items = [
         "**Trials.** A trial is one training of one configuration with one seed. Included trials finished with every "
@@ -185,10 +185,13 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "pairs: an included trial with that value and the included trial with the baseline value and the same other "
         "keys and seed. *k of K pairs*: the pairs used of those the sweep planned; the lost ones say what removed "
         "them, which is part of the effect (a value that diverges loses its pairs).",
-        "**95 % CI.** Student-t over the pairs, with standard error sqrt((s² + b) / k): s is the spread of the "
-        "differences, b the test set's binomial noise of a difference (p(1 − p) / n per trial, summed over the "
-        f"pair's two trials, averaged over the pairs; n = the test images, {tested}), so an interval never narrows "
-        "below what the test set can resolve.",
+        "**95 % CI.** Student-t over the k pairs, with standard error sqrt(s² / k + v): s is the spread of the "
+        "differences (the seeds' noise, which more pairs average out), v the shared test set's part, which they do "
+        f"not: every trial is tested on the same n images (n = {tested}). Where the trials logged which images "
+        "they got right, v is measured: the variance over images of the per-image difference averaged over the "
+        "pairs, / n (it is small where the two models disagree on few images). Where not (older versions), v is "
+        "bounded from the accuracies alone: (the mean over pairs of sqrt(p(1 − p)) + sqrt(q(1 − q)))² / (n − 1), "
+        "true however the models disagree. Each effect says which.",
         f"**Verdicts.** From {MIN_PAIRS} pairs on: *CI excludes 0* (two-sided t-test), *equivalent within ±{margin} "
         f"pp* (two one-sided tests against that margin; `cifar-ray report --margin PP`, default 1 pp), else *not "
         f"conclusive*; fewer pairs: *no verdict*. Holm's correction across this report's accuracy comparisons "

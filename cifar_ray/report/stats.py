@@ -1,6 +1,7 @@
 """The report's statistics, each on the trials frame: per-value means (factor_frame, config_frame; included trials
-only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval that the test
-set's binomial noise floors (paired_effects, t_quantile, t_upper: no scipy), seed noise, and the overfitting rule.
+only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval that holds the
+shared test set's noise (paired_effects, report/testset.py; t_quantile, t_upper: no scipy), seed noise, and the
+overfitting rule.
 The train loss the rule reads is the training subset evaluated like the test set (train_eval_*) where logged, else
 the running one (TRAIN_COLUMNS, train_basis)."""
 
@@ -8,14 +9,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from . import testset
 from .format import fmt_value, same_value, values_label
 from .metrics import FACTOR_METRICS, INCLUDED, Metric
+from .testset import ImageScores
 
 OVERFIT_RISE = 0.02
 
@@ -35,13 +38,6 @@ TRAIN_COLUMNS = {"eval": ("train_eval_loss", "train_eval_acc"), "running": ("tra
 def included(trials: pd.DataFrame) -> pd.DataFrame:
     """The trials the aggregates use: finished with every planned epoch logged."""
     return trials[trials["outcome"] == INCLUDED]
-
-
-def binomial_var(accuracy: float, test_images: float) -> float:
-    """The sampling variance of an accuracy measured on `test_images` images: p(1 − p) / n (NaN when unknown)."""
-    if not test_images or math.isnan(accuracy):
-        return math.nan
-    return accuracy * (1 - accuracy) / test_images
 
 
 @dataclass(frozen=True)
@@ -216,20 +212,22 @@ def paired_effects(
     baseline: Any,
     column: str,
     match: Sequence[str] | None = None,
-    floor: str | None = None,
+    per_image: Mapping[str, ImageScores] | None = None,
 ) -> pd.DataFrame:
     """Effect of each non-baseline value of `key` on `column`, from matched pairs: an included trial with that
     value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
     `match` names; several trials in one cell are averaged). One row per value: n_pairs of n_planned (the pairs the
     sweep planned; `lost` says what removed the others), mean_diff and std_diff of the differences (value − baseline),
-    floor_var (the mean over pairs of the sampling variance of a difference, from the trials' `floor` column: the test
-    set's binomial noise), se = sqrt((std_diff² + floor_var) / n_pairs), and the Student-t 95 % CI of the mean."""
+    se, and the Student-t 95 % CI of the mean. For an accuracy, `per_image` (trial name -> its ImageScores, those
+    logged) makes the test set's noise part of se: testset_var, the part of the mean's variance that the shared test
+    images cause (it does not shrink with more pairs), and testset_noise, how it was found (report/testset.py); then
+    se = sqrt(std_diff² / n_pairs + testset_var), else sqrt(std_diff² / n_pairs)."""
     done = included(trials)
     if match is None:
         match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
     chosen = rows_with(done, key, baseline)
     base = _cells(chosen, match, column).mean()
-    base_var = _cells(chosen, match, floor).mean() / _cells(chosen, match, floor).count() if floor else None
+    base_scored = _scored(chosen, match, column, per_image) if per_image is not None else {}
     planned_base = set(_labels(rows_with(trials, key, baseline), match))
     rows = []
     for value in grid[key]:
@@ -239,11 +237,13 @@ def paired_effects(
         diffs = (_cells(chosen, match, column).mean() - base).dropna()
         mean, std = sample_stats(diffs)
         n = len(diffs)
-        floor_var = 0.0
-        if floor:
-            cells = _cells(chosen, match, floor)
-            floor_var = float((cells.mean() / cells.count() + base_var).reindex(diffs.index).fillna(0.0).mean())
-        se = math.sqrt((std**2 + floor_var) / n) if n > 1 else math.nan
+        testset_var, testset_noise = 0.0, ""
+        if per_image is not None and n:
+            scored = _scored(chosen, match, column, per_image)
+            testset_var, testset_noise = testset.testset_var(
+                [(scored[label], base_scored[label]) for label in diffs.index]
+            )
+        se = math.sqrt(std**2 / n + testset_var) if n > 1 else math.nan
         half = t_quantile(0.975, n - 1) * se if n > 1 else math.nan
         planned = planned_base & set(_labels(rows_with(trials, key, value), match))
         rows.append(
@@ -254,7 +254,8 @@ def paired_effects(
                 "lost": _lost_pairs(trials, key, value, baseline, match, planned - set(diffs.index)),
                 "mean_diff": mean,
                 "std_diff": std,
-                "floor_var": floor_var,
+                "testset_var": testset_var,
+                "testset_noise": testset_noise,
                 "se": se,
                 "ci_low": mean - half,
                 "ci_high": mean + half,
@@ -263,7 +264,30 @@ def paired_effects(
     return pd.DataFrame(rows, columns=[key, *EFFECT_COLUMNS])
 
 
-EFFECT_COLUMNS = ("n_pairs", "n_planned", "lost", "mean_diff", "std_diff", "floor_var", "se", "ci_low", "ci_high")
+EFFECT_COLUMNS = (
+    "n_pairs",
+    "n_planned",
+    "lost",
+    "mean_diff",
+    "std_diff",
+    "testset_var",
+    "testset_noise",
+    "se",
+    "ci_low",
+    "ci_high",
+)
+
+
+def _scored(
+    frame: pd.DataFrame, keys: Sequence[str], column: str, per_image: Mapping[str, ImageScores]
+) -> dict[str, list[testset.Scored]]:
+    """The trials of each cell (as _cells groups them, NaN `column` dropped) as the test set scored them."""
+    cells: dict[str, list[testset.Scored]] = {}
+    for label, (_, row) in zip(_labels(frame, keys), frame.iterrows()):
+        if not math.isnan(row[column]):
+            images = None if pd.isna(row["test_images"]) else int(row["test_images"])
+            cells.setdefault(label, []).append(testset.Scored(row[column], images, per_image.get(row["trial"])))
+    return cells
 
 
 def pooled_std(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tuple[float, int, int]:

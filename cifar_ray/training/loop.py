@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -182,10 +183,19 @@ def train_epoch(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, split: Split, cfg: TrainConfig, device: torch.device, rank: int, world: int
+    model: nn.Module,
+    split: Split,
+    cfg: TrainConfig,
+    device: torch.device,
+    rank: int,
+    world: int,
+    correct: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[loss sum, correct, samples] of this rank's slice of `split` (the test set, or the fixed training
-    subset of train_eval_size) in eval mode, without augmentation (unsmoothed loss)."""
+    subset of train_eval_size) in eval mode, without augmentation (unsmoothed loss). `correct` (optional, one
+    uint8 per image of `split`, zeros, on `device`): this rank's images are set to 1 where the prediction is right,
+    on the device (no host sync per batch); the shards are disjoint, so its sum over the ranks holds every image
+    once, in dataset order (correct_images)."""
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)
     shard = test_shard(len(split), rank, world)
@@ -197,9 +207,17 @@ def evaluate(
         with autocast:
             logits = model(images)
         totals[0] += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
-        totals[1] += (logits.argmax(1) == labels).sum()
+        right = logits.argmax(1) == labels
+        totals[1] += right.sum()
         totals[2] += len(labels)
+        if correct is not None:
+            correct[start:stop] = right
     return totals
+
+
+def correct_images(correct: torch.Tensor, epoch: int) -> runlog.CorrectImages:
+    """runlog's record of evaluate()'s `correct` once summed over the ranks (one host copy, at the final epoch)."""
+    return runlog.CorrectImages(epoch, len(correct), np.packbits(correct.cpu().numpy().astype(bool)).tobytes())
 
 
 def evaluation_metrics(prefix: str, totals: torch.Tensor) -> dict[str, float]:
@@ -264,7 +282,11 @@ def run_trial(
         phases = timer.seconds()  # synchronises CUDA once
         train_time = time.perf_counter() - started
         broadcast_buffers(raw_model)
-        evaluated = evaluation_metrics("test", all_reduce(evaluate(raw_model, test, cfg, device, rank, world)))
+        # At the final evaluation, which test images it got right: the test-set noise of the report (report/testset.py)
+        correct = torch.zeros(len(test), dtype=torch.uint8, device=device) if epoch == cfg.epochs else None
+        evaluated = evaluation_metrics("test", all_reduce(evaluate(raw_model, test, cfg, device, rank, world, correct)))
+        if correct is not None:
+            all_reduce(correct)
         if train_eval is not None:
             train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, device, rank, world))
             evaluated |= evaluation_metrics("train_eval", train_eval_totals)
@@ -286,6 +308,8 @@ def run_trial(
         diverged = metrics["diverged"]
         if rank == 0:
             runlog.append_epoch(trial_dir, metrics)
+            if correct is not None:  # before `report`, after which the trial may be marked finished
+                runlog.write_correct_images(trial_dir, correct_images(correct, epoch))
         if not diverged:  # collectives: every rank's PowerSGD and random state, gathered on rank 0
             comm_states = comm.gather_hook_state(comm.hook_state(training.model), device)
             rng_states = comm.gather_on_rank0(rng_state(*devices), device)
