@@ -275,7 +275,8 @@ def test_effect_lines_say_how_many_pairs_and_what_removed_the_others(run, readme
     assert line == (
         f"- **batch_size=128** vs 64: final test accuracy {100 * (ok[4][-1]['test_acc'] - ok[0][-1]['test_acc']):+.2f} "
         "pp, 1 of 4 pairs (3 lost: batch_size=128 failed in 1; batch_size=128 diverged in 1; batch_size=128 pending "
-        "in 1): no verdict (fewer than 3 pairs); seeds that would resolve it: unknown (one pair gives no spread)."
+        "in 1): no verdict (fewer than 3 pairs); seeds that would resolve it: unknown (one pair gives no spread); "
+        "test-set noise bounded: no per-image log."
     )
     assert "Seed noise of final test accuracy: " in text and "over 2 configurations with ≥ 2 included seeds" in text
 

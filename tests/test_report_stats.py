@@ -127,7 +127,9 @@ def test_paired_findings_separate_a_small_real_effect_from_none(factorial, tmp_p
     text = write_report(factorial[0], tmp_path).read_text(encoding="utf-8")
     workers = finding(text, "workers=2")
     found = re.search(
-        r"workers=2\*\* vs 1: final test accuracy \+(\d\.\d\d) pp, 12 of 12 pairs: CI excludes 0\.$", workers
+        r"workers=2\*\* vs 1: final test accuracy \+(\d\.\d\d) pp, 12 of 12 pairs: CI excludes 0; test-set noise "
+        r"measured per image\.$",
+        workers,
     )
     mean = float(found.group(1))
     section = text.split("## Effect of `workers`")[1].split("\n## ")[0]
