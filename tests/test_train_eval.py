@@ -12,8 +12,9 @@ from cifar_ray.cli import main
 from cifar_ray.core import runlog
 from cifar_ray.core.checkpoints import CHECKPOINT_FILE
 from cifar_ray.core.config import TrainConfig
+from cifar_ray.report.testset import unpack
 from cifar_ray.training import loop as train
-from cifar_ray.training.data import load_splits
+from cifar_ray.training.data import load_splits, normalise
 from cifar_ray.training.memory import peak_memory_mb, reset_peak_memory
 from cifar_ray.training.models import build_model
 
@@ -36,7 +37,7 @@ def trial(tmp_path_factory) -> tuple[Path, runlog.TrialLog]:
             "--set",
             "dataset=synthetic",
             "train_subset=256",
-            "test_subset=64",
+            "test_subset=65",  # split unevenly over the 2 ranks (33 + 32)
             "width=4",
             "depth=2",
             "workers=2",
@@ -76,6 +77,21 @@ def test_train_eval_is_the_first_training_images_evaluated_like_the_test_set(tri
         assert row["train_eval_acc"] == correct / samples  # both ranks' shards, all-reduced: every image once
         assert row["train_eval_loss"] == pytest.approx(loss_sum / samples, rel=1e-5)
         assert row["train_eval_acc"] != row["train_acc"]  # not the running mean under augmentation and dropout
+
+
+@pytest.mark.slow  # the module's real 2-worker training
+def test_the_final_evaluation_logs_which_test_images_it_got_right(trial):
+    """`cifar-ray train` with 2 workers: the bits rank 0 wrote are the final model's per-image correctness on the
+    whole test set, in dataset order (recomputed here in one batch, no shards)."""
+    trial_dir, trial = trial
+    cfg = TrainConfig(**trial.config)
+    model = checkpointed_model(trial_dir, cfg.epochs, cfg).eval()
+    test = load_splits(cfg)[1]
+    with torch.no_grad():
+        right = model(normalise(test.images).contiguous(memory_format=train.MEMORY_FORMAT)).argmax(1) == test.labels
+    record = runlog.read_correct_images(trial_dir)
+    assert (record.epoch, record.images) == (cfg.epochs, len(test))
+    assert torch.equal(torch.from_numpy(unpack(record)), right)
 
 
 @pytest.mark.slow  # the module's real 2-worker training
