@@ -7,7 +7,8 @@
     write_report([run_a, run_b])          -> reports/<a>-vs-<b>/README.md: the runs compared, one more factor `run`
 
 One concern per module. The numbers: load (run folders -> frames), compare (several runs as one), metrics (what
-is measured, what "best" means), stats (means, paired effects, seed noise, overfitting), verdicts (what may be
+is measured, what "best" means), stats (means, paired effects, seed noise, overfitting), testset (the shared test
+set's part of an accuracy effect's error), verdicts (what may be
 concluded: verdicts, Holm, seeds needed, leaders beyond noise), build (all of it, once: `Report`). The text: format
 (values and numbers), header, findings, tables, sections (README.md as a Document of blocks, document.py: a LAYOUT of
 section functions), html (those blocks as one self-contained page). Then plots (what each plot shows, and drawing
