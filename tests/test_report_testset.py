@@ -91,6 +91,7 @@ def test_on_200_images_one_and_a_half_points_is_not_called_however_many_seeds(tm
     assert row["testset_noise"] == MEASURED
     assert row["testset_var"] >= (3 / 200) * (197 / 200) / 199
     assert row["ci_low"] < 0 < row["ci_high"] and row["verdict"] != DIFFERS
+    assert math.isnan(row["more_seeds"])  # no number of seeds would settle it: none is promised
 
 
 def test_a_record_of_another_epoch_is_not_used_and_a_damaged_one_is_an_error(tmp_path):

@@ -121,9 +121,10 @@ def test_tests_and_holm():
 def test_holm_turns_two_marginal_effects_into_open_ones():
     """Two comparisons at p = 0.03 each: either alone clears 5 %, together neither does after Holm."""
     t = 2.7  # with 5 pairs (4 df): two-sided p about 0.054; with 8 pairs (7 df) about 0.031
+    spread = {"std_diff": 0.001 * math.sqrt(8), "testset_var": 0.0, "se": 0.001}  # se = std_diff / sqrt(8)
     rows = [
-        {"workers": 2, "n_pairs": 8, "n_planned": 8, "mean_diff": t * 0.001, "se": 0.001},
-        {"workers": 4, "n_pairs": 8, "n_planned": 8, "mean_diff": -t * 0.001, "se": 0.001},
+        {"workers": 2, "n_pairs": 8, "n_planned": 8, "mean_diff": t * 0.001} | spread,
+        {"workers": 4, "n_pairs": 8, "n_planned": 8, "mean_diff": -t * 0.001} | spread,
     ]
     (one,) = judge([pd.DataFrame(rows[:1])], margin=0.0001, seeds=8)
     assert one.loc[0, "p_differs"] < 0.05 and one.loc[0, "verdict"] == "CI excludes 0"

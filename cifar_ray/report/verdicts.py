@@ -54,22 +54,23 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def _resolved(mean: float, var_pair: float, pairs: int, margin: float, alpha: float) -> bool:
-    se = math.sqrt(var_pair / pairs)
+def _resolved(mean: float, var_pair: float, pairs: int, margin: float, alpha: float, fixed: float) -> bool:
+    se = math.sqrt(var_pair / pairs + fixed)
     return p_differs(mean, se, pairs - 1) < alpha or p_equivalent(mean, se, pairs - 1, margin) < alpha
 
 
-def pairs_needed(mean: float, var_pair: float, margin: float, alpha: float) -> int | None:
+def pairs_needed(mean: float, var_pair: float, margin: float, alpha: float, fixed: float = 0.0) -> int | None:
     """The fewest pairs (at least MIN_PAIRS) at which an effect `mean` with per-pair variance `var_pair` would be
-    resolved, either way, at level `alpha`; None beyond MAX_PAIRS."""
+    resolved, either way, at level `alpha`, `fixed` being the variance more pairs leave (the shared test set's,
+    report/testset.py); None beyond MAX_PAIRS."""
     if math.isnan(mean) or math.isnan(var_pair):
         return None
-    if not _resolved(mean, var_pair, MAX_PAIRS, margin, alpha):
+    if not _resolved(mean, var_pair, MAX_PAIRS, margin, alpha, fixed):
         return None
     low, high = MIN_PAIRS, MAX_PAIRS  # resolved at high; more pairs never resolve less
     while low < high:
         mid = (low + high) // 2
-        low, high = (low, mid) if _resolved(mean, var_pair, mid, margin, alpha) else (mid + 1, high)
+        low, high = (low, mid) if _resolved(mean, var_pair, mid, margin, alpha, fixed) else (mid + 1, high)
     return low
 
 
@@ -110,7 +111,9 @@ def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd
             else:
                 frame.loc[i, "verdict"] = OPEN
             if n >= 2:
-                needed = pairs_needed(row["mean_diff"], row["se"] ** 2 * n, margin, ALPHA / family)
+                needed = pairs_needed(
+                    row["mean_diff"], row["std_diff"] ** 2, margin, ALPHA / family, row["testset_var"]
+                )
                 if needed is not None:
                     frame.loc[i, "pairs_needed"] = needed
                     per_seed = max(row["n_planned"] / seeds, 1)
