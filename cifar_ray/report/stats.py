@@ -18,7 +18,6 @@ import pandas as pd
 from . import testset
 from .format import fmt_value, same_value, values_label
 from .metrics import FACTOR_METRICS, INCLUDED, Metric
-from .testset import ImageScores
 
 OVERFIT_RISE = 0.02
 
@@ -212,7 +211,7 @@ def paired_effects(
     baseline: Any,
     column: str,
     match: Sequence[str] | None = None,
-    per_image: Mapping[str, ImageScores] | None = None,
+    per_image: Mapping[str, testset.ImageScores] | None = None,
 ) -> pd.DataFrame:
     """Effect of each non-baseline value of `key` on `column`, from matched pairs: an included trial with that
     value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
@@ -279,7 +278,7 @@ EFFECT_COLUMNS = (
 
 
 def _scored(
-    frame: pd.DataFrame, keys: Sequence[str], column: str, per_image: Mapping[str, ImageScores]
+    frame: pd.DataFrame, keys: Sequence[str], column: str, per_image: Mapping[str, testset.ImageScores]
 ) -> dict[str, list[testset.Scored]]:
     """The trials of each cell (as _cells groups them, NaN `column` dropped) as the test set scored them."""
     cells: dict[str, list[testset.Scored]] = {}

@@ -19,9 +19,10 @@ se^2 = s^2 / k + var_i(dbar_i) / n. It counts one thing twice, on purpose: E[var
 mean_i Var(e_{s,i}) / k, because the seeds' flips on single images average out over k pairs only as 1/k, and that
 same flip noise is part of tau^2 (when flips are independent across images, tau^2 = mean_i Var(e_{s,i}) / n). An
 unbiased estimate would subtract mean_i of the within-image variance over pairs / (k n); it is not subtracted: the
-difference can go negative, it leans on that independence, and keeping it errs wide. The cost is bounded: where the
-flip noise dominates, se is at most about sqrt(2) too wide; where the test set dominates (many seeds, a consistent
-difference) it is exact. The Student-t interval keeps k - 1 degrees of freedom (the seed part is the uncertain one).
+difference can go negative, it leans on that independence, and keeping it errs wide. What it costs: with flips
+independent across images, se is at most about sqrt(2) too wide (where the flips dominate), and about right where
+the test set dominates (many seeds, a consistent difference). The Student-t interval keeps k - 1 degrees of freedom
+(the seed part is the uncertain one). tests/test_report_testset.py checks the expectations above by Monte Carlo.
 
 Runs logged before the per-image log (or pairs tested on different images) have only each trial's accuracy p. For
 them `bound_var` is a bound that holds whatever the models' disagreement: the standard deviation over images is a
