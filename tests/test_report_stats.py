@@ -181,6 +181,7 @@ def test_exports_carry_the_paired_effects(factorial, tmp_path):
         "pairs_needed",
         "more_seeds",
         "verdict",
+        "depends_on",
     ]
     assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s"]
     assert effects["n_pairs"].tolist() == [12, 12] and effects["verdict"].tolist()[0] == "CI excludes 0"

@@ -17,9 +17,11 @@ from .format import (
     fmt_value,
     is_missing,
     paired_parts,
+    same_value,
     values_label,
 )
 from .header import run_level_text
+from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
 from .sharing import gpu_neighbours
 from .stats import included, pooled_std
@@ -155,6 +157,7 @@ def findings(report: Report) -> list[str]:
     lines = [line for line in lines if line]
     for key in report.factors:
         lines.extend(effect_lines(report, key))
+    lines.extend(interaction_lines(report))
     std, n_configs = report.noise
     if n_configs:
         lines.append(
@@ -188,12 +191,16 @@ def run_level_note(report: Report, key: str) -> str:
 
 def verdict_text(report: Report, row: pd.Series) -> str:
     """The verdict of an accuracy comparison (verdicts.judge) in words."""
-    verdict = row["verdict"]
+    verdict, depends = row["verdict"], row.get("depends_on") or ""
+    if verdict == DEPENDS_VERDICT:
+        return f"depends on {depends} (its effect per value: *Interactions*)"
     if verdict == EQUIVALENT:
-        return f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp"
-    if verdict == NO_VERDICT:
-        return f"no verdict (fewer than {MIN_PAIRS} pairs)"
-    return verdict
+        text = f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp"
+    elif verdict == NO_VERDICT:
+        text = f"no verdict (fewer than {MIN_PAIRS} pairs)"
+    else:
+        text = verdict
+    return text + (f"; depends on {depends}" if depends else "")
 
 
 def pairs_text(row: pd.Series) -> str:
@@ -233,5 +240,43 @@ def effect_lines(report: Report, key: str) -> list[str]:
         lines.append(
             head + f"final test accuracy {mean} pp, {pairs_text(row)}: {verdict_text(report, row)}"
             f"{seeds_text(report, row)}.{run_level_note(report, key)}"
+        )
+    return lines
+
+
+def fmt_p(p: float) -> str:
+    """A p-value as the report shows it: three decimals, "< 0.001" below."""
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
+def interaction_lines(report: Report) -> list[str]:
+    """Each interaction found (interactions.py), named with the effect per value of the factor it depends on; then
+    one line for those that could not be tested, saying why. Nothing when every tested one is not significant."""
+    tests = report.interactions.tests
+    strata = report.interactions.strata
+    lines = []
+    tested = int((tests["result"] != UNTESTABLE).sum())
+    for _, test in tests[tests["result"] == DEPENDS].iterrows():
+        rows = strata[(strata["factor"] == test["factor"]) & (strata["by"] == test["by"]) & strata["tested"]]
+        rows = rows[[same_value(v, test["value"]) for v in rows["value"]]]
+        per_value = ", ".join(
+            f"{paired_parts(PAIRED_METRICS[0], r)[0]} pp at {stratum_label(test['by'], r['stratum'])} "
+            f"({int(r['n_pairs'])} pairs)"
+            for _, r in rows.iterrows()
+        )
+        lines.append(
+            f"**{test['factor']}={fmt_value(test['value'])}** vs {fmt_value(test['baseline'])}: its effect on final "
+            f"test accuracy depends on {test['by']}: {per_value} (equal per-value effects rejected: "
+            f"F({int(test['df1'])}, {int(test['df2'])}) = {fmt_num(test['F'])}, Holm-adjusted p {fmt_p(test['p_holm'])}"
+            f" over {tested} interactions tested)."
+        )
+    untestable = int((tests["result"] == UNTESTABLE).sum())
+    if untestable:
+        which = "cannot be tested" if untestable == len(tests) else f"{untestable} of {len(tests)} cannot be tested"
+        lines.append(
+            f"**Interactions**: {which}: no two values of the other factor hold {MIN_STRATUM_PAIRS} or more pairs "
+            "each, so a factor's effect cannot be compared across them"
+            + (" (one seed per configuration: no replication)" if report.seeds == 1 else "")
+            + "."
         )
     return lines
