@@ -51,7 +51,8 @@ def findings_line(text: str, start: str) -> str:
 
 def test_equal_differences_on_a_small_test_set_are_not_a_zero_width_interval(tmp_path):
     """Three pairs that all differ by exactly one image in 500 (+0.2 pp): the spread is 0, but the test set's
-    binomial noise (about 1.8 pp per trial at 80 %) keeps the interval wide and the verdict open."""
+    binomial noise (about 1.8 pp per trial at 80 %) keeps the interval wide and the verdict open, and no number of
+    seeds would close it."""
     run_dir = paired_run(
         tmp_path / "run", {(w, s): 0.800 + 0.002 * (w == 2) for w in (1, 2) for s in (0, 1, 2)}, test_subset=500
     )
@@ -62,7 +63,8 @@ def test_equal_differences_on_a_small_test_set_are_not_a_zero_width_interval(tmp
     assert row["verdict"] == "not conclusive"
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
     line = findings_line(text, "- **workers=2**")
-    assert "3 of 3 pairs: not conclusive; about " in line and "more seeds would resolve it at this spread" in line
+    assert "3 of 3 pairs: not conclusive; more seeds cannot settle it: the shared test set's own noise" in line
+    assert "a larger `test_subset` would: from about 45" in line  # ±1 pp at +0.2 pp needs 9 times less variance
     assert "tested on 500 images" in text and "n = the test images, 500 here" in text
 
 
@@ -72,8 +74,9 @@ def test_two_pairs_give_no_verdict_however_clear(tmp_path):
     assert row["n_pairs"] == 2 and row["ci_low"] > 0  # the interval alone would call it
     assert row["verdict"] == "no verdict" and math.isnan(row["p_differs"])
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
-    assert "2 of 2 pairs: no verdict (fewer than 3 pairs); about 1 more seed would resolve it" in findings_line(
-        text, "- **workers=2**"
+    assert (
+        "2 of 2 pairs: no verdict (fewer than 3 pairs); about 1 more seed per grid point would resolve it"
+        in findings_line(text, "- **workers=2**")
     )
     assert "`cifar-ray sweep FILE --resume --repeats 3`" in findings_line(text, "- **workers=2**")
 
@@ -107,10 +110,8 @@ def test_tests_and_holm():
 def test_holm_turns_two_marginal_effects_into_open_ones():
     """Two comparisons at p = 0.03 each: either alone clears 5 %, together neither does after Holm."""
     t = 2.7  # with 5 pairs (4 df): two-sided p about 0.054; with 8 pairs (7 df) about 0.031
-    rows = [
-        {"workers": 2, "n_pairs": 8, "n_planned": 8, "mean_diff": t * 0.001, "se": 0.001},
-        {"workers": 4, "n_pairs": 8, "n_planned": 8, "mean_diff": -t * 0.001, "se": 0.001},
-    ]
+    spread = {"n_pairs": 8, "n_planned": 8, "n_open": 0, "se": 0.001, "std_diff": 0.001 * 8**0.5, "testset_var": 0.0}
+    rows = [{"workers": 2, "mean_diff": t * 0.001} | spread, {"workers": 4, "mean_diff": -t * 0.001} | spread]
     (one,) = judge([pd.DataFrame(rows[:1])], margin=0.0001, seeds=8)
     assert one.loc[0, "p_differs"] < 0.05 and one.loc[0, "verdict"] == "CI excludes 0"
     (both,) = judge([pd.DataFrame(rows)], margin=0.0001, seeds=8)

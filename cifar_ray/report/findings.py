@@ -3,9 +3,15 @@ least memory; named only beyond the seed noise) and the verdict of each accuracy
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ..core import runlog
+from ..core.datasets import DATASET_SIZES
+from ..core.status import trial_times
+from ..core.sweep import REPEATS_MAX
+from ..core.text import precise_duration, rough_duration
 from .build import Report
 from .compare import RUN_FACTOR
 from .format import (
@@ -22,9 +28,10 @@ from .format import (
 )
 from .header import run_level_text
 from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
+from .load import config_value
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
 from .sharing import gpu_neighbours
-from .stats import included, pooled_std
+from .stats import UNFINISHED, included, pooled_std
 from .verdicts import EQUIVALENT, MAX_PAIRS, MIN_PAIRS, NO_VERDICT, OPEN, leaders
 
 
@@ -211,18 +218,77 @@ def pairs_text(row: pd.Series) -> str:
 
 
 def seeds_text(report: Report, row: pd.Series) -> str:
-    """How many more seeds would resolve an open comparison; "" for a resolved one."""
+    """How many more seeds would resolve an open comparison, allowing for the pairs lost so far, with what runs them
+    and how long that would take; or that the shared test set keeps it open whatever the seeds; "" for a resolved
+    one."""
     if row["verdict"] not in (NO_VERDICT, OPEN):
         return ""
+    if row["testset_limited"]:
+        return testset_text(report, row)
     if is_missing(row["more_seeds"]):
         why = "one pair gives no spread" if row["n_pairs"] < 2 else f"not within {MAX_PAIRS} pairs"
         return f"; seeds that would resolve it: unknown ({why})"
-    more = int(row["more_seeds"])
-    command = report.run.sweep.get("command") if not report.comparison else None
-    return (
-        f"; about {more} more seed{'s' if more != 1 else ''} would resolve it at this spread "
-        f"(`{runlog.more_seeds_command(command, report.seeds + more)}`)"
+    more, unfinished = int(row["more_seeds"]), int(row["n_open"])
+    ended = int(row["n_planned"]) - unfinished
+    losses = (
+        f", allowing for the {ended - int(row['n_pairs'])} of {ended} ended pairs lost" if row["survival"] < 1 else ""
     )
+    still = f" {unfinished} unfinished pair{'s' if unfinished != 1 else ''} (not counted as done)"
+    if more == 0:
+        return f"; resuming its{still} would be expected to resolve it at this spread{losses}: {run_more(report, 0)}"
+    also = f", besides its{still}" if unfinished else ""
+    return (
+        f"; about {more} more seed{'s' if more != 1 else ''} per grid point would resolve it at this spread"
+        f"{losses}{also}: {run_more(report, more)}"
+    )
+
+
+def run_more(report: Report, more: int) -> str:
+    """What runs `more` seeds per grid point (and the run's unfinished trials): the `--resume --repeats N` command
+    where the sweep command accepts it, else what to change; with how long it would take, from this run's trials."""
+    total = report.seeds + more
+    unfinished = int(report.trials["outcome"].isin(UNFINISHED).sum())
+    if "seed" in report.grid:  # the sweep refuses repeats beside grid.seed, and a longer grid.seed renumbers trials
+        how = (
+            f"seed is a grid key, which `--resume --repeats` refuses: list {total} seeds under grid.seed and run it "
+            "as a new run (`--name NEW`)"
+        )
+        trials = total * len(report.configs)
+    elif total > REPEATS_MAX:
+        return f"{total} seeds per grid point, more than the {REPEATS_MAX} one run takes"
+    else:
+        command = report.run.sweep.get("command") if not report.comparison else None
+        how = f"`{runlog.more_seeds_command(command, total)}`"
+        trials = more * len(report.configs) + unfinished
+    times = trial_times(report.run) if not report.comparison else None
+    if times is None:
+        return how + " (how long: unknown, no finished trial recorded its start and end)"
+    wall, at_once = times
+    return (
+        f"{how}, ~{rough_duration(trials * wall / at_once)} ({trials} trials at this run's mean of "
+        f"{precise_duration(wall)} per finished trial, {at_once} at once: an estimate from this run's trial times)"
+    )
+
+
+def testset_text(report: Report, row: pd.Series) -> str:
+    """Why more seeds cannot settle a comparison that the shared test set's own noise keeps open, and how large a
+    test set would let them."""
+    images = report.test_images
+    on = f" on {images} test images" if images else ""
+    text = (
+        f"; more seeds cannot settle it: the shared test set's own noise in this difference (sd "
+        f"{100 * math.sqrt(row['testset_var']):.2f} pp{on}, the binomial bound) does not shrink with seeds"
+    )
+    datasets = {config_value(t.config, "dataset") for t in report.run.trials}
+    if not images or len(datasets) != 1:
+        return text
+    full = DATASET_SIZES[datasets.pop()][1]
+    needed = None if is_missing(row["testset_growth"]) else math.ceil(images * row["testset_growth"])
+    if needed is not None and needed <= full:
+        return (
+            text + f"; a larger `test_subset` would: from about {needed} test images on (of {full}), with enough seeds"
+        )
+    return text + f"; even all {full} test images would not at this effect"
 
 
 def effect_lines(report: Report, key: str) -> list[str]:

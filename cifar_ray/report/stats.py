@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.runlog import FINAL_STATUSES, STATUSES
 from .format import fmt_value, same_value, values_label
 from .metrics import FACTOR_METRICS, INCLUDED, Metric
 
@@ -208,6 +209,24 @@ def _lost_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match
     return "; ".join(f"{what} in {n}" for what, n in counts.items())
 
 
+UNFINISHED = tuple(s for s in STATUSES if s not in FINAL_STATUSES)  # not ended: --resume trains them
+
+
+def _open_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match: Sequence[str], missing: set) -> int:
+    """How many of the planned pairs `missing` (their labels) no ended trial removed: a side pending, running or
+    interrupted, the other too or included. Not done, and not lost either: a resume trains them."""
+    outcomes: dict[str, list[str]] = {}
+    for side in (value, baseline):
+        chosen = rows_with(trials, key, side)
+        for label, outcome in zip(_labels(chosen, match), chosen["outcome"]):
+            if label in missing:
+                outcomes.setdefault(label, []).append(outcome)
+    return sum(
+        any(o in UNFINISHED for o in sides) and all(o in UNFINISHED or o == INCLUDED for o in sides)
+        for sides in outcomes.values()
+    )
+
+
 def paired_effects(
     trials: pd.DataFrame,
     key: str,
@@ -221,9 +240,11 @@ def paired_effects(
     """Effect of each non-baseline value of `key` on `column`, from matched pairs: an included trial with that
     value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
     `match` names; several trials in one cell are averaged). One row per value: n_pairs of n_planned (the pairs the
-    sweep planned; `lost` says what removed the others), mean_diff and std_diff of the differences (value − baseline),
-    floor_var (the mean over pairs of the sampling variance of a difference, from the trials' `floor` column: the test
-    set's binomial noise), se = sqrt((std_diff² + floor_var) / n_pairs), and the Student-t 95 % CI of the mean."""
+    sweep planned; `lost` says what removed the others, n_open how many of them have a trial not ended yet), mean_diff
+    and std_diff of the differences (value − baseline), floor_var (the mean over pairs of the sampling variance of a
+    difference, from the trials' `floor` column: the test set's binomial noise), se = sqrt((std_diff² + floor_var) /
+    n_pairs), the Student-t 95 % CI of the mean, and testset_var: the test set's part of the mean's variance that more
+    seeds do not shrink (every trial is tested on the same images), what verdicts.judge projects more seeds with."""
     done = included(trials)
     if match is None:
         match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
@@ -246,24 +267,41 @@ def paired_effects(
         se = math.sqrt((std**2 + floor_var) / n) if n > 1 else math.nan
         half = t_quantile(0.975, n - 1) * se if n > 1 else math.nan
         planned = planned_base & set(_labels(rows_with(trials, key, value), match))
+        missing = planned - set(diffs.index)
         rows.append(
             {
                 key: value,
                 "n_pairs": n,
                 "n_planned": len(planned),
-                "lost": _lost_pairs(trials, key, value, baseline, match, planned - set(diffs.index)),
+                "n_open": _open_pairs(trials, key, value, baseline, match, missing),
+                "lost": _lost_pairs(trials, key, value, baseline, match, set(missing)),
                 "mean_diff": mean,
                 "std_diff": std,
                 "floor_var": floor_var,
                 "se": se,
                 "ci_low": mean - half,
                 "ci_high": mean + half,
+                # The test set's part of se² as it stands, held fixed as seeds are added: every seed is tested on
+                # the same images, so averaging more of them does not average this noise away.
+                "testset_var": floor_var / n if n else math.nan,
             }
         )
     return pd.DataFrame(rows, columns=[key, *EFFECT_COLUMNS])
 
 
-EFFECT_COLUMNS = ("n_pairs", "n_planned", "lost", "mean_diff", "std_diff", "floor_var", "se", "ci_low", "ci_high")
+EFFECT_COLUMNS = (
+    "n_pairs",
+    "n_planned",
+    "n_open",
+    "lost",
+    "mean_diff",
+    "std_diff",
+    "floor_var",
+    "se",
+    "ci_low",
+    "ci_high",
+    "testset_var",
+)
 
 
 def pooled_std(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tuple[float, int, int]:
