@@ -211,8 +211,12 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "test.",
         f"**More seeds.** For an open comparison: the fewest pairs (at most {MAX_PAIRS}) at which its observed mean "
         f"and spread would be resolved either way at {ALPHA:.0%} / comparisons (Holm's strictest level, over the "
-        "comparisons with any pair), in seeds at "
-        "the pairs each seed adds; `cifar-ray sweep FILE --resume --repeats N` runs only the new seeds.",
+        "comparisons with any pair), the test set's part of its standard error held fixed (every seed is tested on "
+        "the same images); in seeds per grid point at the pairs each seed adds, divided by the share of its ended "
+        "pairs that were included (losses recur), its unfinished pairs counted as still to run. "
+        "`cifar-ray sweep FILE --resume --repeats N` runs the new seeds and the unfinished trials; how long is the "
+        "run's mean time per finished trial x trials / the most that ran at once. Where the test set's part alone "
+        "keeps it open, no seed count is given: a larger `test_subset` would settle it.",
         "**Interactions.** Whether a factor's accuracy effect differs across another factor's values (strata): the "
         "pairs are split by the other factor's value, and an F-type test compares the stratum means against the "
         "pair differences' spread pooled within the strata (plus the test set's noise); the p-values of all "
