@@ -6,6 +6,7 @@ printed tables."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from helpers import FACTORIAL_EPOCHS, factorial_epochs, trial_name, write_sweep,
 
 from cifar_ray.report import build_report
 from cifar_ray.report.document import to_markdown
+from cifar_ray.report.export import export_json
 from cifar_ray.report.interactions import f_upper, incomplete_beta
 from cifar_ray.report.sections import document
 from cifar_ray.report.stats import t_upper
@@ -111,6 +113,9 @@ def test_an_effect_that_flips_sign_is_an_interaction_not_equivalence(tmp_path):
     )
     section = text.split("## Interactions")[1].split("\n## ")[0]
     assert re.search(rf"\| optimizer=adam vs momentum \| batch_size=512 \| 16 \| -{about_two[:-3]} \[", section)
+    data = json.loads(export_json(report, tmp_path).read_text(encoding="utf-8"))["interactions"]
+    assert [t["result"] for t in data["tests"]] == ["depends", "depends"]
+    assert [(s["stratum"], s["n_pairs"]) for s in data["strata"][:2]] == [(64, 16), (512, 16)]
 
 
 def test_an_effect_that_does_not_flip_is_no_interaction(tmp_path):
