@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from helpers import FACTORIAL_EPOCHS, factorial_epochs, trial_name, write_sweep, write_trial
 
 from cifar_ray.report import build_report
 from cifar_ray.report.document import to_markdown
 from cifar_ray.report.export import export_json
-from cifar_ray.report.interactions import f_upper, incomplete_beta
+from cifar_ray.report.interactions import f_upper, incomplete_beta, strata_test
 from cifar_ray.report.sections import document
 from cifar_ray.report.stats import t_upper
 
@@ -81,6 +83,25 @@ def test_f_upper_matches_printed_tables():
         assert f_upper(t * t, 1, df) == pytest.approx(2 * t_upper(t, df), rel=1e-9)
     assert incomplete_beta(2, 3, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 − Σ_{j<2} C(4, j) 0.4^j 0.6^(4−j)
     assert (f_upper(0.0, 2, 5), f_upper(float("inf"), 2, 5)) == (1.0, 0.0)
+
+
+def test_the_strata_test_is_one_way_anova_plus_the_test_set():
+    """Three strata of 3 pairs, means 2, 5, 8 (pp), each with sd 1: between-strata mean square 3 x 18 / 2 = 27,
+    within 1, so F = 27 on (2, 6) df; two strata: F = t² of the pooled two-sample t-test. The test set's part of se²
+    (here 1/3 per stratum mean, as much as the spread's) halves the weights and F."""
+
+    def strata(means, testset=0.0, n=(3, 3, 3)):
+        return pd.DataFrame(
+            {"n_pairs": n, "mean_diff": means, "std_diff": 1.0, "se": [(1 / k + testset) ** 0.5 for k in n]}
+        )
+
+    df1, df2, f, p = strata_test(strata([2.0, 5.0, 8.0]))
+    assert (df1, df2, f) == (2, 6, pytest.approx(27.0)) and p == pytest.approx(f_upper(27.0, 2, 6))
+    assert strata_test(strata([2.0, 5.0], n=(3, 3)))[2] == pytest.approx(9 / (2 / 3))
+    assert strata_test(strata([2.0, 5.0, 8.0], testset=1 / 3))[2] == pytest.approx(13.5)
+    one_short = strata([2.0, 5.0, 8.0], n=(3, 3, 1))  # a stratum with one pair shows its mean but is not tested
+    assert strata_test(one_short)[:2] == (1, 4)
+    assert math.isnan(strata_test(strata([2.0, 5.0, 8.0], n=(3, 1, 1)))[2])
 
 
 def test_an_effect_that_flips_sign_is_an_interaction_not_equivalence(tmp_path):

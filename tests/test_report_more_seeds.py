@@ -19,6 +19,7 @@ from cifar_ray.cli import build_parser, main
 from cifar_ray.cluster.orchestrate import changed_configs_refusal, resume_refusal
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import ConfigError
+from cifar_ray.core.sweep import REPEATS_MAX
 from cifar_ray.core.text import rough_duration
 from cifar_ray.report import build_report
 from cifar_ray.report.document import to_markdown
@@ -222,3 +223,19 @@ def test_a_test_set_too_small_for_the_question_is_named_not_more_seeds(tmp_path)
     images = int(re.search(r"from about (\d+) test images on \(of 10000\), with enough seeds", line).group(1))
     assert 1000 < images < 3000
     assert "per grid point" not in line  # no seed count
+
+
+def test_more_seeds_than_a_run_takes_is_said_not_suggested(tmp_path):
+    """+1 pp exactly on the ±1 pp margin with a 6 pp spread: never equivalent, and a difference only from about 150
+    pairs: more than the 100 seeds per grid point a sweep accepts (REPEATS_MAX), so no --repeats command is given."""
+    diffs = [0.07, -0.05, 0.01]
+    run_dir = workers_run(tmp_path / "run", {(w, s): 0.80 + diffs[s] * (w == 2) for w in (1, 2) for s in range(3)})
+    report = build_report(run_dir)
+    more = int(effect(report)["more_seeds"])
+    assert more + 3 > REPEATS_MAX
+    line = findings_line(report)
+    assert line.endswith(
+        f"would resolve it at this spread: {more + 3} seeds per grid point, more than the 100 one run takes."
+    )
+    with pytest.raises(ConfigError, match=r"--repeats \d+: allowed: 1 to 100 seeds per grid point"):
+        sweep_plan({"name": "x", "grid": {"workers": [1, 2]}}, repeats=more + 3)

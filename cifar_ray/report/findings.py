@@ -260,7 +260,7 @@ def run_more(report: Report, more: int) -> str:
         command = report.run.sweep.get("command") if not report.comparison else None
         how = f"`{runlog.more_seeds_command(command, total)}`"
         trials = more * len(report.configs) + unfinished
-    times = trial_times(report.run) if not report.comparison else None
+    times = trial_times(report.run)
     if times is None:
         return how + " (how long: unknown, no finished trial recorded its start and end)"
     wall, at_once = times
