@@ -125,15 +125,15 @@ def write_trial(
             "device_type": "cuda",
             "device_name": "NVIDIA H100 80GB HBM3",
             "devices_per_worker": 1,
-            "world_size": swept["workers"],
-            "num_gpus": swept["workers"],
+            "world_size": swept.get("workers", 1),
+            "num_gpus": swept.get("workers", 1),
         }
         if gpus
         else {
             "device_type": "cpu",
             "device_name": "Test CPU",
             "devices_per_worker": 1,
-            "world_size": swept["workers"],
+            "world_size": swept.get("workers", 1),
             "num_gpus": 0,
         }
     )

@@ -174,6 +174,7 @@ def test_exports_carry_the_paired_effects(factorial, tmp_path):
         "workers",
         "n_pairs",
         "n_planned",
+        "n_open",
         "lost",
         "mean_diff",
         "std_diff",
@@ -182,13 +183,18 @@ def test_exports_carry_the_paired_effects(factorial, tmp_path):
         "se",
         "ci_low",
         "ci_high",
+        "testset_var",
         "p_differs",
         "p_equivalent",
         "p_differs_holm",
         "p_equivalent_holm",
         "pairs_needed",
         "more_seeds",
+        "survival",
+        "testset_limited",
+        "testset_growth",
         "verdict",
+        "depends_on",
     ]
     assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s"]
     assert effects["n_pairs"].tolist() == [12, 12] and effects["verdict"].tolist()[0] == "CI excludes 0"

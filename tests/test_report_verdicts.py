@@ -84,8 +84,9 @@ def test_two_pairs_give_no_verdict_however_clear(tmp_path):
     assert row["n_pairs"] == 2 and row["ci_low"] > 0  # the interval alone would call it
     assert row["verdict"] == "no verdict" and math.isnan(row["p_differs"])
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
-    assert "2 of 2 pairs: no verdict (fewer than 3 pairs); about 1 more seed would resolve it" in findings_line(
-        text, "- **workers=2**"
+    assert (
+        "2 of 2 pairs: no verdict (fewer than 3 pairs); about 1 more seed per grid point would resolve it"
+        in findings_line(text, "- **workers=2**")
     )
     assert "`cifar-ray sweep FILE --resume --repeats 3`" in findings_line(text, "- **workers=2**")
 
@@ -121,11 +122,8 @@ def test_tests_and_holm():
 def test_holm_turns_two_marginal_effects_into_open_ones():
     """Two comparisons at p = 0.03 each: either alone clears 5 %, together neither does after Holm."""
     t = 2.7  # with 5 pairs (4 df): two-sided p about 0.054; with 8 pairs (7 df) about 0.031
-    spread = {"std_diff": 0.001 * math.sqrt(8), "testset_var": 0.0, "se": 0.001}  # se = std_diff / sqrt(8)
-    rows = [
-        {"workers": 2, "n_pairs": 8, "n_planned": 8, "mean_diff": t * 0.001} | spread,
-        {"workers": 4, "n_pairs": 8, "n_planned": 8, "mean_diff": -t * 0.001} | spread,
-    ]
+    spread = {"n_pairs": 8, "n_planned": 8, "n_open": 0, "se": 0.001, "std_diff": 0.001 * 8**0.5, "testset_var": 0.0}
+    rows = [{"workers": 2, "mean_diff": t * 0.001} | spread, {"workers": 4, "mean_diff": -t * 0.001} | spread]
     (one,) = judge([pd.DataFrame(rows[:1])], margin=0.0001, seeds=8)
     assert one.loc[0, "p_differs"] < 0.05 and one.loc[0, "verdict"] == "CI excludes 0"
     (both,) = judge([pd.DataFrame(rows)], margin=0.0001, seeds=8)

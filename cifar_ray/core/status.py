@@ -124,6 +124,16 @@ def _most_at_once(trials: list[runlog.TrialLog], states: list[str], now: float) 
     return most
 
 
+def trial_times(run: runlog.RunLog) -> tuple[float, int] | None:
+    """The mean wall time of `run`'s finished trials (each from its latest start to its last epoch's end) and the
+    most of them that ran at once: what more trials like them would take; None when none recorded its times."""
+    done = [t for t in run.trials if t.status == "finished" and t.meta.get("started_unix") is not None]
+    walls = [_last_activity(t) - t.meta["started_unix"] for t in done]
+    if not walls or not max(walls) > 0:
+        return None
+    return sum(walls) / len(walls), max(_most_at_once(done, [t.status for t in done], 0.0), 1)
+
+
 def _stale(idle: float | None, epoch_wall: float | None) -> bool:
     """Nothing for `idle` seconds where an epoch takes `epoch_wall`; never without an epoch to compare with."""
     return idle is not None and epoch_wall is not None and idle > max(STALE_EPOCHS * epoch_wall, STALE_MIN_S)

@@ -29,6 +29,7 @@ from .compare import (
     refuse_unpaired,
 )
 from .format import fmt_value, values_label
+from .interactions import Interactions, find_interactions, mark_dependent
 from .load import (
     breakdown_keys,
     epochs_frame,
@@ -61,6 +62,7 @@ class Report:
     objective_note: str  # why the sweep's metric was not usable ("" when it is)
     metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
     effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects(), accuracy judged
+    interactions: Interactions  # whether a factor's accuracy effect differs across another factor's values
     margin: float  # the equivalence margin of accuracy effects, a fraction (0.01: ±1 pp)
     comparisons: int  # accuracy comparisons judged as one family (Holm): those with >= MIN_PAIRS pairs
     seeds: int  # distinct seeds among the trials (1 without a seed key)
@@ -107,6 +109,7 @@ def build_report(
     # Runs pair on their configs (RUN_MATCH_RULE), not on grid labels: one run's label may be another's config value.
     per_image = image_scores(run)
     paired = trials.assign(paired_config=[paired_config(t, comparison) for t in run.trials]) if comparison else trials
+    match = {key: ["paired_config"] if comparison and key == RUN_FACTOR else None for key in factors}
     effects = {
         key: {
             m.column: paired_effects(
@@ -116,7 +119,7 @@ def build_report(
                 grid,
                 chosen[key],
                 m.column,
-                ["paired_config"] if comparison and key == RUN_FACTOR else None,
+                match[key],
                 per_image=per_image if m.kind == "acc" else None,
             )
             for m in PAIRED_METRICS
@@ -127,6 +130,9 @@ def build_report(
     accuracy = PAIRED_METRICS[0].column
     for key, judged in zip(factors, judge([effects[key][accuracy] for key in factors], margin_pp / 100, seeds)):
         effects[key][accuracy] = judged
+    interactions = find_interactions(paired, factors, grid, chosen, accuracy, per_image, match)
+    for key in factors:
+        effects[key][accuracy] = mark_dependent(effects[key][accuracy], key, interactions)
     comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
     noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
     return Report(
@@ -146,6 +152,7 @@ def build_report(
         objective_note=note,
         metrics=metrics,
         effects=effects,
+        interactions=interactions,
         margin=margin_pp / 100,
         comparisons=comparisons,
         seeds=seeds,

@@ -58,6 +58,10 @@ def export_json(report: Report, out_dir: Path) -> Path:
             }
             for key, frame in report.groups.items()
         },
+        "interactions": {
+            "tests": _records(report.interactions.tests),
+            "strata": _records(report.interactions.strata),
+        },
         "seed_noise": {"final_test_acc_std": _plain(noise_std), "configurations": noise_configs},
         "verdicts": {"margin": report.margin, "comparisons": report.comparisons, "test_images": report.test_images},
         "findings": findings(report),
@@ -77,6 +81,8 @@ def export_csv(report: Report, out_dir: Path) -> Path:
             [effect.assign(metric=column) for column, effect in report.effects[key].items()], ignore_index=True
         )
         effects[["metric", *effects.columns[:-1]]].to_csv(out_dir / f"effect_{key}.csv", index=False)
+    report.interactions.tests.to_csv(out_dir / "interactions.csv", index=False)
+    report.interactions.strata.to_csv(out_dir / "interaction_strata.csv", index=False)
     report.epochs.to_csv(out_dir / "epochs.csv", index=False)
     return path
 

@@ -3,9 +3,15 @@ least memory; named only beyond the seed noise) and the verdict of each accuracy
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ..core import runlog
+from ..core.datasets import DATASET_SIZES
+from ..core.status import trial_times
+from ..core.sweep import REPEATS_MAX
+from ..core.text import precise_duration, rough_duration
 from .build import Report
 from .compare import RUN_FACTOR
 from .format import (
@@ -17,12 +23,15 @@ from .format import (
     fmt_value,
     is_missing,
     paired_parts,
+    same_value,
     values_label,
 )
 from .header import run_level_text
+from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
+from .load import config_value
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
 from .sharing import gpu_neighbours
-from .stats import included, pooled_std
+from .stats import UNFINISHED, included, pooled_std
 from .verdicts import EQUIVALENT, MAX_PAIRS, MIN_PAIRS, NO_VERDICT, OPEN, leaders
 
 
@@ -155,6 +164,7 @@ def findings(report: Report) -> list[str]:
     lines = [line for line in lines if line]
     for key in report.factors:
         lines.extend(effect_lines(report, key))
+    lines.extend(interaction_lines(report))
     std, n_configs = report.noise
     if n_configs:
         lines.append(
@@ -188,12 +198,16 @@ def run_level_note(report: Report, key: str) -> str:
 
 def verdict_text(report: Report, row: pd.Series) -> str:
     """The verdict of an accuracy comparison (verdicts.judge) in words."""
-    verdict = row["verdict"]
+    verdict, depends = row["verdict"], row.get("depends_on") or ""
+    if verdict == DEPENDS_VERDICT:
+        return f"depends on {depends} (its effect per value: *Interactions*)"
     if verdict == EQUIVALENT:
-        return f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp"
-    if verdict == NO_VERDICT:
-        return f"no verdict (fewer than {MIN_PAIRS} pairs)"
-    return verdict
+        text = f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp"
+    elif verdict == NO_VERDICT:
+        text = f"no verdict (fewer than {MIN_PAIRS} pairs)"
+    else:
+        text = verdict
+    return text + (f"; depends on {depends}" if depends else "")
 
 
 def pairs_text(row: pd.Series) -> str:
@@ -204,18 +218,77 @@ def pairs_text(row: pd.Series) -> str:
 
 
 def seeds_text(report: Report, row: pd.Series) -> str:
-    """How many more seeds would resolve an open comparison; "" for a resolved one."""
+    """How many more seeds would resolve an open comparison, allowing for the pairs lost so far, with what runs them
+    and how long that would take; or that the shared test set keeps it open whatever the seeds; "" for a resolved
+    one."""
     if row["verdict"] not in (NO_VERDICT, OPEN):
         return ""
+    if row["testset_limited"]:
+        return testset_text(report, row)
     if is_missing(row["more_seeds"]):
         why = "one pair gives no spread" if row["n_pairs"] < 2 else f"not within {MAX_PAIRS} pairs"
         return f"; seeds that would resolve it: unknown ({why})"
-    more = int(row["more_seeds"])
-    command = report.run.sweep.get("command") if not report.comparison else None
-    return (
-        f"; about {more} more seed{'s' if more != 1 else ''} would resolve it at this spread "
-        f"(`{runlog.more_seeds_command(command, report.seeds + more)}`)"
+    more, unfinished = int(row["more_seeds"]), int(row["n_open"])
+    ended = int(row["n_planned"]) - unfinished
+    losses = (
+        f", allowing for the {ended - int(row['n_pairs'])} of {ended} ended pairs lost" if row["survival"] < 1 else ""
     )
+    still = f" {unfinished} unfinished pair{'s' if unfinished != 1 else ''} (not counted as done)"
+    if more == 0:
+        return f"; resuming its{still} would be expected to resolve it at this spread{losses}: {run_more(report, 0)}"
+    also = f", besides its{still}" if unfinished else ""
+    return (
+        f"; about {more} more seed{'s' if more != 1 else ''} per grid point would resolve it at this spread"
+        f"{losses}{also}: {run_more(report, more)}"
+    )
+
+
+def run_more(report: Report, more: int) -> str:
+    """What runs `more` seeds per grid point (and the run's unfinished trials): the `--resume --repeats N` command
+    where the sweep command accepts it, else what to change; with how long it would take, from this run's trials."""
+    total = report.seeds + more
+    unfinished = int(report.trials["outcome"].isin(UNFINISHED).sum())
+    if "seed" in report.grid:  # the sweep refuses repeats beside grid.seed, and a longer grid.seed renumbers trials
+        how = (
+            f"seed is a grid key, which `--resume --repeats` refuses: list {total} seeds under grid.seed and run it "
+            "as a new run (`--name NEW`)"
+        )
+        trials = total * len(report.configs)
+    elif total > REPEATS_MAX:
+        return f"{total} seeds per grid point, more than the {REPEATS_MAX} one run takes"
+    else:
+        command = report.run.sweep.get("command") if not report.comparison else None
+        how = f"`{runlog.more_seeds_command(command, total)}`"
+        trials = more * len(report.configs) + unfinished
+    times = trial_times(report.run)
+    if times is None:
+        return how + " (how long: unknown, no finished trial recorded its start and end)"
+    wall, at_once = times
+    return (
+        f"{how}, ~{rough_duration(trials * wall / at_once)} ({trials} trials at this run's mean of "
+        f"{precise_duration(wall)} per finished trial, {at_once} at once: an estimate from this run's trial times)"
+    )
+
+
+def testset_text(report: Report, row: pd.Series) -> str:
+    """Why more seeds cannot settle a comparison that the shared test set's own noise keeps open, and how large a
+    test set would let them."""
+    images = report.test_images
+    on = f" on {images} test images" if images else ""
+    text = (
+        f"; more seeds cannot settle it: the shared test set's own noise in this difference (sd "
+        f"{100 * math.sqrt(row['testset_var']):.2f} pp{on}, the binomial bound) does not shrink with seeds"
+    )
+    datasets = {config_value(t.config, "dataset") for t in report.run.trials}
+    if not images or len(datasets) != 1:
+        return text
+    full = DATASET_SIZES[datasets.pop()][1]
+    needed = None if is_missing(row["testset_growth"]) else math.ceil(images * row["testset_growth"])
+    if needed is not None and needed <= full:
+        return (
+            text + f"; a larger `test_subset` would: from about {needed} test images on (of {full}), with enough seeds"
+        )
+    return text + f"; even all {full} test images would not at this effect"
 
 
 def effect_lines(report: Report, key: str) -> list[str]:
@@ -233,5 +306,43 @@ def effect_lines(report: Report, key: str) -> list[str]:
         lines.append(
             head + f"final test accuracy {mean} pp, {pairs_text(row)}: {verdict_text(report, row)}"
             f"{seeds_text(report, row)}; test-set noise {row['testset_noise']}.{run_level_note(report, key)}"
+        )
+    return lines
+
+
+def fmt_p(p: float) -> str:
+    """A p-value as the report shows it: three decimals, "< 0.001" below."""
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
+def interaction_lines(report: Report) -> list[str]:
+    """Each interaction found (interactions.py), named with the effect per value of the factor it depends on; then
+    one line for those that could not be tested, saying why. Nothing when every tested one is not significant."""
+    tests = report.interactions.tests
+    strata = report.interactions.strata
+    lines = []
+    tested = int((tests["result"] != UNTESTABLE).sum())
+    for _, test in tests[tests["result"] == DEPENDS].iterrows():
+        rows = strata[(strata["factor"] == test["factor"]) & (strata["by"] == test["by"]) & strata["tested"]]
+        rows = rows[[same_value(v, test["value"]) for v in rows["value"]]]
+        per_value = ", ".join(
+            f"{paired_parts(PAIRED_METRICS[0], r)[0]} pp at {stratum_label(test['by'], r['stratum'])} "
+            f"({int(r['n_pairs'])} pairs)"
+            for _, r in rows.iterrows()
+        )
+        lines.append(
+            f"**{test['factor']}={fmt_value(test['value'])}** vs {fmt_value(test['baseline'])}: its effect on final "
+            f"test accuracy depends on {test['by']}: {per_value} (equal per-value effects rejected: "
+            f"F({int(test['df1'])}, {int(test['df2'])}) = {fmt_num(test['F'])}, Holm-adjusted p {fmt_p(test['p_holm'])}"
+            f" over {tested} interactions tested)."
+        )
+    untestable = int((tests["result"] == UNTESTABLE).sum())
+    if untestable:
+        which = "cannot be tested" if untestable == len(tests) else f"{untestable} of {len(tests)} cannot be tested"
+        lines.append(
+            f"**Interactions**: {which}: no two values of the other factor hold {MIN_STRATUM_PAIRS} or more pairs "
+            "each, so a factor's effect cannot be compared across them"
+            + (" (one seed per configuration: no replication)" if report.seeds == 1 else "")
+            + "."
         )
     return lines

@@ -11,6 +11,7 @@ from .document import Block, Bullets, Document, Figure, Heading, Paragraph
 from .findings import findings
 from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_blocks, status_counts
+from .interactions import DEPENDS, TESTABLE_RULE
 from .load import TIME_PER_EPOCH_RULE
 from .metrics import INCOMPLETE, PAIRED_METRICS
 from .network import network_blocks
@@ -22,6 +23,8 @@ from .tables import (
     factor_breakdown_table,
     factor_table,
     has_train_eval,
+    interaction_strata_table,
+    interaction_table,
     paired_table,
     trial_breakdown_table,
     trial_table,
@@ -144,6 +147,18 @@ def factor_sections(report: Report, plots: Plots) -> list[Block]:
     return blocks
 
 
+def interactions_section(report: Report, plots: Plots) -> list[Block]:
+    """`Interactions`: each factor's accuracy effect tested across each other factor's values, and the effect per
+    value where it differs; nothing with fewer than two factors."""
+    tests = report.interactions.tests
+    if not len(tests):
+        return []
+    blocks: list[Block] = [Heading("Interactions"), interaction_table(report)]
+    if (tests["result"] == DEPENDS).any():
+        blocks += [Paragraph("The effect per value, where it differs:"), interaction_strata_table(report)]
+    return blocks
+
+
 def trials_section(report: Report, plots: Plots) -> list[Block]:
     breakdown = (
         [Heading("Step-time breakdown", 3), Paragraph("Mean seconds per epoch (share of the epoch time):")]
@@ -199,8 +214,17 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "test.",
         f"**More seeds.** For an open comparison: the fewest pairs (at most {MAX_PAIRS}) at which its observed mean "
         f"and spread would be resolved either way at {ALPHA:.0%} / comparisons (Holm's strictest level, over the "
-        "comparisons with any pair), in seeds at "
-        "the pairs each seed adds; `cifar-ray sweep FILE --resume --repeats N` runs only the new seeds.",
+        "comparisons with any pair), the test set's part of its standard error held fixed (every seed is tested on "
+        "the same images); in seeds per grid point at the pairs each seed adds, divided by the share of its ended "
+        "pairs that were included (losses recur), its unfinished pairs counted as still to run. "
+        "`cifar-ray sweep FILE --resume --repeats N` runs the new seeds and the unfinished trials; how long is the "
+        "run's mean time per finished trial x trials / the most that ran at once. Where the test set's part alone "
+        "keeps it open, no seed count is given: a larger `test_subset` would settle it.",
+        "**Interactions.** Whether a factor's accuracy effect differs across another factor's values (strata): the "
+        "pairs are split by the other factor's value, and an F-type test compares the stratum means against the "
+        "pair differences' spread pooled within the strata (plus the test set's noise); the p-values of all "
+        f"interactions tested are Holm-adjusted together, significant below {ALPHA:.0%}. {TESTABLE_RULE} An effect "
+        "that depends on another factor is never called equivalent: equal on average is not equal.",
         "**Fastest, Most accurate, Least memory, Best.** A configuration (the mean over its seeds) is named only "
         "where its lead over every other exceeds the t 95 % half-width of the seed noise (the pooled "
         "within-configuration std; plus the binomial noise for accuracy); otherwise the candidates within noise "
@@ -234,6 +258,7 @@ LAYOUT: tuple[Section, ...] = (
     answer_section,
     findings_section,
     factor_sections,
+    interactions_section,
     roofline_section,
     trials_section,
     network_section,

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.runlog import FINAL_STATUSES, STATUSES
 from . import testset
 from .format import fmt_value, same_value, values_label
 from .metrics import FACTOR_METRICS, INCLUDED, Metric
@@ -203,6 +204,24 @@ def _lost_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match
     return "; ".join(f"{what} in {n}" for what, n in counts.items())
 
 
+UNFINISHED = tuple(s for s in STATUSES if s not in FINAL_STATUSES)  # not ended: --resume trains them
+
+
+def _open_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match: Sequence[str], missing: set) -> int:
+    """How many of the planned pairs `missing` (their labels) no ended trial removed: a side pending, running or
+    interrupted, the other too or included. Not done, and not lost either: a resume trains them."""
+    outcomes: dict[str, list[str]] = {}
+    for side in (value, baseline):
+        chosen = rows_with(trials, key, side)
+        for label, outcome in zip(_labels(chosen, match), chosen["outcome"]):
+            if label in missing:
+                outcomes.setdefault(label, []).append(outcome)
+    return sum(
+        any(o in UNFINISHED for o in sides) and all(o in UNFINISHED or o == INCLUDED for o in sides)
+        for sides in outcomes.values()
+    )
+
+
 def paired_effects(
     trials: pd.DataFrame,
     key: str,
@@ -216,7 +235,8 @@ def paired_effects(
     """Effect of each non-baseline value of `key` on `column`, from matched pairs: an included trial with that
     value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
     `match` names; several trials in one cell are averaged). One row per value: n_pairs of n_planned (the pairs the
-    sweep planned; `lost` says what removed the others), mean_diff and std_diff of the differences (value − baseline),
+    sweep planned; `lost` says what removed the others, n_open how many of them have a trial not ended
+    yet), mean_diff and std_diff of the differences (value − baseline),
     se, and the Student-t 95 % CI of the mean. For an accuracy, `per_image` (trial name -> its ImageScores, those
     logged) makes the test set's noise part of se: testset_var, the part of the mean's variance that the shared test
     images cause (it does not shrink with more pairs), and testset_noise, how it was found (report/testset.py); then
@@ -245,12 +265,14 @@ def paired_effects(
         se = math.sqrt(std**2 / n + testset_var) if n > 1 else math.nan
         half = t_quantile(0.975, n - 1) * se if n > 1 else math.nan
         planned = planned_base & set(_labels(rows_with(trials, key, value), match))
+        missing = planned - set(diffs.index)
         rows.append(
             {
                 key: value,
                 "n_pairs": n,
                 "n_planned": len(planned),
-                "lost": _lost_pairs(trials, key, value, baseline, match, planned - set(diffs.index)),
+                "n_open": _open_pairs(trials, key, value, baseline, match, missing),
+                "lost": _lost_pairs(trials, key, value, baseline, match, set(missing)),
                 "mean_diff": mean,
                 "std_diff": std,
                 "testset_var": testset_var,
@@ -266,6 +288,7 @@ def paired_effects(
 EFFECT_COLUMNS = (
     "n_pairs",
     "n_planned",
+    "n_open",
     "lost",
     "mean_diff",
     "std_diff",

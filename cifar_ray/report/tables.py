@@ -12,8 +12,19 @@ import pandas as pd
 
 from .build import Report
 from .document import Table
-from .findings import verdict_text
-from .format import fmt_int, fmt_loss, fmt_mean_std, fmt_num, fmt_pct, fmt_value, paired_parts, short_key
+from .findings import fmt_p, verdict_text
+from .format import (
+    fmt_int,
+    fmt_loss,
+    fmt_mean_std,
+    fmt_num,
+    fmt_pct,
+    fmt_value,
+    paired_parts,
+    same_value,
+    short_key,
+)
+from .interactions import DEPENDS, stratum_label
 from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
 
 
@@ -183,3 +194,40 @@ def trial_breakdown_table(report: Report) -> Table:
             cells.append(fmt_num(r[k]) + share)
         rows.append((f"`{r['trial']}`", fmt_num(total), *cells))
     return Table(headers, tuple(rows), "l" + "r" * (1 + len(report.breakdown)), "breakdown-trials")
+
+
+def _effect_label(row: pd.Series) -> str:
+    return f"{row['factor']}={fmt_value(row['value'])} vs {fmt_value(row['baseline'])}"
+
+
+def interaction_table(report: Report) -> Table:
+    """One row per interaction: the effect, the factor across whose values it is compared, the strata with pairs and
+    those tested, the F statistic and its Holm-adjusted p, the result."""
+    rows = tuple(
+        (
+            _effect_label(t),
+            t["by"],
+            f"{t['tested']} of {t['strata']}",
+            "—" if t["df1"] == 0 else f"F({t['df1']}, {t['df2']}) = {fmt_num(t['F'])}",
+            "—" if t["df1"] == 0 else f"p {fmt_p(t['p_holm'])}",
+            t["result"],
+        )
+        for _, t in report.interactions.tests.iterrows()
+    )
+    headers = ("effect", "across", "strata tested", "test", "p (Holm)", "result")
+    return Table(headers, rows, "llrrrl", "interactions")
+
+
+def interaction_strata_table(report: Report) -> Table:
+    """The effect per stratum of each interaction found: pairs, mean paired difference and its 95 % CI."""
+    tests, strata = report.interactions.tests, report.interactions.strata
+    rows = []
+    for _, t in tests[tests["result"] == DEPENDS].iterrows():
+        for _, r in strata[(strata["factor"] == t["factor"]) & (strata["by"] == t["by"])].iterrows():
+            if not same_value(r["value"], t["value"]):
+                continue
+            mean, low, high = paired_parts(PAIRED_METRICS[0], r)
+            cell = f"{mean} [{low}, {high}]" if r["n_pairs"] > 1 else mean
+            rows.append((_effect_label(t), stratum_label(t["by"], r["stratum"]), str(r["n_pairs"]), cell))
+    headers = ("effect", "where", "pairs", "Δ final test acc (pp) [95 % CI]")
+    return Table(headers, tuple(rows), "llrr", "interaction-strata")

@@ -1,10 +1,14 @@
 """What the report may conclude from its accuracy effects and its rankings, and no more.
 
-An accuracy effect (stats.paired_effects, its interval floored by the test set's binomial noise) gets a verdict only
-from MIN_PAIRS pairs: "CI excludes 0" (a two-sided t-test), "equivalent within ±m" (two one-sided tests against the
-margin m), else "not conclusive"; both tests are Holm-corrected across the report's accuracy comparisons. A comparison
-left open says how many pairs would resolve it at its observed effect and spread (pairs_needed). A ranking ("Fastest",
-"Most accurate", "Least memory") names a winner only where it beats the seed noise (leaders).
+An accuracy effect (stats.paired_effects, its interval widened by the shared test set's noise: report/testset.py) gets a
+verdict only from MIN_PAIRS pairs: "CI excludes 0" (a two-sided t-test), "equivalent within ±m" (two one-sided tests
+against the margin m), else "not conclusive"; both tests are Holm-corrected across the report's accuracy comparisons. A
+comparison left open says how many pairs would resolve it at its observed effect and spread (pairs_needed), where a mean
+over k pairs has the variance s² / k + T: s² the spread of one pair's difference over seeds, T the shared test set's
+part (the effects frame's testset_var), which more seeds do not shrink; when T alone keeps it open, no number of seeds
+settles it (settles_with_seeds). The seeds to add allow for the pairs lost so far and count the unfinished ones as still
+to run, neither done nor lost (more_seeds). A ranking ("Fastest", "Most accurate", "Least memory") names a winner only
+where it beats the seed noise (leaders).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ MIN_PAIRS = 3
 ALPHA = 0.05  # family-wise, over the report's accuracy comparisons (Holm)
 DEFAULT_MARGIN_PP = 1.0  # equivalence margin of accuracy effects, percentage points (cifar-ray report --margin)
 MAX_PAIRS = 1000  # pairs_needed looks no further
+MAX_TEST_GROWTH = 10_000  # testset_growth_needed looks no further
 
 NO_PAIRS, NO_VERDICT, DIFFERS, EQUIVALENT, OPEN = (
     "no matched pairs",
@@ -54,30 +59,61 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def _resolved(mean: float, var_pair: float, pairs: int, margin: float, alpha: float, fixed: float) -> bool:
-    se = math.sqrt(var_pair / pairs + fixed)
+def _resolved(mean: float, var_pair: float, pairs: int, margin: float, alpha: float, testset_var: float = 0.0) -> bool:
+    se = math.sqrt(var_pair / pairs + testset_var)
     return p_differs(mean, se, pairs - 1) < alpha or p_equivalent(mean, se, pairs - 1, margin) < alpha
 
 
-def pairs_needed(mean: float, var_pair: float, margin: float, alpha: float, fixed: float = 0.0) -> int | None:
-    """The fewest pairs (at least MIN_PAIRS) at which an effect `mean` with per-pair variance `var_pair` would be
-    resolved, either way, at level `alpha`, `fixed` being the variance more pairs leave (the shared test set's,
-    report/testset.py); None beyond MAX_PAIRS."""
+def settles_with_seeds(mean: float, testset_var: float, margin: float, alpha: float) -> bool:
+    """Whether seeds alone could resolve an effect `mean` at level `alpha`: with the seed spread averaged away
+    (MAX_PAIRS pairs of none), the test set's part `testset_var` of its variance still lets it resolve."""
+    return _resolved(mean, 0.0, MAX_PAIRS, margin, alpha, testset_var)
+
+
+def pairs_needed(mean: float, var_pair: float, margin: float, alpha: float, testset_var: float = 0.0) -> int | None:
+    """The fewest pairs (at least MIN_PAIRS) at which an effect `mean` with per-pair variance `var_pair` over seeds
+    and the test set's unshrinking part `testset_var` would be resolved, either way, at level `alpha`; None beyond
+    MAX_PAIRS."""
     if math.isnan(mean) or math.isnan(var_pair):
         return None
-    if not _resolved(mean, var_pair, MAX_PAIRS, margin, alpha, fixed):
+    if not _resolved(mean, var_pair, MAX_PAIRS, margin, alpha, testset_var):
         return None
     low, high = MIN_PAIRS, MAX_PAIRS  # resolved at high; more pairs never resolve less
     while low < high:
         mid = (low + high) // 2
-        low, high = (low, mid) if _resolved(mean, var_pair, mid, margin, alpha, fixed) else (mid + 1, high)
+        low, high = (low, mid) if _resolved(mean, var_pair, mid, margin, alpha, testset_var) else (mid + 1, high)
     return low
+
+
+def testset_growth_needed(mean: float, testset_var: float, margin: float, alpha: float) -> float | None:
+    """By how many times the test set must grow (its variance goes as 1 / its images) before seeds could resolve an
+    effect `mean` whose test-set variance is `testset_var`: at least 1; None beyond MAX_TEST_GROWTH."""
+    if not settles_with_seeds(mean, testset_var / MAX_TEST_GROWTH, margin, alpha):
+        return None
+    low, high = 1.0, float(MAX_TEST_GROWTH)
+    for _ in range(60):
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if settles_with_seeds(mean, testset_var / mid, margin, alpha) else (mid, high)
+    return high
+
+
+def more_seeds(needed: int, row: pd.Series, seeds: int) -> tuple[int, float]:
+    """Seeds to add to every grid point for `needed` pairs of the effect `row` (n_pairs, n_planned, n_open), and the
+    survival they assume: the share of this comparison's ended pairs that were included (3 of 6 diverged: 1/2, twice
+    the seeds). Each seed adds n_planned / `seeds` pairs; the n_open unfinished ones run too, and both lose pairs at
+    that rate."""
+    n, planned, unfinished = int(row["n_pairs"]), int(row["n_planned"]), int(row["n_open"])
+    survival = n / (planned - unfinished)
+    per_seed = max(planned / seeds, 1)
+    return max(0, math.ceil(((needed - n) / survival - unfinished) / per_seed)), survival
 
 
 def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd.DataFrame]:
     """The accuracy effects of every factor with their verdicts, judged as one family: p_differs, p_equivalent,
-    both Holm-adjusted (_holm), verdict, and for an open comparison pairs_needed and more_seeds (at the strictest Holm
-    level, ALPHA / the comparisons with any pair; each added seed adds n_planned / `seeds` pairs)."""
+    both Holm-adjusted (_holm), verdict, and for an open comparison: testset_limited (no number of seeds settles
+    it) and testset_growth (how many times larger a test set would let seeds settle it), else pairs_needed, more_seeds
+    and the survival they allow for (more_seeds()), at the strictest Holm level, ALPHA / the comparisons with any
+    pair."""
     frames = [frame.copy() for frame in effects]
     tested = [(f, i) for f, frame in enumerate(frames) for i in frame.index if frame.loc[i, "n_pairs"] >= MIN_PAIRS]
     family = max(sum(int((frame["n_pairs"] > 0).sum()) for frame in frames), 1)  # once each has enough pairs
@@ -85,6 +121,9 @@ def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd
         for column in ("p_differs", "p_equivalent", "p_differs_holm", "p_equivalent_holm", "pairs_needed"):
             frame[column] = math.nan
         frame["more_seeds"] = math.nan
+        frame["survival"] = math.nan
+        frame["testset_limited"] = False
+        frame["testset_growth"] = math.nan
         frame["verdict"] = ""
     for f, i in tested:
         row = frames[f].loc[i]
@@ -110,14 +149,19 @@ def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd
                 continue
             else:
                 frame.loc[i, "verdict"] = OPEN
-            if n >= 2:
-                needed = pairs_needed(
-                    row["mean_diff"], row["std_diff"] ** 2, margin, ALPHA / family, row["testset_var"]
+            if n < 2:
+                continue
+            level = ALPHA / family
+            if not settles_with_seeds(row["mean_diff"], row["testset_var"], margin, level):
+                frame.loc[i, "testset_limited"] = True
+                frame.loc[i, "testset_growth"] = testset_growth_needed(
+                    row["mean_diff"], row["testset_var"], margin, level
                 )
-                if needed is not None:
-                    frame.loc[i, "pairs_needed"] = needed
-                    per_seed = max(row["n_planned"] / seeds, 1)
-                    frame.loc[i, "more_seeds"] = max(1, math.ceil((needed - n) / per_seed))
+                continue
+            needed = pairs_needed(row["mean_diff"], row["std_diff"] ** 2, margin, level, row["testset_var"])
+            if needed is not None:
+                frame.loc[i, "pairs_needed"] = needed
+                frame.loc[i, ["more_seeds", "survival"]] = more_seeds(needed, row, seeds)
     return frames
 
 
