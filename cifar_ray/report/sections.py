@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core.runlog import TIME_PER_EPOCH_RULE
 from .build import Report
 from .document import Block, Bullets, Document, Figure, Heading, Paragraph
 from .findings import findings
 from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_blocks, status_counts
-from .load import TIME_PER_EPOCH_RULE
 from .metrics import INCOMPLETE, PAIRED_METRICS
 from .network import network_blocks
 from .profile import profile_blocks
