@@ -86,7 +86,7 @@ def test_report_notes_time_comparisons_of_trials_that_shared_a_gpu(tmp_path):
     make_factorial(run_dir)
     share_gpus(run_dir, {0: 0.5, 3: 0.5, 5: 0.25, 7: 1.0})
     note = (
-        "Time/epoch of trials that shared a GPU includes their neighbours' contention: "
+        "Time/epoch of trials that shared a device includes their neighbours' contention: "
         f"{trial_name(0)}, {trial_name(3)} (gpu_share 0.5); {trial_name(5)} (gpu_share 0.25)."
     )
     assert shared_note(build_report(run_dir)) == note
@@ -102,4 +102,4 @@ def test_report_says_nothing_of_sharing_for_whole_gpus_or_cpus(tmp_path):
     make_factorial(run_dir)
     share_gpus(run_dir, {0: 1.0})
     assert shared_note(build_report(run_dir)) == ""
-    assert "shared a GPU" not in write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    assert "shared a device" not in write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")

@@ -132,7 +132,7 @@ def test_equal_times_are_no_difference_within_the_margin_with_a_labelled_90_perc
     assert row["verdict"] == "equivalent" and row["vci_level"] == pytest.approx(0.90) and row["vci_tost"]
     assert row["vci_high"] == pytest.approx(math.exp(statistics.fmean(logs) + T95[3] * se))
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
-    assert "(90 % CI (equivalence, TOST)) | within ±5 % |" in text
+    assert "(90 % CI, equivalence (TOST)) | within ±5 % |" in text
     assert "time per epoch 1.00x" in findings_text(run_dir, tmp_path / "out2")
 
 
@@ -224,7 +224,11 @@ def test_leaders_say_their_failures_first_and_missing_trials_are_counted(tmp_pat
     got a folder. Truth: Most accurate names lr=0.8 with "3 of 6 trials diverged" before its accuracy, and the two
     missing trials are counted against the 14 planned and named."""
     trials = [
-        {"swept": {"lr": lr, "workers": 1, "seed": s}, "times": [5.0] * 3, "acc": (0.85 if lr == 0.8 else 0.70) + 0.001 * s}
+        {
+            "swept": {"lr": lr, "workers": 1, "seed": s},
+            "times": [5.0] * 3,
+            "acc": (0.85 if lr == 0.8 else 0.70) + 0.001 * s,
+        }
         | ({"status": "diverged"} if lr == 0.8 and s >= 3 else {})
         for lr in (0.1, 0.8)
         for s in range(6)

@@ -110,7 +110,12 @@ def _leader_line(
             f"{named(first)} {show(configs.loc[first])} to {_name(report, configs, last)} "
             f"{show(configs.loc[last])})."
         )
-    listed = ", ".join(f"{named(i)} ({show(configs.loc[i])})" for i in ranked if i in within)
+    listed = ", ".join(
+        f"{_name(report, configs, i)} ({failed + '; ' if (failed := failures_text(report, configs.loc[i])) else ''}"
+        f"{show(configs.loc[i])})"
+        for i in ranked
+        if i in within
+    )
     return f"{head}: within {noise} of each other: {listed}."
 
 
@@ -291,11 +296,11 @@ def seeds_text(report: Report, row: pd.Series) -> str:
 
 
 def ci_label(row: pd.Series) -> str:
-    """What the interval beside an effect is (verdicts.verdict_intervals): `95 % CI`, `97.5 % CI (Holm)`,
-    `90 % CI (equivalence, TOST)`; why one that excludes no effect stands beside no verdict is the verdict's."""
+    """What the interval beside an effect is (verdicts.verdict_intervals): `95 % CI`, `97.5 % CI, Holm`,
+    `90 % CI, equivalence (TOST)`; why one that excludes no effect stands beside no verdict is the verdict's."""
     label = f"{round(100 * row['vci_level'], 1):g} % CI"
-    extra = (["Holm"] if row["vci_holm"] else []) + (["equivalence, TOST"] if row["vci_tost"] else [])
-    return label + (f" ({', '.join(extra)})" if extra else "")
+    extra = (["Holm"] if row["vci_holm"] else []) + (["equivalence (TOST)"] if row["vci_tost"] else [])
+    return ", ".join([label, *extra])
 
 
 def _times(x: float) -> str:
@@ -319,7 +324,7 @@ def ratio_text(report: Report, row: pd.Series, what: str, words: tuple[str, str]
     )
     if not is_missing(row["vci_level"]):
         low, high = (1 / row["vci_high"], 1 / row["vci_low"]) if lower else (row["vci_low"], row["vci_high"])
-        measured += f"; {ci_label(row)} {_times(low)}–{_times(high)}, {row['basis']}"
+        measured += f"; {ci_label(row)}: {_times(low)}–{_times(high)}, {row['basis']}"
     verdict = row["verdict"]
     if verdict in (LOWER, HIGHER):
         judged = words[0] if verdict == LOWER else words[1]
