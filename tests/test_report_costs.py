@@ -204,7 +204,7 @@ def test_memory_is_one_number_per_trial_and_needs_pairs_over_seeds(tmp_path):
     assert row.iloc[0]["verdict"] == "no verdict" and math.isnan(row.iloc[0]["se"])
     text = findings_text(tmp_path / "one", tmp_path / "out1")
     assert "peak memory (total over workers) 1.80x more (1,000 → 1,800 MB" in text
-    assert "no verdict (one number per trial: its noise needs pairs over several seeds, or 3 pairs)" in text
+    assert "no verdict (one number per trial: needs pairs over several seeds, or 3 pairs)" in text
     three = [
         {
             "swept": {"workers": w, "seed": s},

@@ -204,7 +204,8 @@ def answer_lines(run_dir) -> list[str]:
     from ..report import build_report
     from ..report.findings import answer_text
 
-    return ["answer:", *(f"  {line}" for line in answer_text(build_report(run_dir)))]
+    lines = answer_text(build_report(run_dir))
+    return ["answer:", *(f"  {line}" for line in lines)] if lines else []
 
 
 def summary_rows(run: runlog.RunLog) -> list[dict[str, Any]]:

@@ -340,7 +340,7 @@ def ratio_text(report: Report, row: pd.Series, what: str, words: tuple[str, str]
         judged = (
             f"no verdict (its noise has fewer than {MIN_PAIRS - 1} degrees of freedom)"
             if row["basis"]
-            else f"no verdict (one number per trial: its noise needs pairs over several seeds, or {MIN_PAIRS} pairs)"
+            else f"no verdict (one number per trial: needs pairs over several seeds, or {MIN_PAIRS} pairs)"
         )
     else:
         judged = verdict

@@ -1,6 +1,7 @@
 """The report's statistics, each on the trials frame: per-value means (factor_frame, config_frame; included trials
 only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval that the test
-set's binomial noise floors (paired_effects, t_quantile, t_upper: no scipy), seed noise, and the overfitting rule.
+set's binomial noise floors (paired_effects, t_quantile, t_upper: no scipy), time and memory effects as ratios of
+geometric means (log_values, ratio_effects), seed noise, and the overfitting rule.
 The train loss the rule reads is the training subset evaluated like the test set (train_eval_*) where logged, else
 the running one (TRAIN_COLUMNS, train_basis)."""
 
