@@ -102,4 +102,6 @@ def test_report_says_nothing_of_sharing_for_whole_gpus_or_cpus(tmp_path):
     make_factorial(run_dir)
     share_gpus(run_dir, {0: 1.0})
     assert shared_note(build_report(run_dir)) == ""
-    assert "shared a device" not in write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    assert "trials that shared a device includes" not in write_report(run_dir, tmp_path / "out").read_text(
+        encoding="utf-8"
+    )

@@ -213,7 +213,9 @@ def findings(report: Report) -> list[str]:
             "Least memory",
             memory,
             _memory_text,
-            "by the peak total over workers" if by_total else "by the peak per worker: not every trial logged a total",
+            "by the peak total over workers"
+            if by_total
+            else "by the peak per worker: not every configuration logged a total",
         )
     )
     if report.missing:

@@ -138,6 +138,8 @@ def factor_table(report: Report, key: str) -> Table:
 
 def _ci_suffix(row: pd.Series) -> str:
     """The interval's label where it is not the plain 95 % one (findings.ci_label)."""
+    if is_missing(row["vci_level"]):
+        return ""
     label = ci_label(row)
     return "" if label == "95 % CI" else f" ({label})"
 
