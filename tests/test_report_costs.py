@@ -270,6 +270,20 @@ def test_the_interval_shown_is_the_one_the_verdict_used():
     assert frame["vci_holm"].tolist() == [True, True, True, False] and frame["vci_tost"].tolist()[1]
     assert frame.loc[3, "vci_low"] == pytest.approx(0.05 - 12.706205 * 0.01)  # t 0.975 with 1 df
     assert frame.loc[3, "vci_note"] == ""  # its 95 % interval includes 0
+    # Holm stops at p = 0.03 (tested at 0.025): p = 0.04 is then open, though its own 95 % interval excludes 0.
+    stopped = pd.DataFrame(
+        {
+            "n_pairs": [4, 4],
+            "mean_diff": [0.04, 0.036],
+            "se": [0.01, 0.01],
+            "p_differs": [0.03, 0.04],
+            "p_equivalent": [0.9, 0.9],
+            "verdict": ["not conclusive", "not conclusive"],
+        }
+    )
+    verdict_intervals([stopped], "mean_diff")
+    assert stopped.loc[1, "vci_level"] == 0.95 and stopped.loc[1, "vci_low"] == pytest.approx(0.036 - T975[3] * 0.01)
+    assert stopped["vci_note"].tolist() == ["", "Holm's step-down stopped at a smaller p before this one"]
 
 
 def test_terminal_summary_and_report_share_the_time_per_epoch(tmp_path):
