@@ -175,8 +175,9 @@ def fastest_line(report: Report, configs: pd.DataFrame) -> str:
 
 
 def findings(report: Report) -> list[str]:
-    """What the sweep shows, each a sentence: the leaders by the sweep's metric, time, accuracy and memory (named
-    only beyond the seed noise), then one line per accuracy comparison with its verdict and the pairs behind it."""
+    """What the sweep shows, each once: the answer first (answer_lines: each factor value's time, memory and accuracy
+    effects with their verdicts), then the leaders by the sweep's metric, time, accuracy and memory (named only
+    beyond the noise, failures first), the trials that shared a device, the planned trials missing, the seed noise."""
     configs = report.configs[report.configs["n"] > 0]
     done = int(len(included(report.trials)))
     if not len(configs):
@@ -309,7 +310,7 @@ def _times(x: float) -> str:
     return f"{x:.2f}x"
 
 
-def ratio_text(report: Report, row: pd.Series, what: str, words: tuple[str, str], unit: str) -> str:
+def ratio_text(row: pd.Series, what: str, words: tuple[str, str], unit: str) -> str:
     """A judged ratio effect (verdicts.judge_ratios) in words: `time per epoch 1.54x faster (5.01 → 3.26 s,
     geometric means over 2 pairs; 95 % CI 1.46x-1.62x, within-trial epoch noise only): faster`. `words`: the
     verdict for a ratio below and above 1."""
@@ -372,9 +373,9 @@ def answer_lines(report: Report, key: str) -> list[str]:
         mean = paired_parts(PAIRED_METRICS[0], row)[0]  # its interval is in the factor's effects table
         lines.append(
             head
-            + ratio_text(report, time, "time per epoch", ("faster", "slower"), "s")
+            + ratio_text(time, "time per epoch", ("faster", "slower"), "s")
             + "; "
-            + ratio_text(report, memory, f"peak memory ({figure})", ("less", "more"), "MB")
+            + ratio_text(memory, f"peak memory ({figure})", ("less", "more"), "MB")
             + f"; final test accuracy {mean} pp, {pairs_text(row)}: {verdict_text(report, row)}"
             f"{seeds_text(report, row)}.{run_level_note(report, key)}"
         )

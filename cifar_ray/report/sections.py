@@ -192,8 +192,8 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         f"1 − {ALPHA:.0%}/h where Holm's correction tests it at that level (marked *Holm*), the 1 − 2 × {ALPHA:.0%}/h "
         "one for an equivalence (90 % for h = 1, marked *equivalence (TOST)*); unmarked, 95 %.",
         "**Time and memory effects.** A ratio (value / baseline) of geometric means over the pairs: of the epoch "
-        "times each trial's time/epoch reads (see *Columns*), and of its peak memory, one number per trial. Its noise is the "
-        "spread of the pairs' log ratios where the pairs span several seeds or number "
+        "times each trial's time/epoch reads (see *Columns*), and of its peak memory, one number per trial. Its "
+        "noise is the spread of the pairs' log ratios where the pairs span several seeds or number "
         f"{MIN_PAIRS}; else, for time, the spread of each trial's epochs about its own mean, *within-trial epoch "
         "noise only*: it knows nothing of how another seed would run. Verdicts from "
         f"{MIN_PAIRS - 1} degrees of freedom: *faster*/*slower* (*less*/*more*), *no difference within "
