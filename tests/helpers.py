@@ -154,10 +154,12 @@ def write_trial(
         (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in epochs))
 
 
-def write_correct(run_dir: Path, index: int, correct, epoch: int) -> None:
-    """Trial `index`'s per-image log as training writes it: `correct`, one bool per test image in dataset order."""
+def write_correct(run_dir: Path, index: int | str, correct, epoch: int) -> None:
+    """Trial `index`'s (or the trial folder named so) per-image log as training writes it: `correct`, one bool per
+    test image in dataset order."""
     bits = numpy.packbits(numpy.asarray(correct, dtype=bool)).tobytes()
-    runlog.write_correct_images(run_dir / trial_name(index), runlog.CorrectImages(epoch, len(correct), bits))
+    folder = run_dir / (index if isinstance(index, str) else trial_name(index))
+    runlog.write_correct_images(folder, runlog.CorrectImages(epoch, len(correct), bits))
 
 
 def ranked_correct(accuracy: float, images: int) -> numpy.ndarray:

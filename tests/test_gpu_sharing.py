@@ -13,8 +13,8 @@ from helpers import fake_gpus, make_factorial, trial_name
 from cifar_ray.core import sysinfo
 from cifar_ray.core.runlog import TrialLog
 from cifar_ray.report import build_report, write_report
-from cifar_ray.report.findings import shared_gpu_note
-from cifar_ray.report.sharing import gpu_neighbours
+from cifar_ray.report.findings import shared_note
+from cifar_ray.report.sharing import shared_trials
 from cifar_ray.training.distributed import Worker, worker_system
 
 
@@ -55,7 +55,7 @@ def gpu_trial(name: str, uuid: str, share: float, start: float, end: float) -> T
     return TrialLog(name, {"system": system, "started_unix": start, "finished_unix": end})
 
 
-def test_gpu_neighbours_by_share_and_by_overlap_on_one_uuid():
+def test_shared_trials_by_share_and_by_overlap_on_one_uuid():
     trials = [
         gpu_trial("t0", "GPU-a", 0.5, 0, 10),
         gpu_trial("t1", "GPU-b", 1.0, 5, 15),  # overlaps t2 on GPU-b
@@ -64,7 +64,7 @@ def test_gpu_neighbours_by_share_and_by_overlap_on_one_uuid():
         gpu_trial("t4", "GPU-c", 1.0, 0, 30),  # alone on its GPU
         TrialLog("t5", {"system": {"device_type": "cpu", "num_gpus": 0}, "started_unix": 0, "finished_unix": 30}),
     ]
-    assert gpu_neighbours(trials) == {
+    assert shared_trials(trials) == {
         "t0": "gpu_share 0.5",
         "t1": "beside t2 on one GPU",
         "t2": "beside t1 on one GPU",
@@ -86,10 +86,10 @@ def test_report_notes_time_comparisons_of_trials_that_shared_a_gpu(tmp_path):
     make_factorial(run_dir)
     share_gpus(run_dir, {0: 0.5, 3: 0.5, 5: 0.25, 7: 1.0})
     note = (
-        "Time/epoch of trials that shared a GPU includes their neighbours' contention: "
+        "Time/epoch of trials that shared a device includes their neighbours' contention: "
         f"{trial_name(0)}, {trial_name(3)} (gpu_share 0.5); {trial_name(5)} (gpu_share 0.25)."
     )
-    assert shared_gpu_note(build_report(run_dir)) == note
+    assert shared_note(build_report(run_dir)) == note
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
     findings = text.split("## Findings")[1].split("\n## ")[0].splitlines()
     fastest = next(i for i, line in enumerate(findings) if line.startswith("- **Fastest**"))
@@ -101,5 +101,7 @@ def test_report_says_nothing_of_sharing_for_whole_gpus_or_cpus(tmp_path):
     run_dir = tmp_path / "factorial"
     make_factorial(run_dir)
     share_gpus(run_dir, {0: 1.0})
-    assert shared_gpu_note(build_report(run_dir)) == ""
-    assert "shared a GPU" not in write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    assert shared_note(build_report(run_dir)) == ""
+    assert "trials that shared a device includes" not in write_report(run_dir, tmp_path / "out").read_text(
+        encoding="utf-8"
+    )

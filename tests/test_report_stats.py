@@ -103,8 +103,8 @@ def test_paired_effects_are_the_matched_differences(factorial):
     assert report.effects["optimizer"]["final_test_acc"].iloc[0]["mean_diff"] == pytest.approx(0.10, abs=0.002)
     amp = report.effects["amp"]["final_test_acc"].iloc[0]
     assert amp["n_pairs"] == 12 and amp["ci_low"] < 0 < amp["ci_high"] and amp["verdict"] == "equivalent"
-    time = report.effects["workers"]["time_per_epoch_s"].iloc[0]
-    assert time["mean_diff"] == pytest.approx(-5.0) and time["ci_high"] < 0
+    time = report.effects["workers"]["time_per_epoch_s"].iloc[0]  # a ratio: 5 s of 10 s per epoch
+    assert time["ratio"] == pytest.approx(0.5, abs=0.001) and time["vci_high"] < 1 and time["verdict"] == "lower"
     # The pooled per-value means are still there, with the optimizer's 10 pp inside workers' spread.
     assert report.groups["workers"]["final_test_acc_std"].min() > 0.04
 
@@ -127,8 +127,8 @@ def test_paired_findings_separate_a_small_real_effect_from_none(factorial, tmp_p
     text = write_report(factorial[0], tmp_path).read_text(encoding="utf-8")
     workers = finding(text, "workers=2")
     found = re.search(
-        r"workers=2\*\* vs 1: final test accuracy \+(\d\.\d\d) pp, 12 of 12 pairs: CI excludes 0; test-set noise "
-        r"measured per image\.$",
+        r"workers=2\*\* vs 1: time per epoch 2.00x faster .*; final test accuracy \+(\d\.\d\d) pp, 12 of 12 pairs: "
+        r"CI excludes 0; test-set noise measured per image\.$",
         workers,
     )
     mean = float(found.group(1))
@@ -142,8 +142,9 @@ def test_paired_findings_separate_a_small_real_effect_from_none(factorial, tmp_p
     assert finding(text, "optimizer=adam").endswith("12 of 12 pairs: CI excludes 0; test-set noise measured per image.")
     assert "Seed noise of final test accuracy: 0." in text and "over 8 configurations with ≥ 2 included seeds" in text
 
-    assert row.startswith(f"| workers=2 | 12 of 12 | +{mean:.2f} [+{low:.2f}, +{high:.2f}] | -5.00 [")
-    assert row.endswith("| CI excludes 0 |")
+    # The interval its verdict used: Holm tests the second smallest of the 3 accuracy p-values at 0.05 / 2.
+    assert row.startswith(f"| workers=2 | 12 of 12 | +{mean:.2f} [+{low:.2f}, +{high:.2f}] (97.5 % CI, Holm) |")
+    assert "| CI excludes 0 | 0.50x [0.50, 0.50] (98.3 % CI, Holm) | faster |" in row
     assert "Per-value means:" in section
     how = text.split("## How to read this report")[1]
     assert "Holm's correction across this report's accuracy comparisons (3 with 3 pairs or more)" in how
@@ -163,41 +164,25 @@ def test_no_matched_pairs_is_said(tmp_path):
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
     assert "**workers=2** vs 1: no matched pairs (no included trial with workers=1" in finding(text, "workers")
     section = text.split("## Effect of `workers`")[1].split("\n## ")[0]
-    assert "| workers=2 | 0 of 6 | — | — | no matched pairs |" in section
+    assert "| workers=2 | 0 of 6 | — | no matched pairs | — | no matched pairs | — | no matched pairs |" in section
 
 
 def test_exports_carry_the_paired_effects(factorial, tmp_path):
     run_dir = factorial[0]
     effects = pd.read_csv(write_report(run_dir, tmp_path, fmt="csv").parent / "effect_workers.csv")
-    assert effects.columns.tolist() == [
-        "metric",
-        "workers",
-        "n_pairs",
-        "n_planned",
-        "n_open",
-        "lost",
-        "mean_diff",
-        "std_diff",
-        "testset_var",
-        "testset_noise",
-        "se",
-        "ci_low",
-        "ci_high",
-        "testset_var",
-        "p_differs",
-        "p_equivalent",
-        "p_differs_holm",
-        "p_equivalent_holm",
-        "pairs_needed",
-        "more_seeds",
-        "survival",
-        "testset_limited",
-        "testset_growth",
-        "verdict",
-        "depends_on",
+    accuracy = ["n_pairs", "n_planned", "n_open", "lost", "mean_diff", "std_diff", "testset_var", "testset_noise"]
+    accuracy += ["se", "ci_low", "ci_high", "p_differs", "p_equivalent", "p_differs_holm", "p_equivalent_holm"]
+    accuracy += ["pairs_needed", "more_seeds", "survival", "testset_limited", "testset_growth", "verdict", "depends_on"]
+    verdict = ["vci_level", "vci_low", "vci_high", "vci_tost", "vci_holm", "vci_note"]
+    ratio = ["base_geomean", "value_geomean", "log_ratio", "ratio", "df", "basis", "unfair"]
+    assert effects.columns.tolist() == ["metric", "workers", *accuracy, *verdict, *ratio]
+    # accuracy as a difference; time per epoch and memory (per worker: no trial logged a total) as ratios
+    assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s", "peak_mem_mb"]
+    assert effects["n_pairs"].tolist() == [12, 12, 12] and effects["verdict"].tolist() == [
+        "CI excludes 0",
+        "lower",
+        "equivalent",
     ]
-    assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s"]
-    assert effects["n_pairs"].tolist() == [12, 12] and effects["verdict"].tolist()[0] == "CI excludes 0"
     data = json.loads(write_report(run_dir, tmp_path, fmt="json").read_text(encoding="utf-8"))
     paired = data["factors"]["amp"]["paired"]["final_test_acc"]
     assert paired[0]["amp"] == "bf16" and paired[0]["n_pairs"] == 12 and paired[0]["verdict"] == "equivalent"

@@ -84,10 +84,10 @@ def test_two_pairs_give_no_verdict_however_clear(tmp_path):
     assert row["n_pairs"] == 2 and row["ci_low"] > 0  # the interval alone would call it
     assert row["verdict"] == "no verdict" and math.isnan(row["p_differs"])
     text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
-    assert (
-        "2 of 2 pairs: no verdict (fewer than 3 pairs); about 1 more seed per grid point would resolve it"
-        in findings_line(text, "- **workers=2**")
-    )
+    # Its 95 % CI excludes 0: the verdict says why that is no verdict (item 5 of issue 35).
+    no_verdict = "2 of 2 pairs: no verdict (fewer than 3 pairs: its CI excludes 0, but 1 degree of freedom is too few"
+    line = findings_line(text, "- **workers=2**")
+    assert no_verdict + " to judge by); about 1 more seed per grid point would resolve it" in line
     assert "`cifar-ray sweep FILE --resume --repeats 3`" in findings_line(text, "- **workers=2**")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import signal
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 PROG = "cifar-ray"
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C or SIGTERM, as a shell reports SIGINT
 # train_acc: running mean over the epoch; train_eval_acc: training images evaluated like the test set.
-# peak_mem_mb: the largest worker's peak; peak_mem_total_mb: the sum over workers (docs/semantics.md).
+# time_per_epoch_s: runlog.TIME_PER_EPOCH_RULE, as the report's; peak_mem_mb: the largest worker's peak;
+# peak_mem_total_mb: the sum over workers (docs/semantics.md).
 SUMMARY_COLUMNS = (
     "trial",
     "status",
@@ -35,7 +37,7 @@ SUMMARY_COLUMNS = (
     "best_test_acc",
     "train_acc",
     "train_eval_acc",
-    "epoch_time_s",
+    "time_per_epoch_s",
     "samples_per_s",
     "peak_mem_mb",
     "peak_mem_total_mb",
@@ -153,6 +155,7 @@ def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
     """One trial as the --json output and summary see it: config, status, final metrics."""
     last = trial.epochs[-1] if trial.epochs else {}
     accs = [row["test_acc"] for row in trial.epochs if row.get("test_acc") is not None]
+    per_epoch = runlog.time_per_epoch([row.get("epoch_time_s") for row in trial.epochs])
     return {
         "trial": trial.name,
         "status": trial.status,
@@ -162,6 +165,7 @@ def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
         "epochs_done": len(trial.epochs),
         "best_test_acc": max(accs) if accs else None,
         **{k: v for k, v in last.items() if k != "epoch"},  # lr_last, lr_max: the config key lr is the peak
+        "time_per_epoch_s": None if math.isnan(per_epoch) else per_epoch,
     }
 
 
@@ -192,6 +196,16 @@ def best_trial_line(rows: list[dict[str, Any]], metric: str, mode: str) -> str |
         f"best trial by the sweep's metric ({metric}, {mode}, final epoch): {best['trial']} at "
         f"{_cell(best[metric], metric)}"
     )
+
+
+def answer_lines(run_dir) -> list[str]:
+    """The report's answer to the sweep's question (report.findings.answer_text), the summary's last lines; none
+    where the report has nothing to say yet (no trial finished)."""
+    from ..report import build_report
+    from ..report.findings import answer_text
+
+    lines = answer_text(build_report(run_dir))
+    return ["answer:", *(f"  {line}" for line in lines)] if lines else []
 
 
 def summary_rows(run: runlog.RunLog) -> list[dict[str, Any]]:
@@ -226,6 +240,8 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     best = best_trial_line(rows, *runlog.sweep_objective(run.sweep)) if len(rows) > 1 else None
     if best:
         print(best, file=out)
+    for line in answer_lines(run_dir) if len(rows) > 1 else []:
+        print(line, file=out)
     print(f"report: cifar-ray report {run_dir}", file=out)
     unfinished = [r["trial"] for r in rows if r["status"] not in runlog.FINAL_STATUSES]
     if unfinished and args.command == "sweep":

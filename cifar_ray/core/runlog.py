@@ -120,6 +120,31 @@ assert set(RENAMED_EPOCH_KEYS.values()) == set(OLD_EPOCH_METRICS)
 OBJECTIVES = ("test_acc", "train_acc", "test_loss", "train_loss", "epoch_time_s", "samples_per_s", "peak_mem_mb")
 assert set(OBJECTIVES) <= set(EPOCH_METRICS)
 MODES = ("max", "min")
+
+# Time per epoch, the one statistic the report (trial table, effects, leaders) and the CLI's summary show: what a
+# trial's epochs cost once warm. A trial's first epoch pays the warm-up (a slot's first trial: first-touch
+# allocations, oneDNN/cuDNN plans; DDP's bucket rebuild; with compile=true the compile, which later trials of a slot
+# find cached), so its place in a slot would move a mean.
+TIME_PER_EPOCH_RULE = (
+    "the median over a trial's epochs after its first, which pays the warm-up (a one-epoch trial: that epoch)"
+)
+
+
+def warm_slice(epochs: int) -> slice:
+    """Which of a trial's `epochs` epochs (in epoch order) TIME_PER_EPOCH_RULE reads: all after the first; the one
+    epoch of a one-epoch trial."""
+    return slice(1, None) if epochs > 1 else slice(0, None)
+
+
+def time_per_epoch(epoch_times: list[float | None]) -> float:
+    """TIME_PER_EPOCH_RULE over a trial's epoch times (in epoch order; a missing time is skipped); NaN without any."""
+    warm = sorted(t for t in epoch_times[warm_slice(len(epoch_times))] if t is not None and math.isfinite(t))
+    if not warm:
+        return math.nan
+    mid = len(warm) // 2
+    return warm[mid] if len(warm) % 2 else (warm[mid - 1] + warm[mid]) / 2
+
+
 DEFAULT_OBJECTIVE = ("test_acc", "max")  # (metric, mode) of a sweep file that names neither
 STATUSES = ("pending", "running", "interrupted", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")

@@ -39,9 +39,10 @@ from .load import (
     sweep_grid,
     trial_frame,
 )
-from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
-from .stats import Overfit, config_frame, factor_frame, paired_effects, seed_noise
-from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, judge
+from .metrics import COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
+from .sharing import shared_trials
+from .stats import Overfit, config_frame, factor_frame, included, log_values, paired_effects, ratio_effects, seed_noise
+from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, judge, judge_ratios, verdict_intervals
 
 
 @dataclass
@@ -61,7 +62,9 @@ class Report:
     objective: Metric  # what "best" means: the sweep's metric and mode on its trial column
     objective_note: str  # why the sweep's metric was not usable ("" when it is)
     metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
-    effects: dict[str, dict[str, pd.DataFrame]]  # factor -> PAIRED_METRICS column -> paired_effects(), accuracy judged
+    # factor -> column -> its effects: final_test_acc (stats.paired_effects, verdicts.judge), time_per_epoch_s and
+    # memory_column (stats.ratio_effects, verdicts.judge_ratios)
+    effects: dict[str, dict[str, pd.DataFrame]]
     interactions: Interactions  # whether a factor's accuracy effect differs across another factor's values
     margin: float  # the equivalence margin of accuracy effects, a fraction (0.01: ±1 pp)
     comparisons: int  # accuracy comparisons judged as one family (Holm): those with >= MIN_PAIRS pairs
@@ -69,6 +72,10 @@ class Report:
     test_images: int | None  # the test images accuracies are measured on (median over trials), from the configs
     noise: tuple[float, int]  # seed_noise() of final test accuracy: (pooled std, configurations behind it)
     memory_measure: str  # what peak memory per worker measures on these trials' devices
+    shared: dict[str, str]  # included trial -> why it shared a device with another trial (sharing.shared_trials)
+    time_logs: dict[str, list[float]]  # included trial -> log seconds of its warm epochs (stats.log_values)
+    memory_column: str  # the trial column memory is compared on: the total over workers where every trial has one
+    missing: list[str]  # trials sweep.json plans that have no folder in the run
     sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
     comparison: RunComparison | None = None  # None for one run
 
@@ -109,32 +116,43 @@ def build_report(
     # Runs pair on their configs (RUN_MATCH_RULE), not on grid labels: one run's label may be another's config value.
     per_image = image_scores(run)
     paired = trials.assign(paired_config=[paired_config(t, comparison) for t in run.trials]) if comparison else trials
+    # Run factor pairs: on RUN_MATCH_RULE's config; other factors: on the other factors and the seed.
     match = {key: ["paired_config"] if comparison and key == RUN_FACTOR else None for key in factors}
+    accuracy = PAIRED_METRICS[0].column
     effects = {
         key: {
-            m.column: paired_effects(
-                paired,
-                key,
-                factors,
-                grid,
-                chosen[key],
-                m.column,
-                match[key],
-                per_image=per_image if m.kind == "acc" else None,
-            )
-            for m in PAIRED_METRICS
+            accuracy: paired_effects(paired, key, factors, grid, chosen[key], accuracy, match[key], per_image=per_image)
         }
         for key in factors
     }
     seeds = int(trials["seed"].nunique()) if "seed" in trials.columns else 1
-    accuracy = PAIRED_METRICS[0].column
     for key, judged in zip(factors, judge([effects[key][accuracy] for key in factors], margin_pp / 100, seeds)):
         effects[key][accuracy] = judged
     interactions = find_interactions(paired, factors, grid, chosen, accuracy, per_image, match)
     for key in factors:
         effects[key][accuracy] = mark_dependent(effects[key][accuracy], key, interactions)
     comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
+    verdict_intervals([effects[key][accuracy] for key in factors], "mean_diff")
     noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
+    finished = included(trials)
+    shared = {name: why for name, why in shared_trials(run.trials).items() if name in set(finished["trial"])}
+    memory_column = (
+        COST_METRICS[2].column
+        if len(finished) and finished[COST_METRICS[2].column].notna().all()
+        else COST_METRICS[1].column
+    )
+    time_logs = log_values(trials, epochs, "epoch_time_s")
+    # Time and memory as ratios, each cost a Holm family of its own; a neighbour slows a trial, its peak is its own.
+    for column, logs, contended in (
+        (COST_METRICS[0].column, time_logs, list(shared)),
+        (memory_column, log_values(trials, None, memory_column), []),
+    ):
+        frames = [
+            ratio_effects(paired, logs, key, factors, grid, chosen[key], seeds, MIN_PAIRS, contended, match[key])
+            for key in factors
+        ]
+        for key, judged in zip(factors, judge_ratios(frames)):
+            effects[key][column] = judged
     return Report(
         run=run,
         name=str(sweep.get("name") or run.path.name),
@@ -159,6 +177,10 @@ def build_report(
         test_images=int(counts.median()) if len(counts := trials["test_images"].dropna()) else None,
         noise=noise,
         memory_measure=memory_measure(run),
+        shared=shared,
+        time_logs=time_logs,
+        memory_column=memory_column,
+        missing=[name for name in sweep.get("trials", []) if name not in {t.name for t in run.trials}],
         sources=sources,
         comparison=comparison,
     )

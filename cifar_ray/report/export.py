@@ -80,7 +80,9 @@ def export_csv(report: Report, out_dir: Path) -> Path:
         effects = pd.concat(
             [effect.assign(metric=column) for column, effect in report.effects[key].items()], ignore_index=True
         )
-        effects[["metric", *effects.columns[:-1]]].to_csv(out_dir / f"effect_{key}.csv", index=False)
+        effects[["metric", *(c for c in effects.columns if c != "metric")]].to_csv(
+            out_dir / f"effect_{key}.csv", index=False
+        )
     report.interactions.tests.to_csv(out_dir / "interactions.csv", index=False)
     report.interactions.strata.to_csv(out_dir / "interaction_strata.csv", index=False)
     report.epochs.to_csv(out_dir / "epochs.csv", index=False)

@@ -1,9 +1,12 @@
-"""The findings: the leaders read off the configuration tables (best by the sweep's metric, fastest, most accurate,
-least memory; named only beyond the seed noise) and the verdict of each accuracy comparison, each a sentence."""
+"""The findings, answer first: one line per compared factor value with its time, memory and accuracy effects and
+their verdicts (answer_lines; answer_text is its plain form for the terminal), then the leaders read off the
+configuration tables (best by the sweep's metric, fastest, most accurate, least memory; named only beyond the noise,
+each with its configuration's failures said first), the trials that shared a device, the planned trials missing."""
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import pandas as pd
 
@@ -29,58 +32,45 @@ from .format import (
 from .header import run_level_text
 from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
 from .load import config_value
-from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
-from .sharing import gpu_neighbours
-from .stats import UNFINISHED, included, pooled_std
-from .verdicts import EQUIVALENT, MAX_PAIRS, MIN_PAIRS, NO_VERDICT, OPEN, leaders
+from .metrics import COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Metric
+from .stats import UNFINISHED, WITHIN, included, pooled_std, rows_with
+from .verdicts import (
+    EQUIVALENT,
+    HIGHER,
+    LOWER,
+    MAX_PAIRS,
+    MIN_PAIRS,
+    NO_VERDICT,
+    OPEN,
+    RATIO_MARGIN,
+    UNFAIR,
+    leaders,
+)
 
 
-def shared_gpu_note(report: Report) -> str:
-    """One line naming the finished trials that shared a GPU (report/sharing.py), whose times the time comparisons
-    use; "" when none did (CPU trials never)."""
-    finished = set(included(report.trials)["trial"])
+def shared_note(report: Report) -> str:
+    """One line naming the included trials that shared a device with another trial (report/sharing.py), whose
+    times include their neighbours' contention; "" when none did."""
     by_reason: dict[str, list[str]] = {}
-    for name, reason in gpu_neighbours(report.run.trials).items():
-        if name in finished:
-            by_reason.setdefault(reason, []).append(name)
+    for name, reason in report.shared.items():
+        by_reason.setdefault(reason, []).append(name)
     if not by_reason:
         return ""
     shared = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
-    return f"Time/epoch of trials that shared a GPU includes their neighbours' contention: {shared}."
+    return f"Time/epoch of trials that shared a device includes their neighbours' contention: {shared}."
 
 
-def _leader_line(
-    report: Report, configs: pd.DataFrame, title: str, metric: Metric, column: str, show, basis: str = ""
-) -> str:
-    """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than the seed noise
-    (verdicts.leaders); else the candidates within noise of it, or, with no repeated configuration, that the noise
-    is unknown. "" when no configuration logged `column`."""
-    means = configs[f"{column}_mean"]
-    std, dof, _ = pooled_std(report.trials, report.factors, column)
-    floor = None
-    if metric.kind == "acc" and report.test_images:
-        floor = means * (1 - means) / (report.test_images * configs["n"])
-    within = leaders(means, configs["n"], metric.better, std, dof, floor)
-    if within == []:
+def failures_text(report: Report, config: pd.Series) -> str:
+    """`3 of 6 trials diverged, 1 failed` for the trials of a configuration row that did not finish with every
+    epoch logged; "" when all did."""
+    trials = report.trials
+    for key in report.factors:
+        trials = rows_with(trials, key, config[key])
+    counts = list(trials["outcome"][trials["outcome"] != INCLUDED].value_counts().items())
+    if not counts:
         return ""
-    head = f"**{title}**" + (f" ({basis})" if basis else "")
-    ranked = [i for i in means.dropna().sort_values(ascending=metric.better == "min").index]
-    if within is not None and len(within) == 1:
-        best, last = ranked[0], ranked[-1]
-        return (
-            f"{head}: {_name(report, configs, best)} at {show(configs.loc[best])}{_n_note(configs, best)}, beyond "
-            f"the seed noise of every other configuration (the last: {_name(report, configs, last)}, "
-            f"{show(configs.loc[last])})."
-        )
-    if within is None:
-        first, last = ranked[0], ranked[-1]
-        return (
-            f"{head}: none named: no configuration ran twice, so the seed noise is unknown (measured: "
-            f"{_name(report, configs, first)} {show(configs.loc[first])} to {_name(report, configs, last)} "
-            f"{show(configs.loc[last])})."
-        )
-    listed = ", ".join(f"{_name(report, configs, i)} ({show(configs.loc[i])})" for i in ranked if i in within)
-    return f"{head}: within noise of each other: {listed}."
+    (outcome, n), rest = counts[0], counts[1:]
+    return f"{n} of {len(trials)} trials {outcome}" + "".join(f", {m} {other}" for other, m in rest)
 
 
 def _name(report: Report, configs: pd.DataFrame, i) -> str:
@@ -92,9 +82,109 @@ def _n_note(configs: pd.DataFrame, i) -> str:
     return f", mean of {n} trials" if n > 1 else ""
 
 
+def _leader_line(
+    report: Report,
+    configs: pd.DataFrame,
+    title: str,
+    within: list | None,
+    ranked: list,
+    show,
+    basis: str = "",
+    noise: str = "the seed noise",
+) -> str:
+    """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than `noise` (`within`:
+    verdicts.leaders, `ranked`: best first); else the candidates within noise of it, or, with the noise unknown
+    (`within` None), the range measured. A configuration whose trials did not all finish says so first. "" when no
+    configuration logged the measure."""
+    if within == [] or not ranked:
+        return ""
+    head = f"**{title}**" + (f" ({basis})" if basis else "")
+
+    def named(i) -> str:
+        failed = failures_text(report, configs.loc[i])
+        return _name(report, configs, i) + (f" (whose trials did not all finish: {failed})" if failed else "")
+
+    if within is not None and len(within) == 1:
+        best, last = ranked[0], ranked[-1]
+        return (
+            f"{head}: {named(best)} at {show(configs.loc[best])}{_n_note(configs, best)}, beyond {noise} of every "
+            f"other configuration (the last: {_name(report, configs, last)}, {show(configs.loc[last])})."
+        )
+    if within is None:
+        first, last = ranked[0], ranked[-1]
+        return (
+            f"{head}: none named: no configuration ran twice, so the seed noise is unknown (measured: "
+            f"{named(first)} {show(configs.loc[first])} to {_name(report, configs, last)} "
+            f"{show(configs.loc[last])})."
+        )
+    listed = ", ".join(
+        f"{_name(report, configs, i)} ({failed + '; ' if (failed := failures_text(report, configs.loc[i])) else ''}"
+        f"{show(configs.loc[i])})"
+        for i in ranked
+        if i in within
+    )
+    return f"{head}: within {noise} of each other: {listed}."
+
+
+def _ranked_line(report: Report, configs: pd.DataFrame, title: str, metric: Metric, show, basis: str = "") -> str:
+    """_leader_line for a trial column (`metric`) against the seed noise, the pooled within-configuration std (plus
+    the test set's binomial noise for an accuracy)."""
+    column = metric.column
+    means = configs[f"{column}_mean"]
+    std, dof, _ = pooled_std(report.trials, report.factors, column)
+    floor = None
+    if metric.kind == "acc" and report.test_images:
+        floor = means * (1 - means) / (report.test_images * configs["n"])
+    within = leaders(means, configs["n"], metric.better, std, dof, floor)
+    ranked = list(means.dropna().sort_values(ascending=metric.better == "min").index)
+    return _leader_line(report, configs, title, within, ranked, show, basis)
+
+
+def fastest_line(report: Report, configs: pd.DataFrame) -> str:
+    """**Fastest**, ranked by the mean log time per epoch over a configuration's warm epochs (stats.log_values),
+    against the seed noise of that mean where a configuration ran twice or more, else against the trials' own
+    epoch-to-epoch noise (stats.WITHIN): a one-seed sweep still names one where its epochs separate it."""
+    per_trial: dict[object, list[list[float]]] = {i: [] for i in configs.index}
+    for i in configs.index:
+        chosen = included(report.trials)
+        for key in report.factors:
+            chosen = rows_with(chosen, key, configs.loc[i, key])
+        per_trial[i] = [report.time_logs[name] for name in chosen["trial"] if name in report.time_logs]
+    means = pd.Series({i: statistics.fmean(statistics.fmean(t) for t in ts) for i, ts in per_trial.items() if ts})
+    if not len(means):
+        return ""
+    repeated = [[statistics.fmean(t) for t in ts] for ts in per_trial.values() if len(ts) >= 2]
+    if repeated:
+        dof = sum(len(r) - 1 for r in repeated)
+        ss = sum((x - statistics.fmean(r)) ** 2 for r in repeated for x in r)
+        counts = pd.Series({i: len(per_trial[i]) for i in means.index})
+        basis, noise = "seed noise of the log time per epoch", "the seed noise"
+    else:
+        epochs = [t for ts in per_trial.values() for t in ts]
+        dof = sum(len(t) - 1 for t in epochs)
+        ss = sum((x - statistics.fmean(t)) ** 2 for t in epochs for x in t)
+        counts = pd.Series({i: sum(len(t) for t in per_trial[i]) for i in means.index})
+        basis, noise = WITHIN, "the epoch-to-epoch noise"
+    within = leaders(means, counts, "min", math.sqrt(ss / dof) if dof else math.nan, dof)
+    line = _leader_line(
+        report,
+        configs,
+        "Fastest",
+        within,
+        list(means.sort_values().index),
+        lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch",
+        f"by the geometric mean of warm epochs; noise: {basis}",
+        noise,
+    )
+    if report.shared and set(report.shared) != set(included(report.trials)["trial"]):
+        line += " Not a fair ranking: it ranks trials that shared a device with trials that ran alone (next line)."
+    return line
+
+
 def findings(report: Report) -> list[str]:
-    """What the sweep shows, each a sentence: the leaders by the sweep's metric, time, accuracy and memory (named
-    only beyond the seed noise), then one line per accuracy comparison with its verdict and the pairs behind it."""
+    """What the sweep shows, each once: the answer first (answer_lines: each factor value's time, memory and accuracy
+    effects with their verdicts), then the leaders by the sweep's metric, time, accuracy and memory (named only
+    beyond the noise, failures first), the trials that shared a device, the planned trials missing, the seed noise."""
     configs = report.configs[report.configs["n"] > 0]
     done = int(len(included(report.trials)))
     if not len(configs):
@@ -107,64 +197,43 @@ def findings(report: Report) -> list[str]:
             f"{fmt_num(config['time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(config)} "
             f"({done} included trial{'s' if done != 1 else ''})."
         ]
-    lines = []
+    lines = [line for key in report.factors for line in answer_lines(report, key)]
+    lines.extend(interaction_lines(report))
     best = report.objective
     if report.objective_note:
         lines.append(f"**Best** means the {best_phrase(best)} ({report.objective_note}).")
     if best != FACTOR_METRICS[0]:  # the default objective's best is the Most accurate line
+        show_best = lambda c: fmt_metric(best, c[f"{best.column}_mean"])  # noqa: E731
         lines.append(
-            _leader_line(
-                report,
-                configs,
-                "Best",
-                best,
-                best.column,
-                lambda c: fmt_metric(best, c[f"{best.column}_mean"]),
-                f"by the sweep's metric: {best_phrase(best)}",
-            )
+            _ranked_line(report, configs, "Best", best, show_best, f"by the sweep's metric: {best_phrase(best)}")
         )
-    lines.append(
-        _leader_line(
-            report,
-            configs,
-            "Fastest",
-            FACTOR_METRICS[2],
-            "time_per_epoch_s",
-            lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch",
-        )
-    )
-    if note := shared_gpu_note(report):
+    lines.append(fastest_line(report, configs))
+    if note := shared_note(report):
         lines.append(note)
-    lines.append(
-        _leader_line(
-            report,
-            configs,
-            "Most accurate",
-            FACTOR_METRICS[0],
-            "final_test_acc",
-            lambda c: f"{fmt_pct(c['final_test_acc_mean'])} %",
-        )
-    )
+    show_acc = lambda c: f"{fmt_pct(c['final_test_acc_mean'])} %"  # noqa: E731
+    lines.append(_ranked_line(report, configs, "Most accurate", FACTOR_METRICS[0], show_acc))
     # Ranked by the total (what running the configuration costs) when every configuration logged one.
-    by_total = bool(configs["peak_mem_total_mb_mean"].notna().all())
+    by_total = report.memory_column == COST_METRICS[2].column
     memory = FACTOR_METRICS[5] if by_total else FACTOR_METRICS[4]
     lines.append(
-        _leader_line(
+        _ranked_line(
             report,
             configs,
             "Least memory",
             memory,
-            memory.column,
             _memory_text,
             "by the peak total over workers"
             if by_total
             else "by the peak per worker: not every configuration logged a total",
         )
     )
+    if report.missing:
+        planned = len(report.run.sweep.get("trials", []))
+        lines.append(
+            f"**Missing**: {len(report.missing)} of {planned} planned trials have no folder in the run and enter no "
+            f"aggregate: {', '.join(report.missing)}."
+        )
     lines = [line for line in lines if line]
-    for key in report.factors:
-        lines.extend(effect_lines(report, key))
-    lines.extend(interaction_lines(report))
     std, n_configs = report.noise
     if n_configs:
         lines.append(
@@ -172,6 +241,14 @@ def findings(report: Report) -> list[str]:
             f"configuration{'s' if n_configs != 1 else ''} with ≥ 2 included seeds."
         )
     return lines
+
+
+def answer_text(report: Report) -> list[str]:
+    """The answer lines of every factor (answer_lines) as plain text, for the terminal; [] with nothing compared."""
+    if report.configs["n"].gt(0).sum() < 2:
+        return []
+    lines = [line for key in report.factors for line in answer_lines(report, key)]
+    return [line.replace("**", "").replace("`", "") for line in lines]
 
 
 def _memory_text(config: pd.Series) -> str:
@@ -203,10 +280,12 @@ def verdict_text(report: Report, row: pd.Series) -> str:
         return f"depends on {depends} (its effect per value: *Interactions*)"
     if verdict == EQUIVALENT:
         text = f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp"
-    elif verdict == NO_VERDICT:
-        text = f"no verdict (fewer than {MIN_PAIRS} pairs)"
     else:
-        text = verdict
+        note = f": its CI excludes 0, but {row['vci_note']}" if row.get("vci_note") else ""
+        if verdict == NO_VERDICT:
+            text = f"no verdict (fewer than {MIN_PAIRS} pairs{note})"
+        else:
+            text = f"{verdict} ({note[2:]})" if note else verdict
     return text + (f"; depends on {depends}" if depends else "")
 
 
@@ -277,7 +356,7 @@ def testset_text(report: Report, row: pd.Series) -> str:
     on = f" on {images} test images" if images else ""
     text = (
         f"; more seeds cannot settle it: the shared test set's own noise in this difference (sd "
-        f"{100 * math.sqrt(row['testset_var']):.2f} pp{on}, the binomial bound) does not shrink with seeds"
+        f"{100 * math.sqrt(row['testset_var']):.2f} pp{on}) does not shrink with seeds"
     )
     datasets = {config_value(t.config, "dataset") for t in report.run.trials}
     if not images or len(datasets) != 1:
@@ -291,12 +370,73 @@ def testset_text(report: Report, row: pd.Series) -> str:
     return text + f"; even all {full} test images would not at this effect"
 
 
-def effect_lines(report: Report, key: str) -> list[str]:
-    """One line per non-baseline value of `key`: its accuracy effect, the pairs behind it and what removed the
-    others, its verdict, and for an open one the seeds that would resolve it."""
+def ci_label(row: pd.Series) -> str:
+    """What the interval beside an effect is (verdicts.verdict_intervals): `95 % CI`, `97.5 % CI, Holm`,
+    `90 % CI, equivalence (TOST)`; why one that excludes no effect stands beside no verdict is the verdict's."""
+    label = f"{round(100 * row['vci_level'], 1):g} % CI"
+    extra = (["Holm"] if row["vci_holm"] else []) + (["equivalence (TOST)"] if row["vci_tost"] else [])
+    return ", ".join([label, *extra])
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def ratio_text(row: pd.Series, what: str, words: tuple[str, str], unit: str) -> str:
+    """A judged ratio effect (verdicts.judge_ratios) in words: `time per epoch 1.54x faster (5.01 → 3.26 s,
+    geometric means over 2 pairs; 95 % CI 1.46x-1.62x, within-trial epoch noise only): faster`. `words`: the
+    verdict for a ratio below and above 1."""
+    if row["n_pairs"] == 0:
+        return f"{what}: no matched pairs"
+    ratio, lower = row["ratio"], row["ratio"] < 1
+    size = 1 / ratio if lower else ratio  # said as "x faster" / "x slower", its interval on the same scale
+    magnitude = _times(size) + ("" if _times(size) == _times(1) else f" {words[0] if lower else words[1]}")
+    pairs = f"{int(row['n_pairs'])} pair{'s' if row['n_pairs'] != 1 else ''}"
+    like = max(row["base_geomean"], row["value_geomean"])
+    measured = (
+        f"{fmt_num(row['base_geomean'], like)} → {fmt_num(row['value_geomean'], like)} {unit}, geometric means over "
+        f"{pairs}"
+    )
+    if not is_missing(row["vci_level"]):
+        low, high = (1 / row["vci_high"], 1 / row["vci_low"]) if lower else (row["vci_low"], row["vci_high"])
+        measured += f"; {ci_label(row)}: {_times(low)}–{_times(high)}, {row['basis']}"
+    verdict = row["verdict"]
+    if verdict in (LOWER, HIGHER):
+        judged = words[0] if verdict == LOWER else words[1]
+    elif verdict == EQUIVALENT:
+        judged = f"no difference within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
+    elif verdict == UNFAIR:
+        unfair = len(row["unfair"])
+        judged = (
+            f"not judged, unfair: {unfair} of the {pairs} set a trial that shared a device against one that ran "
+            "alone (the trials that shared are named below)"
+        )
+    elif verdict == NO_VERDICT:
+        judged = (
+            f"no verdict (its noise has fewer than {MIN_PAIRS - 1} degrees of freedom)"
+            if row["basis"]
+            else f"no verdict (one number per trial: needs pairs over several seeds, or {MIN_PAIRS} pairs)"
+        )
+    else:
+        judged = verdict
+    if row.get("vci_note"):
+        judged += f" (its CI excludes no change, but {row['vci_note']})"
+    return f"{what} {magnitude} ({measured}): {judged}"
+
+
+def answer_lines(report: Report, key: str) -> list[str]:
+    """The answer to the sweep's question for `key`: one line per non-baseline value, its time per epoch, peak memory
+    and final test accuracy against the baseline, each with its verdict; the accuracy with the pairs behind it, what
+    removed the others and, for an open one, the seeds that would resolve it."""
     base = fmt_value(report.baseline[key])
+    figure = "total over workers" if report.memory_column == COST_METRICS[2].column else "per worker"
     lines = []
-    for _, row in report.effects[key][PAIRED_METRICS[0].column].iterrows():
+    rows = zip(
+        report.effects[key][PAIRED_METRICS[0].column].iterrows(),
+        report.effects[key][COST_METRICS[0].column].iterrows(),
+        report.effects[key][report.memory_column].iterrows(),
+    )
+    for (_, row), (_, time), (_, memory) in rows:
         head = f"**{key}={fmt_value(row[key])}** vs {base}: "
         if row["n_pairs"] == 0:
             partner = pair_partner(report, key, f"trial with {key}={base} and the same other keys and seed")
@@ -304,7 +444,11 @@ def effect_lines(report: Report, key: str) -> list[str]:
             continue
         mean = paired_parts(PAIRED_METRICS[0], row)[0]  # its interval is in the factor's effects table
         lines.append(
-            head + f"final test accuracy {mean} pp, {pairs_text(row)}: {verdict_text(report, row)}"
+            head
+            + ratio_text(time, "time per epoch", ("faster", "slower"), "s")
+            + "; "
+            + ratio_text(memory, f"peak memory ({figure})", ("less", "more"), "MB")
+            + f"; final test accuracy {mean} pp, {pairs_text(row)}: {verdict_text(report, row)}"
             f"{seeds_text(report, row)}; test-set noise {row['testset_noise']}.{run_level_note(report, key)}"
         )
     return lines

@@ -103,9 +103,12 @@ def fmt_signed(metric: Metric, x: float, like: float) -> str:
     return f"{100 * x:+.2f}" if metric.kind == "acc" else f"{x:+,.{decimal_places(like)}f}"
 
 
-def paired_parts(metric: Metric, row: pd.Series) -> tuple[str, str, str]:
-    """Mean paired difference and its CI bounds, to the same decimals (the CI bounds are — below two pairs)."""
-    columns = ("mean_diff", "ci_low", "ci_high")
+def paired_parts(
+    metric: Metric, row: pd.Series, bounds: tuple[str, str] = ("ci_low", "ci_high")
+) -> tuple[str, str, str]:
+    """Mean paired difference and its CI bounds (the columns `bounds`), to the same decimals (the CI bounds are —
+    below two pairs)."""
+    columns = ("mean_diff", *bounds)
     like = max((abs(row[c]) for c in columns if not is_missing(row[c])), default=0.0)
     return tuple("—" if is_missing(row[c]) else fmt_signed(metric, row[c], like) for c in columns)
 

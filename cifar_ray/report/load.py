@@ -27,7 +27,9 @@ from ..core.runlog import (
     TrialLog,
     Where,
     load_run,
+    warm_slice,
 )
+from ..core.runlog import time_per_epoch as runlog_time_per_epoch
 from .format import fmt_value, same_value
 from .metrics import INCLUDED, INCOMPLETE
 from .stats import TRAIN_COLUMNS, Overfit, train_basis, trial_overfitting
@@ -49,23 +51,16 @@ assert set(_UNREAD) <= set(EPOCH_METRICS)
 EPOCH_KEYS = tuple(key for key in EPOCH_METRICS if key not in _UNREAD)
 # Step-time breakdown keys (runlog.BREAKDOWN_KEYS) come in that order; other `time_*_s` keys follow sorted.
 
-# Time per epoch (the trial table's time/epoch, the factor tables and effects built on it): what a trial's epochs
-# cost once warm. A trial's first epoch pays the warm-up (a slot's first trial: first-touch allocations, oneDNN/cuDNN
-# plans; DDP's bucket rebuild; with compile=true the compile, which later trials of a slot find cached), so its
-# place in a slot would move a mean. Its throughput and step-time breakdown are means over the same epochs.
-TIME_PER_EPOCH_RULE = (
-    "the median over a trial's epochs after its first, which pays the warm-up (a one-epoch trial: that epoch)"
-)
-
 
 def warm_epochs(epochs: pd.DataFrame) -> pd.DataFrame:
-    """A trial's epochs (in epoch order) after its first; the one epoch of a one-epoch trial."""
-    return epochs.iloc[1:] if len(epochs) > 1 else epochs
+    """A trial's epochs (in epoch order) that runlog.TIME_PER_EPOCH_RULE reads: after its first, or its only one.
+    Throughput, MFU and the step-time breakdown are means over the same epochs."""
+    return epochs.iloc[warm_slice(len(epochs))]
 
 
 def time_per_epoch(epochs: pd.DataFrame) -> float:
-    """TIME_PER_EPOCH_RULE over a trial's epochs (in epoch order)."""
-    return float(warm_epochs(epochs)["epoch_time_s"].median())
+    """runlog.TIME_PER_EPOCH_RULE over a trial's epochs (in epoch order)."""
+    return runlog_time_per_epoch([None if math.isnan(t) else float(t) for t in epochs["epoch_time_s"]])
 
 
 # What peak memory per worker measures, by the trials' device type (trial.json: system.device_type).
@@ -75,7 +70,6 @@ MEMORY_MEASURES = {
 }
 
 
-# What the time/epoch column is (trial frame "time_per_epoch_s"), said once in the report's "How to read".
 def load(run_dir: Where) -> RunLog:
     """The run's logs; ConfigError when the folder is missing or holds no trial."""
     try:

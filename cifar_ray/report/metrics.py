@@ -31,7 +31,10 @@ FACTOR_METRICS = (
     Metric("peak_mem_total_mb", "peak mem, total over workers (MB)", "min", "cost"),
 )
 
-PAIRED_METRICS = (FACTOR_METRICS[0], FACTOR_METRICS[2])  # final test acc (Δ in pp), time/epoch (Δ in s)
+PAIRED_METRICS = (FACTOR_METRICS[0],)  # effects as differences: final test acc (Δ in pp)
+# Effects as ratios (value / baseline, on the log scale): time per epoch (per-epoch times), peak memory per worker and
+# total over workers (one number per trial).
+COST_METRICS = (FACTOR_METRICS[2], FACTOR_METRICS[4], FACTOR_METRICS[5])
 
 # The sweep file's `metric` (runlog.OBJECTIVES) -> the trial column that ranks trials by it: epoch metrics at the
 # last epoch (final_<metric>), costs aggregated over epochs as in the factor tables.

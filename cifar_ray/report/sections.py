@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core.runlog import TIME_PER_EPOCH_RULE
 from .build import Report
 from .document import Block, Bullets, Document, Figure, Heading, Paragraph
 from .findings import findings
 from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_blocks, status_counts
 from .interactions import DEPENDS, TESTABLE_RULE
-from .load import TIME_PER_EPOCH_RULE
 from .metrics import INCOMPLETE, PAIRED_METRICS
 from .network import network_blocks
 from .profile import profile_blocks
@@ -29,7 +29,7 @@ from .tables import (
     trial_breakdown_table,
     trial_table,
 )
-from .verdicts import ALPHA, MAX_PAIRS, MIN_PAIRS
+from .verdicts import ALPHA, MAX_PAIRS, MIN_PAIRS, RATIO_MARGIN
 
 Plots = dict[str, list[tuple[str, str]]]  # factor -> (file, caption) of its plots; "" -> the training curves
 Section = Callable[[Report, Plots], list[Block]]
@@ -206,7 +206,19 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "they got right, v is measured: the variance over images of the per-image difference averaged over the "
         "pairs, / n (it is small where the two models disagree on few images). Where not (older versions), v is "
         "bounded from the accuracies alone: (the mean over pairs of sqrt(p(1 − p)) + sqrt(q(1 − q)))² / (n − 1), "
-        "true however the models disagree. Each effect says which.",
+        "true however the models disagree. Each effect says which. The interval beside an effect is the one its "
+        "verdict used: at "
+        f"1 − {ALPHA:.0%}/h where Holm's correction tests it at that level (marked *Holm*), the 1 − 2 × {ALPHA:.0%}/h "
+        "one for an equivalence (90 % for h = 1, marked *equivalence (TOST)*); unmarked, 95 %.",
+        "**Time and memory effects.** A ratio (value / baseline) of geometric means over the pairs: of the epoch "
+        "times each trial's time/epoch reads (see *Columns*), and of its peak memory, one number per trial. Its "
+        "noise is the spread of the pairs' log ratios where the pairs span several seeds or number "
+        f"{MIN_PAIRS}; else, for time, the spread of each trial's epochs about its own mean, *within-trial epoch "
+        "noise only*: it knows nothing of how another seed would run. Verdicts from "
+        f"{MIN_PAIRS - 1} degrees of freedom: *faster*/*slower* (*less*/*more*), *no difference within "
+        f"±{fmt_value(round(100 * RATIO_MARGIN, 6))} %* (two one-sided tests), else *not conclusive*, Holm-corrected "
+        "within each measure. A time comparison that pairs a trial which shared a device with other trials (a node's "
+        "CPUs or a GPU at the same time) with one that ran alone is *unfair* and not judged.",
         f"**Verdicts.** From {MIN_PAIRS} pairs on: *CI excludes 0* (two-sided t-test), *equivalent within ±{margin} "
         f"pp* (two one-sided tests against that margin; `cifar-ray report --margin PP`, default 1 pp), else *not "
         f"conclusive*; fewer pairs: *no verdict*. Holm's correction across this report's accuracy comparisons "
@@ -228,7 +240,9 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "**Fastest, Most accurate, Least memory, Best.** A configuration (the mean over its seeds) is named only "
         "where its lead over every other exceeds the t 95 % half-width of the seed noise (the pooled "
         "within-configuration std; plus the binomial noise for accuracy); otherwise the candidates within noise "
-        "are listed, and with no repeated configuration the noise is unknown and none is named.",
+        "are listed, and with no repeated configuration the noise is unknown and none is named. Fastest ranks the "
+        "mean log time per epoch, and with no repeated configuration against the epochs' own noise. A configuration "
+        "whose trials did not all finish says so first.",
         "**Per-value means.** Mean ± sample std (ddof=1; — for a single trial) over the included trials with each "
         "value, other keys and seeds pooled: they carry the other keys' effects too, so they are means, not effects.",
         f"**Columns.** Accuracies are at the last logged epoch (best: the highest, with its epoch); time/epoch is "

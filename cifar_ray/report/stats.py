@@ -1,7 +1,7 @@
 """The report's statistics, each on the trials frame: per-value means (factor_frame, config_frame; included trials
 only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval that holds the
-shared test set's noise (paired_effects, report/testset.py; t_quantile, t_upper: no scipy), seed noise, and the
-overfitting rule.
+shared test set's noise (paired_effects, report/testset.py; t_quantile, t_upper: no scipy), time and memory effects
+as ratios of geometric means (log_values, ratio_effects), seed noise, and the overfitting rule.
 The train loss the rule reads is the training subset evaluated like the test set (train_eval_*) where logged, else
 the running one (TRAIN_COLUMNS, train_basis)."""
 
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from ..core.runlog import FINAL_STATUSES, STATUSES
+from ..core.runlog import FINAL_STATUSES, STATUSES, warm_slice
 from . import testset
 from .format import fmt_value, same_value, values_label
 from .metrics import FACTOR_METRICS, INCLUDED, Metric
@@ -328,3 +329,101 @@ def seed_noise(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tup
     over configurations with >= 2 included trials, and how many such configurations there are."""
     std, _, configs = pooled_std(trials, factors, column)
     return std, configs
+
+
+WITHIN, BETWEEN = "within-trial epoch noise only", "between pairs"
+RATIO_COLUMNS = (
+    "n_pairs",
+    "n_planned",
+    "lost",
+    "base_geomean",
+    "value_geomean",
+    "log_ratio",
+    "ratio",
+    "se",
+    "df",
+    "basis",
+    "ci_low",
+    "ci_high",
+    "unfair",
+)
+
+
+def log_values(trials: pd.DataFrame, epochs: pd.DataFrame | None, column: str) -> dict[str, list[float]]:
+    """Included trial name -> the logs of its repeated measurements of `column`: with `epochs`, its warm epochs'
+    (runlog.warm_slice: the first epoch dropped where there are two or more), else the trial's one value."""
+    names = list(included(trials)["trial"])
+    if epochs is None:
+        value = dict(zip(trials["trial"], trials[column]))
+        return {n: [math.log(value[n])] for n in names if value[n] > 0}
+    logs = {}
+    for name in names:
+        e = epochs[epochs["trial"] == name].sort_values("epoch")[column].to_numpy(dtype=float)
+        logs[name] = [math.log(t) for t in e[warm_slice(len(e))] if t > 0]
+    return {n: v for n, v in logs.items() if v}
+
+
+def ratio_effects(
+    trials: pd.DataFrame,
+    logs: dict[str, list[float]],
+    key: str,
+    factors: Sequence[str],
+    grid: dict[str, list],
+    baseline: Any,
+    seeds: int,
+    min_pairs: int,
+    shared: Sequence[str] = (),
+    match: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    done = included(trials)
+    if match is None:
+        match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
+    done = done[done["trial"].isin(list(logs))]
+
+    def cells(value: Any) -> dict[str, str]:
+        chosen = rows_with(done, key, value)
+        return dict(zip(_labels(chosen, match), chosen["trial"]))  # one trial per cell: the last
+
+    base = cells(baseline)
+    planned_base = set(_labels(rows_with(trials, key, baseline), match))
+    rows = []
+    for value in grid[key]:
+        if same_value(value, baseline):
+            continue
+        side = cells(value)
+        pairs = [(base[label], side[label]) for label in side if label in base]
+        means = [(statistics.fmean(logs[b]), statistics.fmean(logs[v])) for b, v in pairs]
+        d = [v - b for b, v in means]
+        n = len(d)
+        mean = statistics.fmean(d) if n else math.nan
+        if n >= 2 and (seeds >= 2 or n >= min_pairs):
+            basis, se, df = BETWEEN, statistics.stdev(d) / math.sqrt(n), n - 1
+        else:
+            names = [name for pair in pairs for name in pair]
+            df = sum(len(logs[name]) - 1 for name in names)
+            ss = sum((x - statistics.fmean(logs[name])) ** 2 for name in names for x in logs[name])
+            within = ss / df if df else math.nan
+            var = sum(within * (1 / len(logs[b]) + 1 / len(logs[v])) for b, v in pairs) / n**2 if n else math.nan
+            basis, se = (WITHIN, math.sqrt(var)) if df else ("", math.nan)
+        half = t_quantile(0.975, df) * se if df else math.nan
+        planned = planned_base & set(_labels(rows_with(trials, key, value), match))
+        unfair = [f"{b} / {v}" for b, v in pairs if (b in shared) != (v in shared)]
+        rows.append(
+            {
+                key: value,
+                "n_pairs": n,
+                "n_planned": len(planned),
+                "lost": _lost_pairs(trials, key, value, baseline, match, planned - {lb for lb in side if lb in base}),
+                "base_geomean": math.exp(statistics.fmean(b for b, _ in means)) if n else math.nan,
+                "value_geomean": math.exp(statistics.fmean(v for _, v in means)) if n else math.nan,
+                "log_ratio": mean,
+                "ratio": math.exp(mean),
+                "se": se,
+                "df": df,
+                "basis": basis,
+                "ci_low": math.exp(mean - half),
+                "ci_high": math.exp(mean + half),
+                "unfair": unfair,
+            }
+        )
+    return pd.DataFrame(rows, columns=[key, *RATIO_COLUMNS])

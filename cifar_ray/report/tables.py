@@ -12,7 +12,7 @@ import pandas as pd
 
 from .build import Report
 from .document import Table
-from .findings import fmt_p, verdict_text
+from .findings import ci_label, fmt_p, verdict_text
 from .format import (
     fmt_int,
     fmt_loss,
@@ -20,12 +20,15 @@ from .format import (
     fmt_num,
     fmt_pct,
     fmt_value,
+    is_missing,
     paired_parts,
     same_value,
     short_key,
 )
 from .interactions import DEPENDS, stratum_label
-from .metrics import FACTOR_METRICS, PAIRED_METRICS, Metric
+from .metrics import COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric
+from .stats import WITHIN
+from .verdicts import EQUIVALENT, HIGHER, LOWER, RATIO_MARGIN, UNFAIR
 
 
 def has_train_eval(report: Report) -> bool:
@@ -145,25 +148,75 @@ def factor_table(report: Report, key: str) -> Table:
     return Table((key, "n", *(m.label for m in metrics)), rows, "lr" + "r" * len(metrics), f"means-{key}")
 
 
-def paired_table(report: Report, key: str) -> Table:
-    acc, time = (report.effects[key][m.column] for m in PAIRED_METRICS)
-    headers = ("value", "pairs", "Δ final test acc (pp) [95 % CI]", "Δ time/epoch (s) [95 % CI]", "accuracy verdict")
+def _ci_suffix(row: pd.Series) -> str:
+    """The interval's label where it is not the plain 95 % one (findings.ci_label)."""
+    if is_missing(row["vci_level"]):
+        return ""
+    label = ci_label(row)
+    return "" if label == "95 % CI" else f" ({label})"
 
-    def cell(metric: Metric, row: pd.Series) -> str:
-        mean, low, high = paired_parts(metric, row)
-        return "—" if row["n_pairs"] == 0 else f"{mean} [{low}, {high}]" if row["n_pairs"] > 1 else mean
+
+def _ratio_cell(row: pd.Series) -> str:
+    """`0.65x [0.62, 0.68] (within-trial)`: value / baseline, the interval its verdict used, the noise it reads."""
+    if row["n_pairs"] == 0:
+        return "—"
+    cell = f"{row['ratio']:.2f}x"
+    if not is_missing(row["vci_level"]):
+        cell += f" [{row['vci_low']:.2f}, {row['vci_high']:.2f}]{_ci_suffix(row)}"
+    return cell + (" (within-trial)" if row["basis"] == WITHIN else "")
+
+
+RATIO_VERDICTS = {"time": ("faster", "slower"), "memory": ("less", "more")}
+
+
+def _ratio_verdict(row: pd.Series, words: tuple[str, str]) -> str:
+    verdict = row["verdict"]
+    if verdict in (LOWER, HIGHER):
+        return words[0] if verdict == LOWER else words[1]
+    if verdict == EQUIVALENT:
+        return f"within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
+    if verdict == UNFAIR:
+        return "unfair: shared vs alone"
+    return verdict
+
+
+def paired_table(report: Report, key: str) -> Table:
+    """A factor's paired effects: accuracy (a difference), time per epoch and peak memory (ratios, value / baseline),
+    each with the interval its verdict used and the verdict."""
+    acc = report.effects[key][PAIRED_METRICS[0].column]
+    time, memory = report.effects[key][COST_METRICS[0].column], report.effects[key][report.memory_column]
+    figure = "total" if report.memory_column == COST_METRICS[2].column else "per worker"
+    headers = (
+        "value",
+        "pairs",
+        "Δ final test acc (pp) [95 % CI unless marked]",
+        "accuracy verdict",
+        "time/epoch ratio [CI]",
+        "time verdict",
+        f"peak mem ({figure}) ratio [CI]",
+        "memory verdict",
+    )
+
+    def acc_cell(row: pd.Series) -> str:
+        if row["n_pairs"] == 0:
+            return "—"
+        mean, low, high = paired_parts(PAIRED_METRICS[0], row, ("vci_low", "vci_high"))
+        return f"{mean} [{low}, {high}]{_ci_suffix(row)}" if row["n_pairs"] > 1 else mean
 
     rows = tuple(
         (
             f"{key}={fmt_value(a[key])}",
             f"{a['n_pairs']} of {a['n_planned']}",
-            cell(PAIRED_METRICS[0], a),
-            cell(PAIRED_METRICS[1], t),
+            acc_cell(a),
             verdict_text(report, a),
+            _ratio_cell(t),
+            _ratio_verdict(t, RATIO_VERDICTS["time"]),
+            _ratio_cell(m),
+            _ratio_verdict(m, RATIO_VERDICTS["memory"]),
         )
-        for (_, a), (_, t) in zip(acc.iterrows(), time.iterrows())
+        for (_, a), (_, t), (_, m) in zip(acc.iterrows(), time.iterrows(), memory.iterrows())
     )
-    return Table(headers, rows, "lrrrl", f"effects-{key}")
+    return Table(headers, rows, "lrrlrlrl", f"effects-{key}")
 
 
 def factor_breakdown_table(report: Report, key: str) -> Table:

@@ -9,6 +9,12 @@ part (the effects frame's testset_var), which more seeds do not shrink; when T a
 settles it (settles_with_seeds). The seeds to add allow for the pairs lost so far and count the unfinished ones as still
 to run, neither done nor lost (more_seeds). A ranking ("Fastest", "Most accurate", "Least memory") names a winner only
 where it beats the seed noise (leaders).
+
+A time or memory effect (stats.ratio_effects: a ratio of geometric means, on the log scale) is judged the same way in
+a family of its own (judge_ratios): from MIN_PAIRS − 1 degrees of freedom, "faster"/"slower" (less/more memory), "no
+difference within ±5 %" (TOST against ±log 1.05), else "not conclusive"; a comparison with a pair of one trial that
+shared a device and one that did not is "unfair" and not judged. Every judged effect carries the interval its
+verdict used (verdict_intervals): at 1 − α/h, h its Holm multiplier, or for an equivalence 1 − 2α/h (90 % for h = 1).
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from .stats import t_quantile, t_upper
 MIN_PAIRS = 3
 ALPHA = 0.05  # family-wise, over the report's accuracy comparisons (Holm)
 DEFAULT_MARGIN_PP = 1.0  # equivalence margin of accuracy effects, percentage points (cifar-ray report --margin)
+# Equivalence margin of time and memory effects: a ratio within 1/1.05 .. 1.05 is "no difference" (on the log scale
+# the margin is ±log 1.05, symmetric: 5 % slower and 1/1.05 faster weigh alike).
+RATIO_MARGIN = 0.05
 MAX_PAIRS = 1000  # pairs_needed looks no further
 MAX_TEST_GROWTH = 10_000  # testset_growth_needed looks no further
 
@@ -33,6 +42,7 @@ NO_PAIRS, NO_VERDICT, DIFFERS, EQUIVALENT, OPEN = (
     "equivalent",
     "not conclusive",
 )
+LOWER, HIGHER, UNFAIR = "lower", "higher", "unfair"  # a ratio effect that differs: below or above 1
 
 
 def p_differs(mean: float, se: float, df: int) -> float:
@@ -185,3 +195,87 @@ def leaders(
         if i == best or abs(mean - means[best]) <= quantile * noise:
             within.append(i)
     return within
+
+
+def holm_multipliers(pvalues: Sequence[float]) -> list[int]:
+    """Holm's multiplier of each p-value, in the given order: the count of p-values from its own rank up (the
+    smallest is tested at alpha / m, the next at alpha / (m − 1), ...)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    multipliers = [0] * len(pvalues)
+    for rank, i in enumerate(order):
+        multipliers[i] = len(pvalues) - rank
+    return multipliers
+
+
+def verdict_intervals(frames: Sequence[pd.DataFrame], mean: str, df: str | None = None) -> None:
+    """Add to each judged frame the interval its verdict used, on the scale of `mean` (`df`: the column of degrees
+    of freedom; n_pairs − 1 without): vci_level (0.95, 0.975, ...), vci_tost (the 1 − 2α/h interval of an
+    equivalence), vci_holm (the Holm multiplier h > 1 widened it), vci_low, vci_high. Outside the family (no
+    verdict) the plain 95 % interval. vci_note says why an interval that excludes 0 stands beside no verdict (too
+    few pairs or epochs) or "not conclusive" (Holm's step-down stopped at a smaller p)."""
+    tested = [
+        (f, i) for f, frame in enumerate(frames) for i in frame.index if not math.isnan(frame.loc[i, "p_differs"])
+    ]
+    h_differs = dict(zip(tested, holm_multipliers([frames[f].loc[i, "p_differs"] for f, i in tested])))
+    h_equivalent = dict(zip(tested, holm_multipliers([frames[f].loc[i, "p_equivalent"] for f, i in tested])))
+    for f, frame in enumerate(frames):
+        for column in ("vci_level", "vci_low", "vci_high"):
+            frame[column] = math.nan
+        frame["vci_tost"], frame["vci_holm"], frame["vci_note"] = False, False, ""
+        for i, row in frame.iterrows():
+            dof = int(row[df]) if df else int(row["n_pairs"]) - 1
+            if dof < 1 or math.isnan(row["se"]):
+                continue
+            tost = row["verdict"] == EQUIVALENT
+            h = (h_equivalent if tost else h_differs).get((f, i), 1)
+            level = 1 - (2 if tost else 1) * ALPHA / h
+            half = t_quantile((1 + level) / 2, dof) * row["se"]
+            frame.loc[i, ["vci_level", "vci_low", "vci_high"]] = [level, row[mean] - half, row[mean] + half]
+            frame.loc[i, "vci_tost"], frame.loc[i, "vci_holm"] = tost, h > 1
+            if abs(row[mean]) > half and row["verdict"] in (OPEN, NO_VERDICT):
+                frame.loc[i, "vci_note"] = (
+                    "Holm's step-down stopped at a smaller p before this one"
+                    if row["verdict"] == OPEN
+                    else f"{dof} degree{'s' if dof != 1 else ''} of freedom {'are' if dof != 1 else 'is'} too few to "
+                    "judge by"
+                )
+
+
+def judge_ratios(effects: Sequence[pd.DataFrame], margin: float = RATIO_MARGIN) -> list[pd.DataFrame]:
+    """The ratio effects (stats.ratio_effects) of one cost over every factor, judged as one family (Holm): p_differs
+    and p_equivalent of the mean log ratio (against ±log(1 + margin)), Holm-adjusted, and verdict: LOWER / HIGHER
+    (the ratio below / above 1), EQUIVALENT, OPEN, NO_VERDICT (fewer than MIN_PAIRS − 1 degrees of freedom),
+    NO_PAIRS, or UNFAIR (a pair of a trial that shared a device and one that did not); then verdict_intervals."""
+    frames = [frame.copy() for frame in effects]
+    log_margin = math.log1p(margin)
+    for frame in frames:
+        for column in ("p_differs", "p_equivalent", "p_differs_holm", "p_equivalent_holm"):
+            frame[column] = math.nan
+        frame["verdict"] = ""
+        for i, row in frame.iterrows():
+            if row["n_pairs"] == 0:
+                frame.loc[i, "verdict"] = NO_PAIRS
+            elif row["unfair"]:
+                frame.loc[i, "verdict"] = UNFAIR
+            elif row["df"] < MIN_PAIRS - 1 or math.isnan(row["se"]):
+                frame.loc[i, "verdict"] = NO_VERDICT
+            else:
+                frame.loc[i, "p_differs"] = p_differs(row["log_ratio"], row["se"], int(row["df"]))
+                frame.loc[i, "p_equivalent"] = p_equivalent(row["log_ratio"], row["se"], int(row["df"]), log_margin)
+    tested = [
+        (f, i) for f, frame in enumerate(frames) for i in frame.index if not math.isnan(frame.loc[i, "p_differs"])
+    ]
+    for test in ("p_differs", "p_equivalent"):
+        for (f, i), p in zip(tested, holm([frames[f].loc[i, test] for f, i in tested])):
+            frames[f].loc[i, f"{test}_holm"] = p
+    for f, i in tested:
+        row = frames[f].loc[i]
+        if row["p_differs_holm"] < ALPHA:
+            verdict = LOWER if row["log_ratio"] < 0 else HIGHER
+        else:
+            verdict = EQUIVALENT if row["p_equivalent_holm"] < ALPHA else OPEN
+        frames[f].loc[i, "verdict"] = verdict
+    verdict_intervals(frames, "log_ratio", "df")
+    for frame in frames:  # back from the log scale
+        frame["vci_low"], frame["vci_high"] = frame["vci_low"].map(math.exp), frame["vci_high"].map(math.exp)
+    return frames
