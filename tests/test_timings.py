@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers import two_gloo_ranks
 from torch import nn
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
@@ -21,7 +23,13 @@ from cifar_ray.report import build_report
 from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.distributed import Worker
-from cifar_ray.training.profile import ACTIVE_STEPS, PROFILER_WARMUP_STEPS, SKIPPED_STEPS, profile_schedule
+from cifar_ray.training.profile import (
+    ACTIVE_STEPS,
+    PROFILER_WARMUP_STEPS,
+    SKIPPED_STEPS,
+    operator_summary,
+    profile_schedule,
+)
 from cifar_ray.training.timing import allreduce_wait, reduce_time_breakdown
 
 DELAY_S = 0.3  # rank 1's pause before each backward of the first epoch
@@ -153,6 +161,53 @@ def test_without_profile_no_profiler_runs(tmp_path, monkeypatch):
 def test_profile_schedule_records_at_least_one_step_of_a_short_epoch():
     assert profile_schedule(100) == (SKIPPED_STEPS, PROFILER_WARMUP_STEPS, ACTIVE_STEPS)
     assert profile_schedule(2) == (1, 0, 1) and profile_schedule(1) == (0, 0, 1)
+
+
+def _cuda_step(step: int) -> list[FunctionEvent]:
+    """One profiled CUDA step as torch 2.14's kineto parser hands it to key_averages(): the `ProfilerStep#N`
+    annotation (on the CPU and mirrored on the GPU), a CPU op with its launch (the kernel's time appended to the
+    launch, as _parse_kineto_results links them by correlation id) and the kernel itself as a device event."""
+    at = 1000 * step
+
+    def event(name, start, end, device_type=DeviceType.CPU, annotation=False):
+        return FunctionEvent(
+            id=at + start, name=name, thread=1, start_us=at + start, end_us=at + end, use_device="cuda",
+            device_type=device_type, is_user_annotation=annotation, stack=[],
+        )  # fmt: skip
+
+    step_cpu = event(f"ProfilerStep#{step}", 0, 500, annotation=True)
+    op, launch = event("aten::mm", 10, 60), event("cudaLaunchKernel", 20, 30)
+    kernel = event("sm90_xmma_gemm", 100, 400, DeviceType.CUDA)  # 300 us on the GPU
+    copy = event("Memcpy HtoD (Pageable -> Device)", 400, 450, DeviceType.CUDA)  # 50 us
+    step_gpu = event(f"ProfilerStep#{step}", 100, 450, DeviceType.CUDA, annotation=True)
+    launch.append_kernel(kernel.name, 0, 300)
+    return [step_cpu, op, launch, kernel, copy, step_gpu]
+
+
+def _averages(use_device: str | None) -> EventList:
+    events = EventList([event for step in (1, 2) for event in _cuda_step(step)], use_device=use_device)
+    events._build_tree()  # what torch.profiler's own parsing does before key_averages
+    return events.key_averages()
+
+
+def test_a_cuda_profile_counts_each_kernel_once_and_no_profiler_step():
+    averages = _averages("cuda")
+    summary = operator_summary(averages, torch.device("cuda", 0), 1, (2, 1, 2))
+    assert summary["time"] == "GPU time of the CUDA kernels"
+    assert summary["self_s_all"] == pytest.approx(2 * 350e-6)  # the kernel and the copy of 2 steps, once each
+    top = [(operator["name"], operator["calls"], operator["self_s"]) for operator in summary["operators"]]
+    assert top == [("sm90_xmma_gemm", 2, pytest.approx(600e-6)), ("Memcpy HtoD (Pageable -> Device)", 2, 100e-6)]
+
+
+def test_a_cpu_profile_counts_the_operators_not_the_profiler_steps_around_them():
+    averages = _averages(None)
+    summary = operator_summary(averages, torch.device("cpu"), 1, (2, 1, 2))
+    assert summary["time"] == "CPU self time of the operators"
+    names = [operator["name"] for operator in summary["operators"]]
+    assert names == ["aten::mm", "cudaLaunchKernel"]  # no ProfilerStep#N, no device event
+    assert summary["self_s_all"] == pytest.approx(
+        2 * 50e-6
+    )  # the op's 50 us of CPU time per step, its own and its launch's
 
 
 @pytest.mark.slow
