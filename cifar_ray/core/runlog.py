@@ -86,10 +86,10 @@ EPOCH_METRICS = {
     "flops_per_s": "model FLOP/s of training over all workers: the model's forward + backward FLOPs per image "
     "(torch.utils.flop_counter, counted once per trial) x train_samples / train_time_s",
     "mfu": "model FLOPs utilisation, 0-1: flops_per_s / peak_flops_per_s",
-    "peak_flops_per_s": "the trial's devices' peak FLOP/s at its dtype, summed over workers (peak_source says how "
-    "it was found)",
-    "peak_source": "how one device's peak was found: a GEMM probe on each worker (size, dtype, threads), once per "
-    "worker process",
+    "peak_flops_per_s": "the trial's devices' peak FLOP/s at its dtype, summed over workers, each GPU once "
+    "(peak_source says how it was found)",
+    "peak_source": "how one device's peak was found: the faster of a GEMM and a convolution probe on each worker "
+    "(which, shape, dtype, threads), once per worker process",
     "peak_mem_mb": "the largest peak memory of one worker process (RSS), or on GPUs of one GPU (torch's "
     "allocations, without the CUDA context) (MB)",
     "peak_mem_total_mb": "peak memory summed over every worker (and every GPU of a dp worker) (MB)",

@@ -242,7 +242,7 @@ def run_trial(
         network = describe_network(raw_model, cfg, MEMORY_FORMAT)
         runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
-    flops_per_image, peak = training_flops_per_image(raw_model), trial_peak(cfg, devices, world)
+    flops_per_image, peak = training_flops_per_image(raw_model), trial_peak(cfg, devices)
     training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
     last_done = 0
