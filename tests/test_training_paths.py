@@ -346,3 +346,22 @@ def test_a_real_checkpoint_loads_with_weights_only(tmp_path):
     other = build_model(other_cfg)
     assert load_checkpoint(tmp_path, train.build_training(other_cfg, other, 4, cpu, 1), cpu) == 3
     assert torch.equal(_flat(other), _flat(model)) and torch.equal(torch.rand(3), expected)
+
+
+def test_a_checkpoint_resumed_on_other_hardware_keeps_the_optimizers_fused_kernels(tmp_path, monkeypatch):
+    """A checkpoint of a CPU run (no fused kernels) resumed where build_optimizer chose fused=True (CUDA): the
+    optimizer keeps running fused. Fused Adam runs on CPU too, which stands in for CUDA here."""
+    cfg = make_config(optimizer="adam", lr=1e-3, batch_size=32)  # 2 steps an epoch of 64 images
+    cpu = torch.device("cpu")
+    saved = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
+    train.train_epoch(saved, data.iterate_train(data.synthetic_cifar(64, 1), cfg, 1, 0, 1), cfg, cpu)
+    save_checkpoint(tmp_path, 1, saved)
+    assert not saved.optimizer.param_groups[0]["fused"]
+    monkeypatch.setattr(train, "build_optimizer", lambda params, cfg: torch.optim.Adam(params, lr=cfg.lr, fused=True))
+    resumed = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
+    load_checkpoint(tmp_path, resumed, cpu)
+    assert all(group["fused"] for group in resumed.optimizer.param_groups)
+    assert resumed.optimizer.param_groups[0]["lr"] == saved.optimizer.param_groups[0]["lr"]  # the rest: saved
+    steps = [state["step"] for state in resumed.optimizer.state.values()]
+    assert steps and all(step.dtype == torch.float32 and step.item() == 2 for step in steps)  # as fused kernels take it
+    train.train_epoch(resumed, data.iterate_train(data.synthetic_cifar(64, 1), cfg, 2, 0, 1), cfg, cpu)
