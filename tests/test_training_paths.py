@@ -312,6 +312,23 @@ def test_an_epoch_makes_no_host_sync_on_cuda():
         torch.cuda.set_sync_debug_mode("default")
 
 
+def test_the_epochs_indices_reach_a_gpu_without_a_host_sync(monkeypatch):
+    """test_an_epoch_makes_no_host_sync_on_cuda failed on a GPU: iterate_train copied the epoch's indices from
+    pageable memory, which the host waits for. They go from pinned memory, non-blocking (fakes stand in for CUDA)."""
+    copies = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: copies.append("pinned") or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: copies.append((args, kwargs)) or self)
+    cuda = torch.device("cuda", 0)
+    data.to_device(torch.arange(4), cuda)
+    assert copies == ["pinned", ((cuda,), {"non_blocking": True})]
+    monkeypatch.undo()
+    moved = []
+    monkeypatch.setattr(data, "to_device", lambda tensor, device: moved.append(device) or tensor.to(device))
+    cfg = make_config(batch_size=32)
+    assert len(list(data.iterate_train(data.synthetic_cifar(64, 1), cfg, 1, 0, 1))) == 2
+    assert moved == [torch.device("cpu")]  # the epoch's indices, once
+
+
 # --- checkpoints are data, never code
 
 
