@@ -30,7 +30,7 @@ from cifar_ray.training.profile import (
     operator_summary,
     profile_schedule,
 )
-from cifar_ray.training.timing import allreduce_wait, reduce_time_breakdown
+from cifar_ray.training.timing import allreduce_wait, reduce_time_breakdown, sample_allreduce_every_epoch
 
 DELAY_S = 0.3  # rank 1's pause before each backward of the first epoch
 STEPS = 3
@@ -231,13 +231,27 @@ def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_pa
 
 
 def test_where_the_wait_cannot_be_measured_it_is_logged_as_an_estimate():
-    """DDP on CUDA (no CommTimer): DDP's running average, under a key that says it is an estimate."""
+    """DDP on CUDA (no CommTimer): DDP's own timing of a steady-state step, under a key that says it is an
+    estimate; not its running average, which DDP takes over the warm-up's first ten steps, then one in 100."""
 
     class CudaDdp(nn.Module):  # what allreduce_wait reads of a DDP model whose hook is not timed
-        def _get_ddp_logging_data(self) -> dict:
-            return {"avg_backward_comm_time": 5e6, "avg_backward_compute_comm_overlap_time": 3e6}  # ns
+        rates = []
 
-    assert allreduce_wait(CudaDdp(), 10) == (pytest.approx(0.02), False)
+        def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+            self.rates.append(rate)
+
+        def _get_ddp_logging_data(self) -> dict:  # ns; the averages hold the warm-up's slow first steps
+            return {
+                "avg_backward_comm_time": 9e6,
+                "avg_backward_compute_comm_overlap_time": 3e6,
+                "backward_comm_time": 5e6,  # the last step it sampled
+                "backward_compute_comm_overlap_time": 3e6,
+            }
+
+    ddp = CudaDdp()
+    sample_allreduce_every_epoch(ddp, 30)
+    assert ddp.rates == [15]  # a step sampled every 15: two in each epoch of 30 steps
+    assert allreduce_wait(ddp, 10) == (pytest.approx(0.02), False)
     assert allreduce_wait(nn.Linear(2, 2), 10) == (0.0, True)  # no DDP: nothing to wait for
     phases = {"data": 0.1, "forward_backward": 1.0, "optimizer": 0.2}
     estimated = reduce_time_breakdown(phases, 0.02, 0.3, 1, torch.device("cpu"), measured=False)

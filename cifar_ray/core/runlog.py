@@ -76,9 +76,8 @@ EPOCH_METRICS = {
     ALLREDUCE_KEY: "step-time breakdown: gradient communication backward did not overlap with computing gradients, "
     "measured in the epoch (time in DDP's comm hook plus the wait for its last all-reduce; 0 without DDP) (s, mean "
     "over ranks); absent where only estimated (DDP on CUDA)",
-    ALLREDUCE_ESTIMATE_KEY: "DDP on CUDA, in place of time_allreduce_s: an estimate of it, DDP's running average since "
-    "the trial's start over the steps torch samples (1-10, then every 100th) times the epoch's steps (s, mean over "
-    "ranks)",
+    ALLREDUCE_ESTIMATE_KEY: "DDP on CUDA, in place of time_allreduce_s: an estimate of it, DDP's own timing of the "
+    "epoch's last sampled step (two sampled per epoch) times the epoch's steps (s, mean over ranks)",
     "time_optimizer_s": "step-time breakdown: the optimizer step (s, mean over ranks)",
     "time_eval_s": "step-time breakdown: the test set and the train_eval pass (s, mean over ranks)",
     "train_samples": "images trained in the epoch over all workers: steps x effective batch",

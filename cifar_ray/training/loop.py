@@ -34,7 +34,7 @@ from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .profile import profiled_steps
 from .state import load_checkpoint, rng_state, save_checkpoint
-from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown
+from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown, sample_allreduce_every_epoch
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
@@ -118,6 +118,7 @@ def build_training(
     """The one setup around a built model, shared by the worker loop, `cifar-ray check` and `bench`.
     Afterwards the global RNG (dropout) runs rank `rank`'s own stream (rank_seed)."""
     wrapped = wrap_model(model, cfg, device, world, devices)
+    sample_allreduce_every_epoch(wrapped, steps_per_epoch)
     if cfg.compile:
         wrapped = torch.compile(wrapped)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
     optimizer = build_optimizer(wrapped.parameters(), cfg)
