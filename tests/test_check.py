@@ -11,6 +11,7 @@ from helpers import shared_ddp_run
 from cifar_ray.cli import main
 from cifar_ray.cluster import checks as ddp_checks
 from cifar_ray.training import checks as check
+from cifar_ray.training import gpu
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -99,7 +100,8 @@ def test_any_fail_exits_1_and_a_crash_is_a_fail_line(fast_checks, capsys):
     "argv, message",
     [
         (["--workers", "0"], "--workers must be >= 1"),
-        (["--workers", "3"], "--workers 3 needs 3 CPUs but the Ray cluster has 2"),
+        # on CPU: with CUDA visible three ranks would share the GPU and run
+        (["--workers", "3", "--use-gpu", "false"], "--workers 3 needs 3 CPUs but the Ray cluster has 2"),
         (["--use-gpu", "maybe"], "invalid choice: 'maybe'"),
         (["--workers", "two"], "invalid int value: 'two'"),
     ],
@@ -130,6 +132,27 @@ def test_check_shuts_down_only_the_ray_it_started(fast_checks, monkeypatch, caps
     monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(True))
     assert main(["check", "--use-gpu", "false", "--address", "10.0.0.9:1"]) == 1  # the fake accumulation FAIL
     assert started == ["10.0.0.9:1"] and stopped == [True]
+
+
+def test_the_checks_run_with_the_trials_cuda_numerics(fast_checks, monkeypatch, capsys):
+    """The references of `cifar-ray check` ran with torch's defaults (TF32 convolutions on CUDA) while every
+    trial and the DDP check's workers run IEEE fp32: the in-process checks now run as the trials do."""
+    backends = torch.backends
+    seen = []
+
+    def seeds(*args, **kwargs):
+        seen.append((backends.cuda.matmul.fp32_precision, backends.cudnn.conv.fp32_precision))
+        return check.CheckResult("seeds", "PASS", "measured 0 (tol 1)")
+
+    monkeypatch.setattr(check, "check_seeds", seeds)
+    before = backends.cuda.matmul.fp32_precision, backends.cudnn.fp32_precision
+    backends.cuda.matmul.fp32_precision = backends.cudnn.fp32_precision = "tf32"  # not the trials' numerics
+    try:
+        main(["check", "--use-gpu", "false"])
+    finally:
+        backends.cuda.matmul.fp32_precision, backends.cudnn.fp32_precision = before
+    capsys.readouterr()
+    assert seen == [(gpu.FP32_PRECISION, gpu.FP32_PRECISION)]
 
 
 CUDA = torch.device("cuda", 0)
@@ -172,6 +195,7 @@ def test_check_on_one_gpu_runs_two_ranks_sharing_it(fast_checks, monkeypatch, ca
     assert main(["check"]) == 1  # the fake accumulation FAIL, and run_plan's RuntimeError: not a refusal
     out, err = capsys.readouterr()
     assert "needs" not in err, err
+    assert f"GPU Fake GPU, {gpu.NUMERICS}" in out.splitlines()[0]  # the header says which numerics ran
     main_ddp = ddp_runs[0].configs["ddp"]
     assert (main_ddp.backend, main_ddp.gpus_per_worker, main_ddp.workers) == ("gloo", 0.5, 2)
     names = [plan.name for plan in variants]

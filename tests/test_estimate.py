@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from cifar_ray.core.estimate import (
 )
 from cifar_ray.core.sweep import build_plan
 from cifar_ray.core.text import rough_duration
+from cifar_ray.training import step_time
 from cifar_ray.training.step_time import time_step
 
 TINY = {"dataset": "synthetic", "train_subset": 256, "test_subset": 64, "train_eval_size": 32, "width": 4}
@@ -103,6 +105,36 @@ def test_a_step_is_timed_with_the_trials_threads_and_the_threads_are_given_back(
     timing = time_step(config)
     assert timing.step_s > 0 and timing.eval_image_s > 0 and timing.first_step_extra_s >= 0
     assert torch.get_num_threads() == before
+
+
+def test_a_gpu_step_is_timed_in_a_child_process_that_takes_its_cuda_context_along(monkeypatch):
+    """`--estimate` on a GPU kept a CUDA context (and what the timing cached) in the driver, which then starts Ray:
+    the step is timed in a spawned child process (a fake pool here records it; no GPU on this machine)."""
+    events = []
+
+    class Pool:  # a ProcessPoolExecutor that runs its one task here
+        def __init__(self, workers, mp_context):
+            events.append(("start", workers, mp_context.get_start_method()))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *error):
+            events.append("child gone")
+
+        def submit(self, fn, cfg):
+            events.append(("timed", cfg.use_gpu))
+            done = Future()
+            done.set_result(fn(cfg))
+            return done
+
+    measured = StepTime(step_s=0.01, eval_image_s=1e-4, first_step_extra_s=0.5)
+    monkeypatch.setattr(step_time, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(step_time, "timed_step", lambda cfg: measured)
+    assert step_time.time_step(parse_config(TINY | {"use_gpu": "true", "backend": "nccl"})) == measured
+    assert events == [("start", 1, "spawn"), ("timed", "true"), "child gone"]
+    events.clear()
+    assert step_time.time_step(parse_config(TINY | {"use_gpu": "false"})) == measured and events == []  # CPU: here
 
 
 def two_cpus(monkeypatch) -> None:

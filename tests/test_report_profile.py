@@ -48,6 +48,7 @@ def test_the_top_operators_of_each_profiled_trial_per_step(tmp_path):
     tables = [block for block in blocks if isinstance(block, Table)]
     assert [table.name for table in tables] == [f"profile-{trial_name(0)}", f"profile-{trial_name(3)}"]
     assert tables[0].rows[0] == ("1", "`aten::op0`", "2.00", "250.0", "50 %")
+    assert tables[0].headers[-1] == "share of all CPU self time"  # which time a share is of
     assert runlog.PROFILE_TRACE_FILE in to_markdown(blocks)
 
 

@@ -83,3 +83,13 @@ def test_a_run_without_mfu_gets_no_section(tmp_path):
     write_sweep(run_dir, [trial_name(0)], grid={"batch_size": [64]}, name="old")
     write_trial(run_dir, 0, {"batch_size": 64, "workers": 1}, "finished", factorial_epochs(0.7, 0.9, 12.0), gpus=False)
     assert roofline.roofline_blocks(build_report(run_dir)) == []
+
+
+def test_an_estimated_allreduce_wait_counts_as_communication():
+    """DDP on CUDA logs the all-reduce wait as an estimate (time_allreduce_estimate_s): it bounds as a measured one."""
+    times = {"time_compute_s": 2.0, "time_data_s": 1.0, "time_optimizer_s": 1.0, "time_allreduce_estimate_s": 4.0}
+    estimated = roofline.bound(times, 0.3)
+    assert estimated.phase == "communication" and estimated.shares["communication"] == 0.5
+    assert estimated.batch_gain == pytest.approx(1 / (1 - 5 / 8))  # the optimizer step and the all-reduce per step
+    measured = roofline.bound({**times, "time_allreduce_s": 4.0, "time_allreduce_estimate_s": float("nan")}, 0.3)
+    assert measured == estimated

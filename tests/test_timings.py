@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers import two_gloo_ranks
 from torch import nn
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
@@ -21,8 +23,14 @@ from cifar_ray.report import build_report
 from cifar_ray.training import comm
 from cifar_ray.training import loop as train
 from cifar_ray.training.distributed import Worker
-from cifar_ray.training.profile import ACTIVE_STEPS, PROFILER_WARMUP_STEPS, SKIPPED_STEPS, profile_schedule
-from cifar_ray.training.timing import allreduce_wait, reduce_time_breakdown
+from cifar_ray.training.profile import (
+    ACTIVE_STEPS,
+    PROFILER_WARMUP_STEPS,
+    SKIPPED_STEPS,
+    operator_summary,
+    profile_schedule,
+)
+from cifar_ray.training.timing import allreduce_wait, reduce_time_breakdown, sample_allreduce_every_epoch
 
 DELAY_S = 0.3  # rank 1's pause before each backward of the first epoch
 STEPS = 3
@@ -155,6 +163,53 @@ def test_profile_schedule_records_at_least_one_step_of_a_short_epoch():
     assert profile_schedule(2) == (1, 0, 1) and profile_schedule(1) == (0, 0, 1)
 
 
+def _cuda_step(step: int) -> list[FunctionEvent]:
+    """One profiled CUDA step as torch 2.14's kineto parser hands it to key_averages(): the `ProfilerStep#N`
+    annotation (on the CPU and mirrored on the GPU), a CPU op with its launch (the kernel's time appended to the
+    launch, as _parse_kineto_results links them by correlation id) and the kernel itself as a device event."""
+    at = 1000 * step
+
+    def event(name, start, end, device_type=DeviceType.CPU, annotation=False):
+        return FunctionEvent(
+            id=at + start, name=name, thread=1, start_us=at + start, end_us=at + end, use_device="cuda",
+            device_type=device_type, is_user_annotation=annotation, stack=[],
+        )  # fmt: skip
+
+    step_cpu = event(f"ProfilerStep#{step}", 0, 500, annotation=True)
+    op, launch = event("aten::mm", 10, 60), event("cudaLaunchKernel", 20, 30)
+    kernel = event("sm90_xmma_gemm", 100, 400, DeviceType.CUDA)  # 300 us on the GPU
+    copy = event("Memcpy HtoD (Pageable -> Device)", 400, 450, DeviceType.CUDA)  # 50 us
+    step_gpu = event(f"ProfilerStep#{step}", 100, 450, DeviceType.CUDA, annotation=True)
+    launch.append_kernel(kernel.name, 0, 300)
+    return [step_cpu, op, launch, kernel, copy, step_gpu]
+
+
+def _averages(use_device: str | None) -> EventList:
+    events = EventList([event for step in (1, 2) for event in _cuda_step(step)], use_device=use_device)
+    events._build_tree()  # what torch.profiler's own parsing does before key_averages
+    return events.key_averages()
+
+
+def test_a_cuda_profile_counts_each_kernel_once_and_no_profiler_step():
+    averages = _averages("cuda")
+    summary = operator_summary(averages, torch.device("cuda", 0), 1, (2, 1, 2))
+    assert summary["time"] == "GPU time of the CUDA kernels"
+    assert summary["self_s_all"] == pytest.approx(2 * 350e-6)  # the kernel and the copy of 2 steps, once each
+    top = [(operator["name"], operator["calls"], operator["self_s"]) for operator in summary["operators"]]
+    assert top == [("sm90_xmma_gemm", 2, pytest.approx(600e-6)), ("Memcpy HtoD (Pageable -> Device)", 2, 100e-6)]
+
+
+def test_a_cpu_profile_counts_the_operators_not_the_profiler_steps_around_them():
+    averages = _averages(None)
+    summary = operator_summary(averages, torch.device("cpu"), 1, (2, 1, 2))
+    assert summary["time"] == "CPU self time of the operators"
+    names = [operator["name"] for operator in summary["operators"]]
+    assert names == ["aten::mm", "cudaLaunchKernel"]  # no ProfilerStep#N, no device event
+    assert summary["self_s_all"] == pytest.approx(
+        2 * 50e-6
+    )  # the op's 50 us of CPU time per step, its own and its launch's
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_path, capsys):
@@ -176,13 +231,27 @@ def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_pa
 
 
 def test_where_the_wait_cannot_be_measured_it_is_logged_as_an_estimate():
-    """DDP on CUDA (no CommTimer): DDP's running average, under a key that says it is an estimate."""
+    """DDP on CUDA (no CommTimer): DDP's own timing of a steady-state step, under a key that says it is an
+    estimate; not its running average, which DDP takes over the warm-up's first ten steps, then one in 100."""
 
     class CudaDdp(nn.Module):  # what allreduce_wait reads of a DDP model whose hook is not timed
-        def _get_ddp_logging_data(self) -> dict:
-            return {"avg_backward_comm_time": 5e6, "avg_backward_compute_comm_overlap_time": 3e6}  # ns
+        rates = []
 
-    assert allreduce_wait(CudaDdp(), 10) == (pytest.approx(0.02), False)
+        def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+            self.rates.append(rate)
+
+        def _get_ddp_logging_data(self) -> dict:  # ns; the averages hold the warm-up's slow first steps
+            return {
+                "avg_backward_comm_time": 9e6,
+                "avg_backward_compute_comm_overlap_time": 3e6,
+                "backward_comm_time": 5e6,  # the last step it sampled
+                "backward_compute_comm_overlap_time": 3e6,
+            }
+
+    ddp = CudaDdp()
+    sample_allreduce_every_epoch(ddp, 30)
+    assert ddp.rates == [15]  # a step sampled every 15: two in each epoch of 30 steps
+    assert allreduce_wait(ddp, 10) == (pytest.approx(0.02), False)
     assert allreduce_wait(nn.Linear(2, 2), 10) == (0.0, True)  # no DDP: nothing to wait for
     phases = {"data": 0.1, "forward_backward": 1.0, "optimizer": 0.2}
     estimated = reduce_time_breakdown(phases, 0.02, 0.3, 1, torch.device("cpu"), measured=False)

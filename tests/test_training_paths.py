@@ -312,6 +312,23 @@ def test_an_epoch_makes_no_host_sync_on_cuda():
         torch.cuda.set_sync_debug_mode("default")
 
 
+def test_the_epochs_indices_reach_a_gpu_without_a_host_sync(monkeypatch):
+    """test_an_epoch_makes_no_host_sync_on_cuda failed on a GPU: iterate_train copied the epoch's indices from
+    pageable memory, which the host waits for. They go from pinned memory, non-blocking (fakes stand in for CUDA)."""
+    copies = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: copies.append("pinned") or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: copies.append((args, kwargs)) or self)
+    cuda = torch.device("cuda", 0)
+    data.to_device(torch.arange(4), cuda)
+    assert copies == ["pinned", ((cuda,), {"non_blocking": True})]
+    monkeypatch.undo()
+    moved = []
+    monkeypatch.setattr(data, "to_device", lambda tensor, device: moved.append(device) or tensor.to(device))
+    cfg = make_config(batch_size=32)
+    assert len(list(data.iterate_train(data.synthetic_cifar(64, 1), cfg, 1, 0, 1))) == 2
+    assert moved == [torch.device("cpu")]  # the epoch's indices, once
+
+
 # --- checkpoints are data, never code
 
 
@@ -346,3 +363,22 @@ def test_a_real_checkpoint_loads_with_weights_only(tmp_path):
     other = build_model(other_cfg)
     assert load_checkpoint(tmp_path, train.build_training(other_cfg, other, 4, cpu, 1), cpu) == 3
     assert torch.equal(_flat(other), _flat(model)) and torch.equal(torch.rand(3), expected)
+
+
+def test_a_checkpoint_resumed_on_other_hardware_keeps_the_optimizers_fused_kernels(tmp_path, monkeypatch):
+    """A checkpoint of a CPU run (no fused kernels) resumed where build_optimizer chose fused=True (CUDA): the
+    optimizer keeps running fused. Fused Adam runs on CPU too, which stands in for CUDA here."""
+    cfg = make_config(optimizer="adam", lr=1e-3, batch_size=32)  # 2 steps an epoch of 64 images
+    cpu = torch.device("cpu")
+    saved = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
+    train.train_epoch(saved, data.iterate_train(data.synthetic_cifar(64, 1), cfg, 1, 0, 1), cfg, cpu)
+    save_checkpoint(tmp_path, 1, saved)
+    assert not saved.optimizer.param_groups[0]["fused"]
+    monkeypatch.setattr(train, "build_optimizer", lambda params, cfg: torch.optim.Adam(params, lr=cfg.lr, fused=True))
+    resumed = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
+    load_checkpoint(tmp_path, resumed, cpu)
+    assert all(group["fused"] for group in resumed.optimizer.param_groups)
+    assert resumed.optimizer.param_groups[0]["lr"] == saved.optimizer.param_groups[0]["lr"]  # the rest: saved
+    steps = [state["step"] for state in resumed.optimizer.state.values()]
+    assert steps and all(step.dtype == torch.float32 and step.item() == 2 for step in steps)  # as fused kernels take it
+    train.train_epoch(resumed, data.iterate_train(data.synthetic_cifar(64, 1), cfg, 2, 0, 1), cfg, cpu)

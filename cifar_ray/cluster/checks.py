@@ -16,7 +16,7 @@ import torch
 from ..core.config import TrainConfig
 from ..core.errors import ConfigError
 from ..core.storage import StoragePath
-from ..training import checks
+from ..training import checks, gpu
 from ..training.check_runs import (
     CheckResult,
     Plan,
@@ -235,9 +235,11 @@ def run_checks(
     owns_ray = init_ray(address=address, verbose=verbose)
     try:
         check_capacity(cluster_capacity(), "the Ray cluster")
-        gpu = f", GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+        # The references here run with the trials' CUDA numerics, as the DDP check's workers do (select_devices).
+        gpu.set_cuda_numerics()
+        on_gpu = f", GPU {torch.cuda.get_device_name(device)}, {gpu.NUMERICS}" if device.type == "cuda" else ""
         print_line(
-            f"cifar-ray check on {device.type} ({os.cpu_count()} CPU cores{gpu}), torch {torch.__version__}; "
+            f"cifar-ray check on {device.type} ({os.cpu_count()} CPU cores{on_gpu}), torch {torch.__version__}; "
             f"exactness checks in float64; update rel diff = |theta_a - theta_b| / |theta_b - theta_0|"
         )
         results: list[CheckResult] = []

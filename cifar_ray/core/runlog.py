@@ -79,9 +79,8 @@ EPOCH_METRICS = {
     ALLREDUCE_KEY: "step-time breakdown: gradient communication backward did not overlap with computing gradients, "
     "measured in the epoch (time in DDP's comm hook plus the wait for its last all-reduce; 0 without DDP) (s, mean "
     "over ranks); absent where only estimated (DDP on CUDA)",
-    ALLREDUCE_ESTIMATE_KEY: "DDP on CUDA, in place of time_allreduce_s: an estimate of it, DDP's running average since "
-    "the trial's start over the steps torch samples (1-10, then every 100th) times the epoch's steps (s, mean over "
-    "ranks)",
+    ALLREDUCE_ESTIMATE_KEY: "DDP on CUDA, in place of time_allreduce_s: an estimate of it, DDP's own timing of the "
+    "epoch's last sampled step (two sampled per epoch) times the epoch's steps (s, mean over ranks)",
     "time_optimizer_s": "step-time breakdown: the optimizer step (s, mean over ranks)",
     "time_eval_s": "step-time breakdown: the test set and the train_eval pass (s, mean over ranks)",
     "train_samples": "images trained in the epoch over all workers: steps x effective batch",
@@ -89,10 +88,10 @@ EPOCH_METRICS = {
     "flops_per_s": "model FLOP/s of training over all workers: the model's forward + backward FLOPs per image "
     "(torch.utils.flop_counter, counted once per trial) x train_samples / train_time_s",
     "mfu": "model FLOPs utilisation, 0-1: flops_per_s / peak_flops_per_s",
-    "peak_flops_per_s": "the trial's devices' peak FLOP/s at its dtype, summed over workers (peak_source says how "
-    "it was found)",
-    "peak_source": "how one device's peak was found: a GEMM probe on each worker (size, dtype, threads), once per "
-    "worker process",
+    "peak_flops_per_s": "the trial's devices' peak FLOP/s at its dtype, summed over workers, each GPU once "
+    "(peak_source says how it was found)",
+    "peak_source": "how one device's peak was found: the faster of a GEMM and a convolution probe on each worker "
+    "(which, shape, dtype, threads), once per worker process",
     "peak_mem_mb": "the largest peak memory of one worker process (RSS), or on GPUs of one GPU (torch's "
     "allocations, without the CUDA context) (MB)",
     "peak_mem_total_mb": "peak memory summed over every worker (and every GPU of a dp worker) (MB)",

@@ -55,17 +55,24 @@ def profile_blocks(report: Report) -> list[Block]:
     blocks: list[Block] = [
         Heading("Profile"),
         Paragraph(
-            f"Top operators by {first.get('time', 'self time')} over {first.get('steps')} step(s) of each trial's "
-            f"first epoch after {first.get('skipped_steps')} warm-up step(s) (`--profile`, rank 0). The full trace "
+            f"Top operators by self time over {first.get('steps')} step(s) of each trial's first epoch after "
+            f"{first.get('skipped_steps')} warm-up step(s) (`--profile`, rank 0): on a GPU the CUDA kernels' GPU time, "
+            "on a CPU the operators' CPU time, each counted once; each table's last column says which. The full trace "
             f"is `<trial>/{PROFILE_TRACE_FILE}`: open it in https://ui.perfetto.dev or TensorBoard's profiler."
         ),
     ]
     rows = profile_rows(report)
-    for trial in summaries:
+    for trial, summary in summaries.items():
         blocks += [
             Heading(f"`{trial}`", level=3),
             Table(
-                headers=("#", "operator", "calls/step", "self ms/step", "share of self time"),
+                headers=(
+                    "#",
+                    "operator",
+                    "calls/step",
+                    "self ms/step",
+                    f"share of all {summary.get('time', 'self time')}",
+                ),
                 rows=tuple(
                     (
                         str(row["rank"]),

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.runlog import ALLREDUCE_ESTIMATE_KEY
 from .build import Report
 from .document import Block, Figure, Heading, Paragraph, Table
 from .format import fmt_num, fmt_value
@@ -30,8 +31,9 @@ PHASES = {
     "time_data_s": "data",
     "time_optimizer_s": "optimizer",
     "time_allreduce_s": "communication",
+    ALLREDUCE_ESTIMATE_KEY: "communication",  # DDP on CUDA: estimated, in place of time_allreduce_s
 }
-PER_STEP = ("time_optimizer_s", "time_allreduce_s")  # the same cost per step whatever the batch
+PER_STEP = ("optimizer", "communication")  # the phases that cost the same per step whatever the batch
 PLOT_FILE = "roofline_mfu.png"
 
 
@@ -47,13 +49,16 @@ class Bound:
 
 def bound(times: pd.Series | dict, mfu: float) -> Bound | None:
     """The bound of one breakdown (a trial row's mean seconds per phase); None when it logged no training time."""
-    seconds = {name: float(times.get(key, math.nan)) for key, name in PHASES.items()}
-    seconds = {name: value for name, value in seconds.items() if not math.isnan(value)}
+    seconds: dict[str, float] = {}
+    for key, name in PHASES.items():
+        value = float(times.get(key, math.nan))
+        if not math.isnan(value):  # a trial logs the all-reduce measured or estimated, never both
+            seconds[name] = seconds.get(name, 0.0) + value
     total = sum(seconds.values())
     if not total > 0:
         return None
     shares = {name: value / total for name, value in seconds.items()}
-    per_step = sum(shares.get(PHASES[key], 0.0) for key in PER_STEP)
+    per_step = sum(shares.get(name, 0.0) for name in PER_STEP)
     return Bound(max(shares, key=shares.get), shares, mfu, 1 / (1 - per_step) if per_step < 1 else math.inf)
 
 
@@ -131,7 +136,7 @@ def finding(data: RooflineData, report: Report) -> str:
     row = data.largest_batch
     b = row["bound"] if row is not None else None
     if b is not None:
-        per_step = sum(b.shares.get(PHASES[key], 0.0) for key in PER_STEP)
+        per_step = sum(b.shares.get(name, 0.0) for name in PER_STEP)
         name = report.trial_label(row)
         text += (
             f" At the largest effective batch ({fmt_value(row['effective_batch'])}, `{name}`) the per-step costs "

@@ -352,6 +352,14 @@ def augment(images: torch.Tensor, kind: str, generator: torch.Generator) -> torc
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, labels)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on `device`. To a GPU from pinned memory and non-blocking: a copy from pageable memory makes
+    the host wait for it (a host sync each epoch, which torch.cuda's sync debug mode refuses)."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def iterate_train(
     train: Split,
     cfg: TrainConfig,
@@ -364,7 +372,7 @@ def iterate_train(
     out in `memory_format` (the model's: loop.MEMORY_FORMAT). Indices and augmentation draws live
     on the data's device, so the loop makes no host-to-device copy (and no host sync) per batch."""
     device = train.labels.device
-    indices = train_step_indices(len(train), cfg, epoch, rank, world).to(device)
+    indices = to_device(train_step_indices(len(train), cfg, epoch, rank, world), device)
     generator = torch.Generator(device=device).manual_seed((cfg.seed * 100_003 + epoch) * 1009 + rank)
     for step in indices:
         micro_batches = []

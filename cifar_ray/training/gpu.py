@@ -21,6 +21,7 @@ from ..core.errors import ConfigError
 
 FP32_PRECISION = "ieee"  # torch's fp32_precision for CUDA matmuls and cuDNN: no TF32
 CUDNN_BENCHMARK = True
+NUMERICS = "fp32 as IEEE fp32 (TF32 off), cuDNN autotuning on, as in the trials"  # for people: what a run had
 # bf16 tensor cores start with Ampere (compute capability 8.0): older GPUs emulate bf16 slowly or fail in cuDNN.
 BF16_MIN_CAPABILITY = (8, 0)
 

@@ -35,7 +35,7 @@ from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .profile import profiled_steps
 from .state import load_checkpoint, rng_state, save_checkpoint
-from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown
+from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown, sample_allreduce_every_epoch
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
@@ -119,6 +119,7 @@ def build_training(
     """The one setup around a built model, shared by the worker loop, `cifar-ray check` and `bench`.
     Afterwards the global RNG (dropout) runs rank `rank`'s own stream (rank_seed)."""
     wrapped = wrap_model(model, cfg, device, world, devices)
+    sample_allreduce_every_epoch(wrapped, steps_per_epoch)
     if cfg.compile:
         wrapped = torch.compile(wrapped)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
     optimizer = build_optimizer(wrapped.parameters(), cfg)
@@ -260,7 +261,7 @@ def run_trial(
         network = describe_network(raw_model, cfg, MEMORY_FORMAT)
         runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
-    flops_per_image, peak = training_flops_per_image(raw_model), trial_peak(cfg, devices, world)
+    flops_per_image, peak = training_flops_per_image(raw_model), trial_peak(cfg, devices)
     training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
     last_done = 0

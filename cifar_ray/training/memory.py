@@ -24,6 +24,15 @@ def reset_peak_memory(devices: list[torch.device]) -> None:
         reset_peak_rss()
 
 
+def release_probe_memory(device: torch.device) -> None:
+    """After a probe's tensors are freed (flops.py's, before a worker's first trial): hand their blocks in the CUDA
+    caching allocator back to the driver and start its peaks anew, so that no trial's peak_mem_reserved_mb counts
+    them. On CPU nothing to do: each epoch resets the RSS peak (reset_peak_memory)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def reset_peak_rss() -> None:
     """Linux: writing 5 to /proc/self/clear_refs resets the process's peak RSS (VmHWM) to its current RSS
     (proc(5)), so the peak is that of the epoch, not of the process's life (which would carry one trial's

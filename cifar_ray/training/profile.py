@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from torch.autograd import DeviceType
 
 from ..core import runlog
 from ..core.storage import StoragePath
@@ -31,12 +32,25 @@ def profile_schedule(steps: int) -> tuple[int, int, int]:
     return skipped, warmup, max(1, min(ACTIVE_STEPS, steps - skipped - warmup))
 
 
+def counted_events(averages, on_device: bool) -> list:
+    """The events of key_averages() whose self times add up to the recorded time once: on CUDA the device's own
+    events (kernels, copies, memsets; their self time is their run time), not the CPU ops that launched them (whose
+    self device time counts the same kernels again); on CPU the CPU ops. Either way no user annotation
+    (`ProfilerStep#N`, record_function ranges): an annotation encloses operators and counts their time again."""
+    return [
+        event
+        for event in averages
+        if (event.device_type != DeviceType.CPU) == on_device and not getattr(event, "is_user_annotation", False)
+    ]
+
+
 def operator_summary(averages, device: torch.device, epoch: int, schedule: tuple[int, int, int]) -> dict:
-    """runlog.PROFILE_FILE's content from the profiler's key_averages(): the top operators by self time (the
-    device's on CUDA, the CPU's elsewhere), each with its calls, self and total time in seconds."""
+    """runlog.PROFILE_FILE's content from the profiler's key_averages(): the top operators by self time (on CUDA
+    the device's kernels, elsewhere the CPU's operators: counted_events), each with its calls, self and total time
+    in seconds; `time` says which time it is, `self_s_all` is its sum over every counted event."""
     on_device = device.type == "cuda"
     sort_key = "self_device_time_total" if on_device else "self_cpu_time_total"
-    events = sorted(averages, key=lambda event: getattr(event, sort_key), reverse=True)
+    events = sorted(counted_events(averages, on_device), key=lambda event: getattr(event, sort_key), reverse=True)
     operators = []
     for event in events[:TOP_OPERATORS]:
         operator = {
@@ -51,7 +65,7 @@ def operator_summary(averages, device: torch.device, epoch: int, schedule: tuple
         "epoch": epoch,
         "skipped_steps": skipped + warmup,
         "steps": recorded,
-        "time": "device (CUDA) self time" if on_device else "CPU self time",
+        "time": "GPU time of the CUDA kernels" if on_device else "CPU self time of the operators",
         "self_s_all": sum(getattr(event, sort_key) for event in events) / 1e6,
         "operators": operators,
         "trace": runlog.PROFILE_TRACE_FILE,

@@ -80,6 +80,21 @@ def match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
                     state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
+# How an optimizer runs, not what it computes: set by build_optimizer for the device it runs on (fused on CUDA).
+IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def with_built_implementation(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """`saved` (an optimizer's state_dict) with each param group's IMPLEMENTATION_KEYS as `optimizer` was built:
+    load_state_dict takes every group setting from the checkpoint, so a CPU checkpoint resumed on CUDA turned
+    fused=True off. Set before loading, so that torch places each state's `step` as the fused kernels need."""
+    groups = [
+        saved_group | {key: group[key] for key in IMPLEMENTATION_KEYS if key in group}
+        for saved_group, group in zip(saved["param_groups"], optimizer.param_groups)
+    ]
+    return saved | {"param_groups": groups}
+
+
 def load_checkpoint(
     folder: Path,
     training: Training,
@@ -104,7 +119,7 @@ def load_checkpoint(
             f"and plain data ({first})"
         ) from None
     training.raw_model.load_state_dict(state["model"])
-    training.optimizer.load_state_dict(state["optimizer"])
+    training.optimizer.load_state_dict(with_built_implementation(state["optimizer"], training.optimizer))
     match_parameter_layouts(training.optimizer)
     training.scheduler.load_state_dict(state["scheduler"])
     training.scaler.load_state_dict(state["scaler"])

@@ -4,8 +4,10 @@ data.iterate_train, loop.evaluate) on synthetic images of the trial's per-worker
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -33,6 +35,15 @@ def _synchronised_seconds(started: float, totals: torch.Tensor) -> float:
 
 
 def time_step(cfg: TrainConfig) -> StepTime:
+    """timed_step's measurement of `cfg`'s step. On a GPU in a child process: the CUDA context and the memory the
+    timing held end with it, so the driver (which then starts Ray, whose workers want the GPU) keeps no device."""
+    if estimate_device(cfg).type != "cuda":
+        return timed_step(cfg)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:  # no fork after CUDA
+        return child.submit(timed_step, cfg).result()
+
+
+def timed_step(cfg: TrainConfig) -> StepTime:
     """One warm-up step, then timed ones (their median), then one evaluation pass of up to EVAL_BATCH images after
     a warm-up pass: rank 0's share of the trial's batch, `cfg.cpus_per_worker` threads."""
     device = estimate_device(cfg)

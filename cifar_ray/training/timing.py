@@ -124,11 +124,25 @@ def comm_timer(model: nn.Module) -> CommTimer | None:
     return model.__dict__.get(_TIMER_ATTRIBUTE)
 
 
+# DDP on CUDA: the sampled steps per epoch. DDP times its first ten iterations, then one in 100 by default, so the
+# estimate of a short trial came from warm-up steps only (bucket rebuild, cuDNN autotuning). A sampled step waits
+# for its CUDA timing events once (a host sync), so a few per epoch, not every step.
+ALLREDUCE_SAMPLES_PER_EPOCH = 2
+
+
+def sample_allreduce_every_epoch(model: nn.Module, steps_per_epoch: int) -> None:
+    """Where the all-reduce wait is estimated (DDP without a CommTimer: on CUDA), make DDP time a step every
+    steps_per_epoch / ALLREDUCE_SAMPLES_PER_EPOCH, so that every epoch holds steady-state samples."""
+    if comm_timer(model) is None and hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
+        model._set_ddp_runtime_logging_sample_rate(max(1, steps_per_epoch // ALLREDUCE_SAMPLES_PER_EPOCH))
+
+
 def allreduce_wait(model: nn.Module, steps: int) -> tuple[float, bool]:
     """(seconds, measured): what backward waited on the gradient all-reduce in this epoch's `steps` synchronised
     steps. Measured by the model's CommTimer (DDP on CPU; 0.0 without DDP: nothing to wait for); else (DDP on
-    CUDA) estimated from DDP's runtime statistics, a running average since the DDP was built over the iterations
-    torch samples (the first ten, then every 100th) times `steps` (a private API: 0.0 when absent)."""
+    CUDA) estimated from DDP's runtime statistics: the wait of the last step it sampled (this epoch's, after
+    sample_allreduce_every_epoch; not its running average, which holds the warm-up) times `steps` (a private
+    API: 0.0 when absent)."""
     timer = comm_timer(model)
     if timer is not None:
         return timer.take_seconds(), True
@@ -137,7 +151,7 @@ def allreduce_wait(model: nn.Module, steps: int) -> tuple[float, bool]:
         return 0.0, True
     try:
         stats = ddp_stats()
-        per_step = max(0.0, stats["avg_backward_comm_time"] - stats["avg_backward_compute_comm_overlap_time"]) / 1e9
+        per_step = max(0.0, stats["backward_comm_time"] - stats["backward_compute_comm_overlap_time"]) / 1e9
     except (KeyError, RuntimeError, TypeError):
         per_step = 0.0
     return per_step * steps, False
