@@ -24,7 +24,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .core import runlog
+from .core import lease, runlog
 from .core.errors import ConfigError, UsageError
 from .core.storage import StoragePath
 
@@ -149,39 +149,43 @@ def execute_plan(
 
     check_max_concurrent(max_concurrent)
     run_dir = StoragePath.of(storage) / plan.name
+    # A live driver first: the refusals below would advise --resume on a run that another driver is training.
+    refusal = lease.live_driver_refusal(run_dir)
+    if refusal:
+        raise lease.RunInUseError(refusal)
     if resume:
         refusal = orchestrate.resume_refusal(plan, run_dir)
     else:
         refusal = runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
     if refusal:
         raise ConfigError(refusal)
+    with lease.hold(run_dir, print_line):  # before anything is written; run_plan holds it again, re-entrantly
+        if session.cluster_address(address) is None:
+            check_local_gpus(plan)  # a refusal before the data download writes anything
+            ensure_local_data(plan)
+        estimate_s = None
+        if estimate:
+            from .cluster.estimate import estimate_plan
 
-    if session.cluster_address(address) is None:
-        check_local_gpus(plan)  # a refusal before the data download writes anything
-        ensure_local_data(plan)
-    estimate_s = None
-    if estimate:
-        from .cluster.estimate import estimate_plan
+            estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
+        owns_ray = session.init_ray(address=address, verbose=verbose)
+        try:
+            return orchestrate.run_plan(
+                plan,
+                storage=storage,
+                max_concurrent=max_concurrent,
+                resume=resume,
+                warm=not isolate,
+                command=command,
+                estimate_s=estimate_s,
+                profile=profile,
+                print_line=print_line,
+            )
+        finally:
+            if owns_ray:
+                import ray
 
-        estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
-    owns_ray = session.init_ray(address=address, verbose=verbose)
-    try:
-        return orchestrate.run_plan(
-            plan,
-            storage=storage,
-            max_concurrent=max_concurrent,
-            resume=resume,
-            warm=not isolate,
-            command=command,
-            estimate_s=estimate_s,
-            profile=profile,
-            print_line=print_line,
-        )
-    finally:
-        if owns_ray:
-            import ray
-
-            ray.shutdown()
+                ray.shutdown()
 
 
 def sweep(

@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 
 from cifar_ray.cli import main
-from cifar_ray.core import runlog, status
+from cifar_ray.core import lease, runlog, status
 from cifar_ray.core.errors import UserError
 
 START = 1_800_000_000.0  # the hand-written sweep's start (Unix time); each trial's times are seconds after it
+# The lease of a live driver: this test's process, its heartbeat after every time the tests ask about.
+LIVE_DRIVER = {"host": lease.this_host(), "pid": os.getpid(), "started_unix": START, "heartbeat_unix": START + 1e6}
+LIVE_DRIVER |= {"token": "test"}
 
 
 def write_run(
@@ -37,6 +40,8 @@ def write_run(
         runlog.write_json(run_dir / name / runlog.TRIAL_FILE, meta)
         for epoch, end in enumerate((epoch_ends or {}).get(name, []), 1):
             runlog.append_epoch(run_dir / name, {"epoch": epoch, "epoch_time_s": 1.0, "end_unix": START + end})
+    if any(meta.get("status") == "running" for meta in trials.values()):  # its driver lives throughout the test
+        runlog.write_json(run_dir / lease.LEASE_FILE, LIVE_DRIVER)
     return run_dir
 
 

@@ -31,6 +31,7 @@ diverged | oom.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shlex
@@ -43,6 +44,7 @@ from .errors import RunFolderError, StorageError
 from .storage import StoragePath, read_retrying
 
 Where = str | os.PathLike | StoragePath
+logger = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
@@ -194,9 +196,23 @@ def _write_epochs(trial_dir: Where, rows: list[dict]) -> None:
     (StoragePath.of(trial_dir) / EPOCHS_FILE).write_text("".join(json.dumps(_jsonable(row)) + "\n" for row in rows))
 
 
-def append_epoch(trial_dir: Where, metrics: dict) -> None:
-    """Rewrites the whole (small) file: object stores cannot append, and a rewrite is all or nothing."""
-    _write_epochs(trial_dir, read_epochs(trial_dir) + [metrics])
+def append_epoch(trial_dir: Where, metrics: dict) -> bool:
+    """Rewrites the whole (small) file: object stores cannot append, and a rewrite is all or nothing. An epoch at
+    or before the last one logged is skipped with a warning, and False returned: a second writer of the trial (two
+    drivers, a replayed report) never logs an epoch twice; a resumed trial truncates its log first
+    (truncate_epochs), so its redone epochs come after the last one kept."""
+    rows = read_epochs(trial_dir)
+    if rows and metrics["epoch"] <= rows[-1]["epoch"]:
+        logger.warning(
+            "%s: epoch %s not logged: %s already ends at epoch %s (a second writer of this trial?)",
+            trial_dir,
+            metrics["epoch"],
+            EPOCHS_FILE,
+            rows[-1]["epoch"],
+        )
+        return False
+    _write_epochs(trial_dir, rows + [metrics])
+    return True
 
 
 def truncate_epochs(trial_dir: Where, last_kept_epoch: int) -> None:
