@@ -3,6 +3,7 @@ read-back on storage without a conditional write; the refusal of a second driver
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -11,6 +12,7 @@ from faults import FaultyFiles, faulty_storage
 
 from cifar_ray.cli import main
 from cifar_ray.core import lease, runlog, status
+from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder
 from cifar_ray.core.errors import UserError
 from cifar_ray.core.storage import StoragePath
 
@@ -177,3 +179,93 @@ def test_status_says_when_the_driver_of_running_trials_is_gone(tmp_path):
     (run_dir / lease.LEASE_FILE).unlink()
     text = status.render(run_dir)
     assert "running: epoch 7 of 12" not in text and f"no driver holds {lease.LEASE_FILE}" in text
+
+
+def test_a_killed_driver_not_yet_waited_for_is_gone():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert lease.pid_alive(child.pid)
+        child.kill()
+        deadline = time.time() + 10
+        while lease.pid_alive(child.pid) and time.time() < deadline:  # a zombie until waited for
+            time.sleep(0.05)
+        assert not lease.pid_alive(child.pid)
+    finally:
+        child.wait()
+    assert not lease.pid_alive(child.pid)
+
+
+# ------------------------------------------------------------------------------- real Ray, real drivers
+
+TWO_TRIALS = (
+    "name: two\n"
+    "base: {dataset: synthetic, train_subset: 512, test_subset: 128, width: 4, depth: 2, epochs: 3, batch_size: 32,\n"
+    "       norm: none, workers: 1, keep_checkpoints: 3}\n"
+    "grid:\n  seed: [0, 1]\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_second_driver_is_refused_and_a_damaged_run_resumes_from_what_loads(tmp_path, capsys):
+    """A sweep's driver (a process of its own) trains; a second one, with and without --resume, is refused in one
+    line naming it, and no epoch is logged twice. Then the finished run is damaged: each trial's last metrics line
+    cut, and the second's newest loggable checkpoint cut in half. --resume retrains both from what loads."""
+    import subprocess
+    import sys
+
+    from helpers import wait_for
+
+    (tmp_path / "two.yaml").write_text(TWO_TRIALS)
+    storage = tmp_path / "runs"
+    run_dir = storage / "two"
+    argv = ["sweep", str(tmp_path / "two.yaml"), "--storage", str(storage)]
+    errors = tmp_path / "first.err"
+    with open(errors, "w") as err_file:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "cifar_ray.cli", *argv], stdout=subprocess.DEVNULL, stderr=err_file
+        )
+
+    def epoch_logged() -> bool:
+        return run_dir.exists() and any(runlog.read_epochs(run_dir / t) for t in runlog.trial_folders(run_dir))
+
+    try:
+        wait_for(epoch_logged, 300, "the first driver's first epoch", first)
+        for extra in ([], ["--resume"]):
+            assert main([*argv, *extra]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"in use by a live driver (host {lease.this_host()}, pid {first.pid}" in err
+            assert "--resume" not in err
+        assert first.wait(timeout=300) == 0, errors.read_text()
+    finally:
+        first.kill()
+        first.wait()
+    run = runlog.load_run(run_dir)
+    assert [t.status for t in run.trials] == ["finished", "finished"] and not (run_dir / lease.LEASE_FILE).exists()
+    for trial in run.trials:  # every epoch once: the refused drivers trained nothing
+        lines = (run_dir / trial.name / runlog.EPOCHS_FILE).read_text().splitlines()
+        assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
+    [session] = run.sweep["sessions"]
+    assert "end" not in session and session["wall_s"] > 0  # the live driver's session was not closed as killed
+
+    before = {t.name: t.epochs for t in run.trials}
+    for trial in run.trials:
+        log = run_dir / trial.name / runlog.EPOCHS_FILE
+        log.write_text(log.read_text()[:-20])  # epoch 3's line cut short: the trial is incomplete
+    second = run.trials[1].name
+    stored = run_dir / second / CHECKPOINTS / epoch_folder(2) / CHECKPOINT_FILE
+    stored.write_bytes(stored.read_bytes()[: stored.stat().st_size // 2])
+    assert [t.state for t in status.load_state(run_dir).trials] == ["incomplete", "incomplete"]
+    assert main([*argv, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"{second}  checkpoint epoch-0002 (" in out and "does not load: continues from epoch-0001" in out
+    run = runlog.load_run(run_dir)
+    assert [t.status for t in run.trials] == ["finished", "finished"]
+    assert [[row["epoch"] for row in t.epochs] for t in run.trials] == [[1, 2, 3], [1, 2, 3]]
+    first_name = run.trials[0].name
+    assert run.trials[0].epochs[:2] == before[first_name][:2]  # continued from epoch 2's checkpoint
+    assert run.trials[1].epochs[:1] == before[second][:1]  # from epoch 1's: epoch 2's was damaged
+    assert "does not load: continues from epoch-0001" in run.trials[1].meta["notes"][0]

@@ -88,14 +88,19 @@ def read_lease(run_dir: StoragePath) -> LeaseRecord | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process of this host has the id `pid` (one of another user counts: it exists)."""
+    """Whether a process of this host runs with the id `pid` (one of another user counts; a zombie, killed but not
+    yet waited for by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"  # the state follows the command's name
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): os.kill's answer
 
 
 def this_host() -> str:

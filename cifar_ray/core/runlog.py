@@ -21,7 +21,8 @@ that cannot be read or does not parse is read again, then raises StorageError na
 say which file they cannot read instead of showing its trial as pending, and no file is rewritten from a failed
 read (update_json, append_epoch, truncate_epochs). In metrics.jsonl a last line cut short (no newline, not JSON:
 its writer was killed mid-write on a store without atomic writes) is an epoch never logged and is skipped; any
-other line that is not an epoch's JSON is corruption and raises.
+other line that is not an epoch's JSON is corruption and raises. A finished trial that lost an epoch's line so
+is incomplete (`incomplete`): `--resume` trains it again.
 
 Epoch keys: EPOCH_METRICS below, each with what it measures (training.loop.epoch_record writes exactly these).
 Trial status: pending | running | interrupted (its sweep was stopped: --resume continues it) | finished | failed |
@@ -122,7 +123,14 @@ MODES = ("max", "min")
 DEFAULT_OBJECTIVE = ("test_acc", "max")  # (metric, mode) of a sweep file that names neither
 STATUSES = ("pending", "running", "interrupted", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
-TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again
+TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again, unless incomplete
+
+
+def incomplete(status: str, epochs_logged: int, planned: Any) -> bool:
+    """A trial marked finished with fewer epochs in metrics.jsonl than planned: an epoch's line was lost (a last
+    line cut short is skipped on reading). The report leaves it out, status says so, --resume trains it again from
+    its last checkpoint at or before its last logged epoch (training.state.resume_newest)."""
+    return status == "finished" and isinstance(planned, int) and epochs_logged < planned
 
 
 def now_iso() -> str:
@@ -243,6 +251,10 @@ class TrialLog:
     @property
     def config(self) -> dict:
         return self.meta.get("config", {})
+
+    @property
+    def incomplete(self) -> bool:
+        return incomplete(self.status, len(self.epochs), self.config.get("epochs"))
 
 
 @dataclass

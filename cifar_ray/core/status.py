@@ -40,9 +40,10 @@ from .text import rough_duration, text_table
 STALE_EPOCHS = 3
 STALE_MIN_S = 600.0
 ISO_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # runlog.now_iso's format (datetime.fromisoformat reads +0000 from 3.11 only)
-# The states a trial is counted in, in the order the totals name them: runlog.STATUSES, plus stalled.
-STATES = ("finished", "running", "stalled", "interrupted", "pending", "failed", "diverged", "oom")
-UNFINISHED = ("running", "stalled", "interrupted", "pending")
+# The states a trial is counted in, in the order the totals name them: runlog.STATUSES, plus stalled and incomplete
+# (marked finished with an epoch's line lost: runlog.incomplete).
+STATES = ("finished", "running", "stalled", "incomplete", "interrupted", "pending", "failed", "diverged", "oom")
+UNFINISHED = ("running", "stalled", "incomplete", "interrupted", "pending")
 
 
 @dataclass
@@ -165,6 +166,8 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
             idle = None if last is None else now - last
             gone = driver_gone is not None or ended is not None and ended > trial.meta.get("started_unix", 0)
             state = "stalled" if gone or _stale(idle, _epoch_wall([trial]) or epoch_wall) else "running"
+        elif trial.incomplete:
+            state = "incomplete"
         states.append(
             TrialState(
                 trial=trial.name,
@@ -246,6 +249,9 @@ def _state_text(trial: TrialState) -> str:
         since = "last epoch" if trial.epochs_done else "started"
         idle = "" if trial.idle_s is None else f", {since} {rough_duration(trial.idle_s)} ago"
         return f"running per trial.json, but stalled{idle}"
+    if trial.state == "incomplete":
+        missing = f"{trial.epochs_done} of {trial.epochs} epochs in {runlog.EPOCHS_FILE}"
+        return f"incomplete: finished per trial.json, but only {missing}; --resume trains it again"
     if trial.state in ("failed", "oom"):
         return f"{trial.state}: {trial.error or 'see ' + runlog.ERROR_FILE}"
     if trial.state == "diverged" and trial.diverged_epoch:

@@ -26,10 +26,11 @@ from ..core.runlog import (
     RunLog,
     TrialLog,
     Where,
+    incomplete,
     load_run,
 )
 from .format import fmt_value, same_value
-from .metrics import INCLUDED, INCOMPLETE
+from .metrics import INCOMPLETE
 from .stats import TRAIN_COLUMNS, Overfit, binomial_var, train_basis, trial_overfitting
 
 # The epochs frame's columns after `epoch`: runlog.EPOCH_METRICS in its order, less the epoch itself, the step-time
@@ -172,8 +173,7 @@ def trial_test_images(config: dict) -> int | None:
 
 def _outcome(status: str, epochs_done: int, planned: Any) -> str:
     """The status, or INCOMPLETE for a trial marked finished with fewer epochs logged than planned."""
-    short = status == INCLUDED and isinstance(planned, int) and epochs_done < planned
-    return INCOMPLETE if short else status
+    return INCOMPLETE if incomplete(status, epochs_done, planned) else status
 
 
 def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str], over: Overfit | None) -> dict:
