@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .core import lease, runlog
-from .core.errors import ConfigError, UsageError
+from .core.errors import ConfigError, RunInUseError, UsageError
 from .core.storage import StoragePath
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def execute_plan(
     # A live driver first: the refusals below would advise --resume on a run that another driver is training.
     refusal = lease.live_driver_refusal(run_dir)
     if refusal:
-        raise lease.RunInUseError(refusal)
+        raise RunInUseError(refusal)
     if resume:
         refusal = orchestrate.resume_refusal(plan, run_dir)
     else:

@@ -13,7 +13,7 @@ from faults import FaultyFiles, faulty_storage
 from cifar_ray.cli import main
 from cifar_ray.core import lease, runlog, status
 from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder
-from cifar_ray.core.errors import UserError
+from cifar_ray.core.errors import RunInUseError, UserError
 from cifar_ray.core.storage import StoragePath
 
 T0 = 1_800_000_000.0
@@ -38,7 +38,7 @@ def test_a_second_driver_is_refused_in_one_line_naming_the_live_one(tmp_path):
     record = lease.read_lease(run_dir)
     assert (record.host, record.pid, record.heartbeat_unix, record.token) == ("here", 101, T0, first.token)
     clock.now += 12
-    with pytest.raises(lease.RunInUseError) as refused:
+    with pytest.raises(RunInUseError) as refused:
         driver(run_dir, clock, 202, alive).acquire()
     message = str(refused.value)
     assert isinstance(refused.value, UserError) and "\n" not in message
@@ -47,7 +47,7 @@ def test_a_second_driver_is_refused_in_one_line_naming_the_live_one(tmp_path):
     assert "--resume" not in message and "--name NEW" in message
     assert lease.read_lease(run_dir).token == first.token  # the refused driver wrote nothing
     # another host's live driver: its pid means nothing here, its heartbeat holds
-    with pytest.raises(lease.RunInUseError):
+    with pytest.raises(RunInUseError):
         driver(run_dir, clock, 303, set(), host="elsewhere").acquire()
 
 
@@ -56,7 +56,7 @@ def test_a_lease_without_heartbeat_for_n_intervals_is_taken_over_and_the_old_dri
     first = driver(run_dir, clock, 101, alive, host="a")
     first.acquire()
     clock.now += lease.STALE_INTERVALS * lease.INTERVAL_S  # just not stale yet
-    with pytest.raises(lease.RunInUseError):
+    with pytest.raises(RunInUseError):
         driver(run_dir, clock, 202, alive, host="b").acquire()
     clock.now += 1
     second = driver(run_dir, clock, 202, alive, host="b")
@@ -114,7 +114,7 @@ def test_without_a_conditional_write_the_later_of_two_writers_holds_and_the_earl
     clock = Clock()
     first, second = driver(run_dir, clock, 101, {101, 202}), driver(run_dir, clock, 202, {101, 202})
     first.sleep = lambda seconds: second.file.write_bytes(second._ours(clock()))
-    with pytest.raises(lease.RunInUseError) as refused:
+    with pytest.raises(RunInUseError) as refused:
         first.acquire()
     assert "pid 202" in str(refused.value)
     assert lease.read_lease(run_dir).token == second.token
@@ -136,16 +136,21 @@ def live_lease(run_dir, pid: int | None = None) -> lease.LeaseRecord:
     return lease.read_lease(StoragePath.of(run_dir))
 
 
-@pytest.mark.parametrize("resume", [False, True])
-def test_a_second_sweep_on_a_live_run_is_refused_before_ray_starts_without_advising_resume(
-    tmp_path, capsys, monkeypatch, resume
-):
+@pytest.fixture
+def no_ray(monkeypatch) -> None:
+    """Starting Ray fails the test: a second driver is refused before."""
     from cifar_ray.cluster import session
 
     def init_ray(**options):
         raise AssertionError("Ray started")
 
     monkeypatch.setattr(session, "init_ray", init_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+@pytest.mark.usefixtures("no_ray")
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_second_sweep_on_a_live_run_is_refused_before_ray_starts_without_advising_resume(tmp_path, capsys, resume):
     sweep_file = tmp_path / "fake.yaml"
     sweep_file.write_text("name: fake\nbase: {dataset: synthetic}\ngrid: {seed: [0, 1]}\n")
     run_dir = tmp_path / "runs" / "fake"
@@ -160,6 +165,18 @@ def test_a_second_sweep_on_a_live_run_is_refused_before_ray_starts_without_advis
     assert err.count("\n") == 1 and f"pid {os.getpid()}" in err and "in use by a live driver" in err
     assert "--resume" not in err
     assert lease.read_lease(StoragePath.of(run_dir)) == held  # untouched
+
+
+@pytest.mark.usefixtures("no_ray")
+def test_a_train_into_a_folder_another_train_holds_is_refused_before_it_writes(tmp_path, capsys):
+    """The first `cifar-ray train` holds its folder's lease before it writes sweep.json: a second of the same
+    --name is refused by the lease alone, naming the first driver."""
+    held = live_lease(tmp_path / "runs" / "mine", pid=os.getppid())  # another live process of this host
+    argv = ["train", "--storage", str(tmp_path / "runs"), "--name", "mine", "--set", "dataset=synthetic"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"in use by a live driver (host {held.host}, pid {held.pid}, since" in err
+    assert os.listdir(tmp_path / "runs" / "mine") == [lease.LEASE_FILE]
 
 
 def test_status_says_when_the_driver_of_running_trials_is_gone(tmp_path):

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from .errors import StorageError, UserError
+from .errors import RunInUseError, StorageError
 from .storage import StoragePath, read_retrying
 from .text import rough_duration
 
@@ -43,10 +43,6 @@ STALE_INTERVALS = 6  # heartbeats missed before a lease is stale: 30 s
 SETTLE_S = 0.5  # between writing a lease without os.link and reading it back
 
 logger = logging.getLogger(__name__)
-
-
-class RunInUseError(UserError):
-    """A live driver holds the run folder's lease: a second driver would train the same trials."""
 
 
 @dataclass(frozen=True)

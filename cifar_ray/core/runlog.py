@@ -3,6 +3,7 @@
     RUN_DIR/                    one sweep (or one `cifar-ray train`), = <storage>/<name>,
                                 a local folder or a URI (storage.StoragePath)
       sweep.json                the sweep: name, description, grid, base, host, versions, git, times
+      driver.lease              while a driver runs the sweep: its host, pid and heartbeat (lease.py)
       provenance/session-N.*    what session N ran with: git changes, packages, GPU stack (provenance.py)
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
