@@ -138,7 +138,8 @@ def execute_plan(
 ) -> StoragePath:
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
     run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad
-    max_concurrent or storage, a folder that already holds a run (unless `resume`; `resumable`: whether the
+    max_concurrent or storage, a folder a live driver holds (RunInUseError; core/lease.py: the lease is held from
+    here to the end), a folder that already holds a run (unless `resume`; `resumable`: whether the
     refusal offers --resume), a resume of no run or of another sweep's, and on the embedded Ray amp=bf16 on an old
     GPU and CIFAR-10 that cannot be had.
     Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import socket
 import threading
 import time
@@ -124,9 +125,9 @@ def driver_gone(run_dir: StoragePath, now: float) -> str | None:
     return None if reason is None else f"its driver ({record.host}, pid {record.pid}) is gone: {reason}"
 
 
-def live_driver_refusal(run_dir: StoragePath, now: float | None = None) -> str | None:
+def live_driver_refusal(run_dir: StoragePath) -> str | None:
     """The one-line refusal of a second driver while a live one holds the run folder; None when none does."""
-    now = time.time() if now is None else now
+    now = time.time()
     record = read_lease(run_dir)
     if record is None or stale_reason(record, now) is not None:
         return None
@@ -136,7 +137,8 @@ def live_driver_refusal(run_dir: StoragePath, now: float | None = None) -> str |
 def _refusal(run_dir: StoragePath, record: LeaseRecord, now: float) -> str:
     return (
         f"{run_dir} is in use by a live driver ({record.describe(now)}): a second one would train the same trials; "
-        f"wait for it to end (`cifar-ray status {run_dir}` shows where it stands), stop it, or pass --name NEW"
+        f"wait for it to end (`cifar-ray status {shlex.quote(str(run_dir))}` shows where it stands), stop it, or pass "
+        "--name NEW"
     )
 
 
