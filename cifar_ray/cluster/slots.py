@@ -28,8 +28,10 @@ that raises, ends the slot's worker group; Ray Train starts a new one, whose ran
 from the Dispatcher and continues it from its last checkpoint, up to the trial's max_failures times; then the
 trial is failed (oom when memory ran out) and the slot goes on with the next. A slot whose Ray Train run gives
 up, or whose task dies with its node, hands its trial to a surviving slot of its shape while the trial has
-attempts left, else fails it. A diverged trial just ends: the slot goes on. `--resume` trains a failed or
-interrupted trial again from its last checkpoint.
+attempts left, else fails it. A diverged trial just ends: the slot goes on. `--resume` trains a failed,
+interrupted or incomplete trial again from its last checkpoint. A stored checkpoint that does not load is passed
+over for the one before (training.state.resume_newest; the trial's progress line says so); when none loads the
+trial fails at once, not retried.
 """
 
 from __future__ import annotations
