@@ -173,3 +173,18 @@ def test_a_checkpoint_after_the_last_logged_epoch_is_not_resumed_from(trial_dir,
     assert [row["epoch"] for row in runlog.read_epochs(trial_dir)] == [1, 2]
     cpu = torch.device("cpu")
     assert resume_newest(trial_dir, loop.build_training(cfg, build_model(cfg), 4, cpu, 1), cpu) == 2
+
+
+def test_resume_trains_again_a_finished_trial_that_lost_an_epochs_line_and_no_other_finished_one(tmp_path):
+    from cifar_ray.cluster.slots import plan_slots
+    from cifar_ray.core.sweep import build_plan
+
+    plan = build_plan({"name": "cut", "base": {"dataset": "synthetic", "epochs": 2}, "grid": {"seed": [0, 1, 2]}})
+    run_dir = StoragePath.of(tmp_path / "cut")
+    for trial, (status, logged) in zip(plan.trials, [("finished", 2), ("finished", 1), ("diverged", 1)]):
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": status})
+        for epoch in range(1, logged + 1):
+            runlog.append_epoch(run_dir / trial.name, {"epoch": epoch})
+    capacity = {"per_node": [{"CPU": 2.0, "memory": 8e9}]}
+    slot_plan = plan_slots(plan, run_dir, capacity, max_concurrent=None, one_trial=False)
+    assert [spec.name for spec in slot_plan.specs] == [plan.trials[1].name]  # incomplete: trained again
