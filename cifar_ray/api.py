@@ -24,8 +24,8 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .core import runlog
-from .core.errors import ConfigError, UsageError
+from .core import lease, runlog
+from .core.errors import ConfigError, RunInUseError, UsageError
 from .core.storage import StoragePath
 
 if TYPE_CHECKING:
@@ -138,7 +138,8 @@ def execute_plan(
 ) -> StoragePath:
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
     run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad
-    max_concurrent or storage, a folder that already holds a run (unless `resume`; `resumable`: whether the
+    max_concurrent or storage, a folder a live driver holds (RunInUseError; core/lease.py: the lease is held from
+    here to the end), a folder that already holds a run (unless `resume`; `resumable`: whether the
     refusal offers --resume), a resume of no run or of another sweep's, and on the embedded Ray amp=bf16 on an old
     GPU and CIFAR-10 that cannot be had.
     Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs
@@ -149,39 +150,43 @@ def execute_plan(
 
     check_max_concurrent(max_concurrent)
     run_dir = StoragePath.of(storage) / plan.name
+    # A live driver first: the refusals below would advise --resume on a run that another driver is training.
+    refusal = lease.live_driver_refusal(run_dir)
+    if refusal:
+        raise RunInUseError(refusal)
     if resume:
         refusal = orchestrate.resume_refusal(plan, run_dir)
     else:
         refusal = runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
     if refusal:
         raise ConfigError(refusal)
+    with lease.hold(run_dir, print_line):  # before anything is written; run_plan holds it again, re-entrantly
+        if session.cluster_address(address) is None:
+            check_local_gpus(plan)  # a refusal before the data download writes anything
+            ensure_local_data(plan)
+        estimate_s = None
+        if estimate:
+            from .cluster.estimate import estimate_plan
 
-    if session.cluster_address(address) is None:
-        check_local_gpus(plan)  # a refusal before the data download writes anything
-        ensure_local_data(plan)
-    estimate_s = None
-    if estimate:
-        from .cluster.estimate import estimate_plan
+            estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
+        owns_ray = session.init_ray(address=address, verbose=verbose)
+        try:
+            return orchestrate.run_plan(
+                plan,
+                storage=storage,
+                max_concurrent=max_concurrent,
+                resume=resume,
+                warm=not isolate,
+                command=command,
+                estimate_s=estimate_s,
+                profile=profile,
+                print_line=print_line,
+            )
+        finally:
+            if owns_ray:
+                import ray
 
-        estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
-    owns_ray = session.init_ray(address=address, verbose=verbose)
-    try:
-        return orchestrate.run_plan(
-            plan,
-            storage=storage,
-            max_concurrent=max_concurrent,
-            resume=resume,
-            warm=not isolate,
-            command=command,
-            estimate_s=estimate_s,
-            profile=profile,
-            print_line=print_line,
-        )
-    finally:
-        if owns_ray:
-            import ray
-
-            ray.shutdown()
+                ray.shutdown()
 
 
 def sweep(

@@ -1,5 +1,6 @@
 """A trial's checkpoints: the newest complete one is chosen, by number; a folder a killed writer left holding only
-a temp file is never chosen; the newest `keep` stay. On a disk and through a non-local filesystem alike."""
+a temp file is never chosen; the newest `keep` stay. On a disk and through a non-local filesystem alike. A stored
+checkpoint that does not load (cut in half) is passed over for the one before; the trial fails when none loads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 import pytest
 from faults import FaultyFiles, faulty_storage
 
-from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder, fetch_checkpoint, store_checkpoint
+from cifar_ray.core import runlog
+from cifar_ray.core.checkpoints import (
+    CHECKPOINT_FILE,
+    CHECKPOINTS,
+    complete_checkpoints,
+    epoch_folder,
+    fetch_checkpoint,
+    store_checkpoint,
+)
 from cifar_ray.core.storage import StoragePath
 
 
@@ -30,8 +39,8 @@ def saved(tmp_path: Path, epoch: int) -> Path:
 def fetched(trial_dir: StoragePath, tmp_path: Path) -> str | None:
     into = tmp_path / "fetched"
     into.mkdir(exist_ok=True)
-    folder = fetch_checkpoint(trial_dir, into)
-    return None if folder is None else (folder / CHECKPOINT_FILE).read_text()
+    epochs = complete_checkpoints(trial_dir)
+    return (fetch_checkpoint(trial_dir, into, epochs[0]) / CHECKPOINT_FILE).read_text() if epochs else None
 
 
 def cut_short(trial_dir: StoragePath, epoch: int) -> Path:
@@ -85,3 +94,97 @@ def test_a_checkpoint_that_cannot_be_read_for_a_while_is_read_again(tmp_path, mo
     store_checkpoint(trial_dir, saved(tmp_path, 1), 1, keep=2)
     handler.share, handler.burst = 1.0, 2  # the next read fails twice, then works
     assert fetched(trial_dir, tmp_path) == "state of epoch 1"
+
+
+def trained_checkpoints(trial_dir: StoragePath, tmp_path: Path, epochs: int):
+    """A tiny model's real checkpoints of epochs 1..`epochs` stored in the trial's folder, each epoch logged as
+    training logs it; returns (the config, the weights after each epoch)."""
+    import torch
+
+    from cifar_ray.training import loop
+    from cifar_ray.training.check_runs import make_config
+    from cifar_ray.training.models import build_model
+    from cifar_ray.training.state import save_checkpoint
+
+    cfg, weights = make_config(), {}
+    training = loop.build_training(cfg, build_model(cfg), 4, torch.device("cpu"), 1)
+    for epoch in range(1, epochs + 1):
+        with torch.no_grad():
+            for parameter in training.raw_model.parameters():
+                parameter.add_(0.01)
+        weights[epoch] = [p.detach().clone() for p in training.raw_model.parameters()]
+        folder = tmp_path / "scratch" / f"real-{epoch}"
+        folder.mkdir(parents=True)
+        save_checkpoint(folder, epoch, training)
+        runlog.append_epoch(trial_dir, {"epoch": epoch})
+        store_checkpoint(trial_dir, folder, epoch, keep=2)
+    return cfg, weights
+
+
+def cut_in_half(trial_dir: StoragePath, epoch: int) -> None:
+    stored = Path(trial_dir.path) / CHECKPOINTS / epoch_folder(epoch) / CHECKPOINT_FILE
+    data = stored.read_bytes()
+    stored.write_bytes(data[: len(data) // 2])
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loading_fails_the_trial(trial_dir, tmp_path):
+    import torch
+
+    from cifar_ray.training import loop
+    from cifar_ray.training.models import build_model
+    from cifar_ray.training.state import NoCheckpointLoads, resume_newest
+
+    cfg, weights = trained_checkpoints(trial_dir, tmp_path, 3)
+    cpu, notes = torch.device("cpu"), []
+
+    def fresh():
+        return loop.build_training(cfg, build_model(cfg), 4, cpu, 1)
+
+    training = fresh()
+    assert resume_newest(trial_dir, training, cpu, note=notes.append) == 3 and notes == []
+    cut_in_half(trial_dir, 3)
+    training = fresh()
+    assert resume_newest(trial_dir, training, cpu, note=notes.append) == 2
+    assert all(torch.equal(a, b) for a, b in zip(training.raw_model.parameters(), weights[2]))
+    [line] = notes
+    assert line.startswith("checkpoint epoch-0003 (RuntimeError: ") and line.endswith(
+        "does not load: continues from epoch-0002"
+    )
+    cut_in_half(trial_dir, 2)
+    with pytest.raises(NoCheckpointLoads) as failed:
+        resume_newest(trial_dir, fresh(), cpu, note=notes.append)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith("no checkpoint of t000 loads: epoch-0003 (RuntimeError: ")
+    assert "; epoch-0002 (RuntimeError: " in message and len(notes) == 1
+
+
+def test_a_checkpoint_after_the_last_logged_epoch_is_not_resumed_from(trial_dir, tmp_path):
+    """metrics.jsonl's last line cut (epoch 3 lost): the trial resumes from epoch 2's checkpoint and trains epoch 3
+    again, rather than from epoch 3's and never log it."""
+    import torch
+
+    from cifar_ray.training import loop
+    from cifar_ray.training.models import build_model
+    from cifar_ray.training.state import resume_newest
+
+    cfg, _ = trained_checkpoints(trial_dir, tmp_path, 3)
+    log = Path(trial_dir.path) / runlog.EPOCHS_FILE
+    log.write_text(log.read_text()[:-5])  # the last line cut short
+    assert [row["epoch"] for row in runlog.read_epochs(trial_dir)] == [1, 2]
+    cpu = torch.device("cpu")
+    assert resume_newest(trial_dir, loop.build_training(cfg, build_model(cfg), 4, cpu, 1), cpu) == 2
+
+
+def test_resume_trains_again_a_finished_trial_that_lost_an_epochs_line_and_no_other_finished_one(tmp_path):
+    from cifar_ray.cluster.slots import plan_slots
+    from cifar_ray.core.sweep import build_plan
+
+    plan = build_plan({"name": "cut", "base": {"dataset": "synthetic", "epochs": 2}, "grid": {"seed": [0, 1, 2]}})
+    run_dir = StoragePath.of(tmp_path / "cut")
+    for trial, (status, logged) in zip(plan.trials, [("finished", 2), ("finished", 1), ("diverged", 1)]):
+        runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": status})
+        for epoch in range(1, logged + 1):
+            runlog.append_epoch(run_dir / trial.name, {"epoch": epoch})
+    capacity = {"per_node": [{"CPU": 2.0, "memory": 8e9}]}
+    slot_plan = plan_slots(plan, run_dir, capacity, max_concurrent=None, one_trial=False)
+    assert [spec.name for spec in slot_plan.specs] == [plan.trials[1].name]  # incomplete: trained again

@@ -250,3 +250,19 @@ def test_the_more_seeds_command_drops_what_a_resume_refuses_or_replaces():
         "cifar-ray sweep s.yaml --set lr=0.1 --resume --repeats 5"
     )
     assert more_seeds_command(None, 4) == "cifar-ray sweep FILE --resume --repeats 4"
+
+
+def test_append_epoch_never_logs_an_epoch_twice_whoever_calls_it(tmp_path, caplog):
+    """Two writers of one trial (two drivers): the second copy of an epoch, or an earlier epoch, is skipped with a
+    warning; a resumed trial truncates first and then logs its redone epochs."""
+    for epoch in (1, 2):
+        assert runlog.append_epoch(tmp_path, {"epoch": epoch, "test_acc": 0.1 * epoch})
+    with caplog.at_level("WARNING", logger=runlog.__name__):
+        assert not runlog.append_epoch(tmp_path, {"epoch": 2, "test_acc": 0.9})
+        assert not runlog.append_epoch(tmp_path, {"epoch": 1, "test_acc": 0.9})
+    assert "epoch 2 not logged: metrics.jsonl already ends at epoch 2" in caplog.text
+    lines = (tmp_path / runlog.EPOCHS_FILE).read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [{"epoch": 1, "test_acc": 0.1}, {"epoch": 2, "test_acc": 0.2}]
+    runlog.truncate_epochs(tmp_path, 1)
+    assert runlog.append_epoch(tmp_path, {"epoch": 2, "test_acc": 0.3})
+    assert [row["test_acc"] for row in runlog.read_epochs(tmp_path)] == [0.1, 0.3]

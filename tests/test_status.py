@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 
 from cifar_ray.cli import main
-from cifar_ray.core import runlog, status
+from cifar_ray.core import lease, runlog, status
 from cifar_ray.core.errors import UserError
 
 START = 1_800_000_000.0  # the hand-written sweep's start (Unix time); each trial's times are seconds after it
+# The lease of a live driver: this test's process, its heartbeat after every time the tests ask about.
+LIVE_DRIVER = {"host": lease.this_host(), "pid": os.getpid(), "started_unix": START, "heartbeat_unix": START + 1e6}
+LIVE_DRIVER |= {"token": "test"}
 
 
 def write_run(
@@ -37,6 +40,8 @@ def write_run(
         runlog.write_json(run_dir / name / runlog.TRIAL_FILE, meta)
         for epoch, end in enumerate((epoch_ends or {}).get(name, []), 1):
             runlog.append_epoch(run_dir / name, {"epoch": epoch, "epoch_time_s": 1.0, "end_unix": START + end})
+    if any(meta.get("status") == "running" for meta in trials.values()):  # its driver lives throughout the test
+        runlog.write_json(run_dir / lease.LEASE_FILE, LIVE_DRIVER)
     return run_dir
 
 
@@ -88,6 +93,7 @@ def test_json_holds_the_same_per_trial_and_totals(mixed_run):
         "finished": 1,
         "running": 1,
         "stalled": 0,
+        "incomplete": 0,
         "interrupted": 0,
         "pending": 1,
         "failed": 1,
@@ -199,7 +205,7 @@ def test_running_trials_of_a_dead_driver_are_stalled_and_get_no_eta(tmp_path):
 def test_a_driver_killed_between_trials_gets_no_eta(tmp_path):
     run_dir = write_run(
         tmp_path / "between",
-        {"t0": {"status": "finished", "started": 0}, "t1": {"status": "pending"}},
+        {"t0": {"status": "finished", "started": 0, "epochs": 1}, "t1": {"status": "pending"}},
         epoch_ends={"t0": [100]},
     )
     assert status.load_state(run_dir, now=START + 110).eta == "ETA ~3 min"  # 100 s x 2 epochs
@@ -438,3 +444,19 @@ def test_bad_watch_options_are_one_line(mixed_run, capsys, argv, message):
     assert main(["status", str(mixed_run), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err, err
+
+
+def test_a_finished_trial_whose_last_metrics_line_was_cut_is_incomplete(tmp_path):
+    run_dir = write_run(
+        tmp_path / "cut",
+        {"t0": {"status": "finished", "started": 0, "epochs": 3}, "t1": {"status": "finished", "started": 0}},
+        sweep={"finished_at": "2027-01-15T08:00:00+0000"},
+        epoch_ends={"t0": [10, 20, 30], "t1": [10, 20]},
+    )
+    log = run_dir / "t0" / runlog.EPOCHS_FILE
+    log.write_text(log.read_text()[:-9])  # epoch 3's line cut short: read as never logged
+    state = status.load_state(run_dir, now=START + 40)
+    assert [t.state for t in state.trials] == ["incomplete", "finished"]
+    assert state.counts["incomplete"] == 1 and state.stopped
+    line = status.render(run_dir, now=START + 40).splitlines()[1]
+    assert "incomplete: finished per trial.json, but only 2 of 3 epochs in metrics.jsonl; --resume trains it" in line

@@ -17,7 +17,7 @@ from faults import FaultyFiles, faulty_storage
 from cifar_ray.cli import main
 from cifar_ray.core import runlog, storage
 from cifar_ray.core.checkpoints import CHECKPOINTS
-from cifar_ray.core.errors import StorageError
+from cifar_ray.core.errors import RunInUseError, StorageError
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.report import write_report
 
@@ -99,6 +99,25 @@ def test_run_log_round_trip_in_a_bucket(s3_root):
     assert [len(t.epochs) for t in run.trials] == [3, 2]
     with pytest.raises(FileNotFoundError):
         runlog.load_run(StoragePath.of(f"{prefix}/runs/missing{options}"))
+
+
+def test_a_driver_lease_in_a_bucket_is_written_read_back_refused_and_released(s3_root):
+    """S3 has no conditional write in pyarrow: the lease is written, read back after lease.SETTLE_S, and held."""
+    from cifar_ray.core import lease, status
+
+    prefix, options = make_bucket(s3_root, "lease")
+    run_dir = StoragePath.of(f"{prefix}/runs/r1{options}")
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "r1", "trials": ["a"]})
+    runlog.write_json(run_dir / "a" / runlog.TRIAL_FILE, {"status": "running", "config": {"epochs": 2}})
+    with lease.hold(run_dir) as held:
+        assert lease.read_lease(run_dir).token == held.token
+        refusal = lease.live_driver_refusal(run_dir)
+        assert f"pid {os.getpid()}" in refusal and "test-secret" not in refusal
+        with pytest.raises(RunInUseError):
+            lease.DriverLease(run_dir, pid=os.getpid() + 1).acquire()
+        assert status.load_state(run_dir).trials[0].state == "running"
+    assert lease.read_lease(run_dir) is None
+    assert status.load_state(run_dir).trials[0].state == "stalled"
 
 
 @pytest.mark.usefixtures("ray_cluster")

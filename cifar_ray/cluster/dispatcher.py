@@ -124,6 +124,13 @@ class Dispatcher:
             runlog.record_outcome(self.specs[trial].trial_dir)
         await self._tell(trial, {"epoch": metrics})
 
+    async def note(self, trial: str, line: str) -> None:
+        """Something the trial's log must say (a damaged checkpoint passed over): kept in trial.json's notes and
+        printed by the progress callback."""
+        notes = runlog.read_json(self.specs[trial].trial_file).get("notes") or []
+        runlog.update_json(self.specs[trial].trial_file, notes=[*notes, line])
+        await self._tell(trial, {"note": line})
+
     async def done(self, slot: str, trial: str) -> None:
         runlog.record_outcome(self.specs[trial].trial_dir)
         self.in_flight.pop(slot, None)

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..core import runlog, sysinfo
+from ..core import lease, runlog, sysinfo
 from ..core.errors import ConfigError
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, TrialSpec
@@ -148,7 +148,23 @@ def run_plan(
     resumed run keeps the choice it was started with. `command`: the shell command that runs this plan again,
     recorded in sweep.json (the CLI gives its own; None from Python). `estimate_s`: the wall time `sweep --estimate`
     expected, recorded in sweep.json and repeated in the header. `profile`: --profile, for the trials this session
-    trains."""
+    trains. The driver holds the run folder's lease throughout (core/lease.py): a second driver is refused."""
+    with lease.hold(StoragePath.of(storage) / plan.name, print_line):
+        return _run_held(plan, storage, max_concurrent, print_line, resume, warm, command, estimate_s, profile)
+
+
+def _run_held(
+    plan: SweepPlan,
+    storage: str | os.PathLike | StoragePath,
+    max_concurrent: int | None,
+    print_line: Callable[[str], None],
+    resume: bool,
+    warm: bool,
+    command: str | None,
+    estimate_s: float | None,
+    profile: bool,
+) -> StoragePath:
+    """run_plan, its lease held."""
     capacity = cluster_capacity()
     plan = resolve_plan(plan, capacity, print_line)
     check_fits(plan, capacity)

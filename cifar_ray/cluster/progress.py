@@ -17,7 +17,7 @@ from ..core.sweep import SweepPlan
 from ..core.text import rough_duration
 from .dispatcher import RunTrial, tune_run_trial
 from .placement import trials_at_once
-from .slots import STARTED
+from .slots import NOTE, STARTED
 
 
 def format_epoch(trial: str, result: dict, epochs: int) -> str:
@@ -151,6 +151,8 @@ def progress_callback():
             spec = tune_run_trial(trial.config)
             if STARTED in result:
                 print_progress(start_line(spec, int(result[STARTED])))
+            elif NOTE in result:
+                print_progress(f"{spec.name}  {result[NOTE]}")
             elif "epoch" in result:
                 print_progress(format_epoch(spec.name, result, spec.config.epochs))
                 if result["epoch"] == spec.config.epochs or result.get("diverged"):

@@ -28,8 +28,10 @@ that raises, ends the slot's worker group; Ray Train starts a new one, whose ran
 from the Dispatcher and continues it from its last checkpoint, up to the trial's max_failures times; then the
 trial is failed (oom when memory ran out) and the slot goes on with the next. A slot whose Ray Train run gives
 up, or whose task dies with its node, hands its trial to a surviving slot of its shape while the trial has
-attempts left, else fails it. A diverged trial just ends: the slot goes on. `--resume` trains a failed or
-interrupted trial again from its last checkpoint.
+attempts left, else fails it. A diverged trial just ends: the slot goes on. `--resume` trains a failed,
+interrupted or incomplete trial again from its last checkpoint. A stored checkpoint that does not load is passed
+over for the one before (training.state.resume_newest; the trial's progress line says so); when none loads the
+trial fails at once, not retried.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import tempfile
 import threading
 import time
 import traceback
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import runlog, sysinfo
-from ..core.checkpoints import fetch_checkpoint, store_checkpoint
+from ..core.checkpoints import store_checkpoint
 from ..core.config import TrainConfig
 from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
@@ -60,6 +61,7 @@ from .trainer import torch_trainer
 LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
 STARTED = "slot_started_after_epoch"  # the result a thin trial reports when its slot takes the trial
+NOTE = "trial_note"  # the result a thin trial reports for a line its trial's log must say (Dispatcher.note)
 
 
 # ------------------------------------------------------------------------------------- the slot
@@ -104,6 +106,7 @@ def slot_loop(loop_config: dict) -> None:
     from ..training.distributed import Worker, select_devices, worker_system
     from ..training.loop import run_trial
     from ..training.memory import GpuOutOfMemoryError, release_trial
+    from ..training.state import NoCheckpointLoads
 
     dispatcher, shape, slot = loop_config["dispatcher"], loop_config["shape"], loop_config["slot"]
     launched = loop_config["launched_unix"]  # a one-trial slot's: its trial's wall includes the slot's start
@@ -130,17 +133,20 @@ def slot_loop(loop_config: dict) -> None:
         def ready(timeline: dict, name: str = spec.name) -> None:
             ray.get(dispatcher.record.remote(name, {"timeline": timeline}))
 
+        def note(line: str, name: str = spec.name) -> None:  # a checkpoint passed over: the trial's log says so
+            if rank == 0:
+                ray.get(dispatcher.note.remote(name, line))
+
         report = epoch_reporter(dispatcher, spec.name, spec.trial_dir, cfg.keep_checkpoints, rank)
-        with tempfile.TemporaryDirectory() as scratch:
-            try:
-                resume_from = fetch_checkpoint(spec.trial_dir, Path(scratch))
-                run_trial(cfg, spec.trial_dir, worker, report, resume_from, taken, ready, spec.profile)
-            except Exception as error:
-                trace = "".join(traceback.format_exception(error)) if rank == 0 else None
-                final = isinstance(error, GpuOutOfMemoryError)  # it would run out again: not retried
-                failure = (spec.name, failure_status(error), error_line(error), trace, final)
-                ray.get(dispatcher.failed_attempt.remote(*failure))
-                raise  # Ray Train restarts the worker group (a rank may wait in a collective); rank 0 asks again
+        try:
+            run_trial(cfg, spec.trial_dir, worker, report, True, taken, ready, spec.profile, note)
+        except Exception as error:
+            trace = "".join(traceback.format_exception(error)) if rank == 0 else None
+            # Out of memory, it would run out again; with no checkpoint that loads, it would find the same files.
+            final = isinstance(error, (GpuOutOfMemoryError, NoCheckpointLoads))
+            failure = (spec.name, failure_status(error), error_line(error), trace, final)
+            ray.get(dispatcher.failed_attempt.remote(*failure))
+            raise  # Ray Train restarts the worker group (a rank may wait in a collective); rank 0 asks again
         if rank == 0:
             ray.get(dispatcher.done.remote(slot, spec.name))
         release_trial(worker.devices)  # a warm slot hands the trial's cached GPU memory back before the next
@@ -315,11 +321,7 @@ def plan_slots(
     its checkpoint). Warm: as many per shape as copies of it fit the cluster (with max_concurrent, at most that
     many in all at once). one_trial: a slot per trial, as many at once as copies of each shape fit (or
     max_concurrent), each shape's first ones first. `profile`: --profile, for every trial it trains."""
-    untrained = [
-        RunTrial.of(t, run_dir, profile)
-        for t in plan.trials
-        if runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE).get("status") not in runlog.TRAINED_STATUSES
-    ]
+    untrained = [RunTrial.of(t, run_dir, profile) for t in plan.trials if _to_train(run_dir / t.name)]
     by_shape: dict[str, list[RunTrial]] = collections.defaultdict(list)
     for spec in untrained:
         by_shape[spec.shape].append(spec)
@@ -337,6 +339,15 @@ def plan_slots(
     first_wave = sum(not beyond for (beyond, _), _ in placed)
     limit = max_concurrent or (first_wave if one_trial else None)
     return SlotPlan(plan.name, run_dir, untrained, slots, [launch for _, launch in placed], limit, one_trial)
+
+
+def _to_train(trial_dir: StoragePath) -> bool:
+    """Not trained to its end, or marked finished with an epoch's line lost (runlog.incomplete)."""
+    meta = runlog.read_json(trial_dir / runlog.TRIAL_FILE)
+    status, planned = meta.get("status"), (meta.get("config") or {}).get("epochs")
+    if status not in runlog.TRAINED_STATUSES:
+        return True
+    return runlog.incomplete(status, len(runlog.read_epochs(trial_dir)), planned)
 
 
 def new_slot_name() -> str:
@@ -370,6 +381,8 @@ def thin_trial(tune_config: dict) -> None:
                 # Tune's TensorBoard files step a result at its timesteps_total, else at Tune's count of reports
                 # (the start counts too): the epoch.
                 tune.report(event["epoch"] | {TIMESTEPS_TOTAL: event["epoch"]["epoch"]})
+            elif "note" in event:
+                tune.report({NOTE: event["note"]})
             elif "failed" in event:
                 raise TrialFailed(event["failed"])
             else:

@@ -6,7 +6,8 @@
 state.pt is written whole or not at all (StoragePath.write_bytes: a temp file renamed over it on a disk, one PUT
 in an object store), so a checkpoint is complete when its folder holds state.pt. A worker killed while writing
 leaves `epoch-N/` with a temp file only: it is never chosen, and it is removed once a later epoch is stored. The
-newest complete checkpoint, by number, is the one a restart or `--resume` continues from.
+newest complete checkpoint, by number, is the one a restart or `--resume` continues from; one that does not load
+(its file damaged after it was stored) is passed over for the one before (training.state.resume_newest).
 """
 
 from __future__ import annotations
@@ -49,15 +50,17 @@ def store_checkpoint(trial_dir: StoragePath, folder: Path, epoch: int, keep: int
         (checkpoints / name).delete_dir()
 
 
-def fetch_checkpoint(trial_dir: StoragePath, into: Path) -> Path | None:
-    """The trial's newest complete checkpoint as a state.load_checkpoint folder under `into`; None without one."""
-    checkpoints = trial_dir / CHECKPOINTS
-    complete = [name for _, name, whole in _epoch_folders(checkpoints) if whole]
-    if not complete:
-        return None
-    newest = checkpoints / complete[-1] / CHECKPOINT_FILE
-    state = read_retrying(newest, bytes, None)  # a read that fails for a while is read again, never given up at once
+def complete_checkpoints(trial_dir: StoragePath, upto: int | None = None) -> list[int]:
+    """The epochs of the trial's complete checkpoints, newest first; with `upto`, those at or before it only."""
+    epochs = [number for number, _, whole in _epoch_folders(trial_dir / CHECKPOINTS) if whole]
+    return [epoch for epoch in reversed(epochs) if upto is None or epoch <= upto]
+
+
+def fetch_checkpoint(trial_dir: StoragePath, into: Path, epoch: int) -> Path:
+    """The trial's checkpoint of `epoch` as a state.load_checkpoint folder: `into`."""
+    stored = trial_dir / CHECKPOINTS / epoch_folder(epoch) / CHECKPOINT_FILE
+    state = read_retrying(stored, bytes, None)  # a read that fails for a while is read again, never given up at once
     if state is None:
-        raise StorageError(f"cannot read {newest}: it was listed as the newest complete checkpoint, then was gone")
+        raise StorageError(f"cannot read {stored}: it was listed as a complete checkpoint, then was gone")
     (into / CHECKPOINT_FILE).write_bytes(state)
     return into

@@ -23,6 +23,10 @@ class RunFolderError(UserError, FileNotFoundError):
     """A folder or URI given as RUN_DIR holds no run (no sweep.json)."""
 
 
+class RunInUseError(UserError):
+    """A live driver holds the run folder's lease (core/lease.py): a second driver would train the same trials."""
+
+
 class UsageError(UserError):
     """A one-line usage error of the command line, printed as `PROG: error: MESSAGE`; `prog` names the
     (sub)command, None the command itself."""

@@ -3,6 +3,7 @@
     RUN_DIR/                    one sweep (or one `cifar-ray train`), = <storage>/<name>,
                                 a local folder or a URI (storage.StoragePath)
       sweep.json                the sweep: name, description, grid, base, host, versions, git, times
+      driver.lease              while a driver runs the sweep: its host, pid and heartbeat (lease.py)
       provenance/session-N.*    what session N ran with: git changes, packages, GPU stack (provenance.py)
       <trial>/trial.json        one trial: swept values, full config, status, error, system info
       <trial>/metrics.jsonl     one JSON object per finished epoch, appended by rank 0
@@ -22,7 +23,8 @@ that cannot be read or does not parse is read again, then raises StorageError na
 say which file they cannot read instead of showing its trial as pending, and no file is rewritten from a failed
 read (update_json, append_epoch, truncate_epochs). In metrics.jsonl a last line cut short (no newline, not JSON:
 its writer was killed mid-write on a store without atomic writes) is an epoch never logged and is skipped; any
-other line that is not an epoch's JSON is corruption and raises.
+other line that is not an epoch's JSON is corruption and raises. A finished trial that lost an epoch's line so
+is incomplete (`incomplete`): `--resume` trains it again.
 
 Epoch keys: EPOCH_METRICS below, each with what it measures (training.loop.epoch_record writes exactly these).
 Trial status: pending | running | interrupted (its sweep was stopped: --resume continues it) | finished | failed |
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import os
 import shlex
@@ -45,6 +48,7 @@ from .errors import RunFolderError, StorageError
 from .storage import StoragePath, read_retrying
 
 Where = str | os.PathLike | StoragePath
+logger = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
 TRIAL_FILE = "trial.json"
@@ -147,7 +151,14 @@ def time_per_epoch(epoch_times: list[float | None]) -> float:
 DEFAULT_OBJECTIVE = ("test_acc", "max")  # (metric, mode) of a sweep file that names neither
 STATUSES = ("pending", "running", "interrupted", "finished", "failed", "diverged", "oom")
 FINAL_STATUSES = ("finished", "failed", "diverged", "oom")
-TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again
+TRAINED_STATUSES = ("finished", "diverged")  # its training ran to its end: never trained again, unless incomplete
+
+
+def incomplete(status: str, epochs_logged: int, planned: Any) -> bool:
+    """A trial marked finished with fewer epochs in metrics.jsonl than planned: an epoch's line was lost (a last
+    line cut short is skipped on reading). The report leaves it out, status says so, --resume trains it again from
+    its last checkpoint at or before its last logged epoch (training.state.resume_newest)."""
+    return status == "finished" and isinstance(planned, int) and epochs_logged < planned
 
 
 def now_iso() -> str:
@@ -221,9 +232,23 @@ def _write_epochs(trial_dir: Where, rows: list[dict]) -> None:
     (StoragePath.of(trial_dir) / EPOCHS_FILE).write_text("".join(json.dumps(_jsonable(row)) + "\n" for row in rows))
 
 
-def append_epoch(trial_dir: Where, metrics: dict) -> None:
-    """Rewrites the whole (small) file: object stores cannot append, and a rewrite is all or nothing."""
-    _write_epochs(trial_dir, read_epochs(trial_dir) + [metrics])
+def append_epoch(trial_dir: Where, metrics: dict) -> bool:
+    """Rewrites the whole (small) file: object stores cannot append, and a rewrite is all or nothing. An epoch at
+    or before the last one logged is skipped with a warning, and False returned: a second writer of the trial (two
+    drivers, a replayed report) never logs an epoch twice; a resumed trial truncates its log first
+    (truncate_epochs), so its redone epochs come after the last one kept."""
+    rows = read_epochs(trial_dir)
+    if rows and metrics["epoch"] <= rows[-1]["epoch"]:
+        logger.warning(
+            "%s: epoch %s not logged: %s already ends at epoch %s (a second writer of this trial?)",
+            trial_dir,
+            metrics["epoch"],
+            EPOCHS_FILE,
+            rows[-1]["epoch"],
+        )
+        return False
+    _write_epochs(trial_dir, rows + [metrics])
+    return True
 
 
 def truncate_epochs(trial_dir: Where, last_kept_epoch: int) -> None:
@@ -291,6 +316,10 @@ class TrialLog:
     @property
     def config(self) -> dict:
         return self.meta.get("config", {})
+
+    @property
+    def incomplete(self) -> bool:
+        return incomplete(self.status, len(self.epochs), self.config.get("epochs"))
 
 
 @dataclass

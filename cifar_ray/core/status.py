@@ -16,9 +16,11 @@ cores), where for each shape
 A shape that has not started yet will also pay its slots' start-up, which the ETA does not foresee.
 
 A trial.json says "running" until its driver records the end; a driver that was killed never does. Such a trial
-is shown as stalled: the sweep recorded its end or an interruption after the trial started, or no epoch has
-ended for STALE_EPOCHS x its wall time per epoch (and at least STALE_MIN_S). A sweep with trials left but none
-running nor started for as long (its driver was killed between trials) gets no ETA either.
+is shown as stalled: its run folder has no live driver (core/lease.py: the driver's lease is absent, or stale: no
+heartbeat for 30 s, or its process on this host is gone), the sweep recorded its end or an interruption after the
+trial started, or no epoch has ended for STALE_EPOCHS x its wall time per epoch (and at least STALE_MIN_S). A
+sweep with trials left but none running nor started for as long (its driver was killed between trials) gets no ETA
+either.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from . import runlog
+from . import lease, runlog
 from .errors import RunFolderError
 from .shapes import TrialShape, trial_shape
 from .storage import StoragePath
@@ -38,9 +40,10 @@ from .text import rough_duration, text_table
 STALE_EPOCHS = 3
 STALE_MIN_S = 600.0
 ISO_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # runlog.now_iso's format (datetime.fromisoformat reads +0000 from 3.11 only)
-# The states a trial is counted in, in the order the totals name them: runlog.STATUSES, plus stalled.
-STATES = ("finished", "running", "stalled", "interrupted", "pending", "failed", "diverged", "oom")
-UNFINISHED = ("running", "stalled", "interrupted", "pending")
+# The states a trial is counted in, in the order the totals name them: runlog.STATUSES, plus stalled and incomplete
+# (marked finished with an epoch's line lost: runlog.incomplete).
+STATES = ("finished", "running", "stalled", "incomplete", "interrupted", "pending", "failed", "diverged", "oom")
+UNFINISHED = ("running", "stalled", "incomplete", "interrupted", "pending")
 
 
 @dataclass
@@ -78,6 +81,7 @@ class SweepState:
     eta_s: float | None  # None: nothing left, nothing progressing, or no epoch finished yet
     eta: str  # the ETA in words, or why there is none; "" when nothing is left
     stopped: bool  # trials are left but none progresses: the sweep's driver stopped (--resume continues it)
+    driver_gone: str | None = None  # why the run has no live driver (lease absent or stale), read while trials run
 
 
 def _unix(iso: str | None) -> float | None:
@@ -158,8 +162,9 @@ def _shape_eta(
     return ShapeEta(asdict(shape), wall, epochs_left, at_once, None if wall is None else wall * epochs_left / at_once)
 
 
-def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
-    """Every trial's state and the totals of `run` at Unix time `now`."""
+def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) -> SweepState:
+    """Every trial's state and the totals of `run` at Unix time `now`; `driver_gone`: why no live driver holds the
+    run folder (lease.driver_gone), None when one does or it was not asked."""
     sweep = run.sweep
     ended = max(filter(None, [_unix(sweep.get("finished_at")), sweep.get("interrupted_unix")]), default=None)
     epoch_wall = _epoch_wall(run.trials)
@@ -169,8 +174,10 @@ def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
         if trial.status == "running":
             last = _last_activity(trial)
             idle = None if last is None else now - last
-            driver_gone = ended is not None and ended > trial.meta.get("started_unix", 0)
-            state = "stalled" if driver_gone or _stale(idle, _epoch_wall([trial]) or epoch_wall) else "running"
+            gone = driver_gone is not None or ended is not None and ended > trial.meta.get("started_unix", 0)
+            state = "stalled" if gone or _stale(idle, _epoch_wall([trial]) or epoch_wall) else "running"
+        elif trial.incomplete:
+            state = "incomplete"
         states.append(
             TrialState(
                 trial=trial.name,
@@ -197,7 +204,8 @@ def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
         and (counts["stalled"] or counts["interrupted"] or ended or _stale(idle, epoch_wall))
     )
     if stopped:
-        eta = "no ETA: no trial is progressing (its driver stopped?); `cifar-ray sweep FILE --resume` continues it"
+        why = f"its driver is gone: {driver_gone}" if driver_gone else "its driver stopped?"
+        eta = f"no ETA: no trial is progressing ({why}); `cifar-ray sweep FILE --resume` continues it"
     elif unfinished and epoch_wall is None:
         eta = "ETA unknown (no epoch has finished yet)"
     elif unfinished:
@@ -216,6 +224,7 @@ def sweep_state(run: runlog.RunLog, now: float) -> SweepState:
         eta_s=eta_s,
         eta=eta,
         stopped=stopped,
+        driver_gone=driver_gone,
     )
 
 
@@ -250,6 +259,9 @@ def _state_text(trial: TrialState) -> str:
         since = "last epoch" if trial.epochs_done else "started"
         idle = "" if trial.idle_s is None else f", {since} {rough_duration(trial.idle_s)} ago"
         return f"running per trial.json, but stalled{idle}"
+    if trial.state == "incomplete":
+        missing = f"{trial.epochs_done} of {trial.epochs} epochs in {runlog.EPOCHS_FILE}"
+        return f"incomplete: finished per trial.json, but only {missing}; --resume trains it again"
     if trial.state in ("failed", "oom"):
         return f"{trial.state}: {trial.error or 'see ' + runlog.ERROR_FILE}"
     if trial.state == "diverged" and trial.diverged_epoch:
@@ -266,7 +278,9 @@ def load_state(run_dir: runlog.Where, now: float | None = None) -> SweepState:
             f"DIR/NAME) holds {runlog.SWEEP_FILE} and a folder per trial with {runlog.TRIAL_FILE} and "
             f"{runlog.EPOCHS_FILE}"
         )
-    return sweep_state(runlog.load_run(run_dir), time.time() if now is None else now)
+    run, now = runlog.load_run(run_dir), time.time() if now is None else now
+    running = any(trial.status == "running" for trial in run.trials)
+    return sweep_state(run, now, lease.driver_gone(run_dir, now) if running else None)
 
 
 def render(run_dir: runlog.Where, as_json: bool = False, now: float | None = None) -> str:

@@ -26,12 +26,13 @@ from ..core.runlog import (
     RunLog,
     TrialLog,
     Where,
+    incomplete,
     load_run,
     warm_slice,
 )
 from ..core.runlog import time_per_epoch as runlog_time_per_epoch
 from .format import fmt_value, same_value
-from .metrics import INCLUDED, INCOMPLETE
+from .metrics import INCOMPLETE
 from .stats import TRAIN_COLUMNS, Overfit, train_basis, trial_overfitting
 from .testset import ImageScores, unpack
 
@@ -177,8 +178,7 @@ def image_scores(run: RunLog) -> dict[str, ImageScores]:
 
 def _outcome(status: str, epochs_done: int, planned: Any) -> str:
     """The status, or INCOMPLETE for a trial marked finished with fewer epochs logged than planned."""
-    short = status == INCLUDED and isinstance(planned, int) and epochs_done < planned
-    return INCOMPLETE if short else status
+    return INCOMPLETE if incomplete(status, epochs_done, planned) else status
 
 
 def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str], over: Overfit | None) -> dict:

@@ -34,7 +34,7 @@ from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_m
 from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .profile import profiled_steps
-from .state import load_checkpoint, rng_state, save_checkpoint
+from .state import resume_newest, rng_state, save_checkpoint
 from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown, sample_allreduce_every_epoch
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -237,12 +237,14 @@ def run_trial(
     trial_dir,
     worker: Worker,
     report: ReportEpoch,
-    resume_from: Path | None = None,
+    resume: bool = False,
     loop_started: float | None = None,
     ready: Callable[[dict], None] | None = None,
     profile: bool = False,
+    note: Callable[[str], None] | None = None,
 ) -> None:
-    """Train one trial on this worker from scratch or from the checkpoint folder `resume_from`, calling
+    """Train one trial on this worker from scratch or, `resume`, from its newest stored checkpoint that loads
+    (`note` hears of one passed over: state.resume_newest), calling
     `report` after every epoch (collectively, on every rank); rank 0 writes the epochs to metrics.jsonl and
     hands `ready` (the slot's link to the Dispatcher, which writes trial.json) the trial's timeline. Everything
     a trial trains with is built here from its config (seeded RNG, data order, model, optimizer, wrapper,
@@ -265,8 +267,8 @@ def run_trial(
     training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
     last_done = 0
-    if resume_from is not None:
-        last_done = load_checkpoint(resume_from, training, device, rank, world, cfg.seed, devices)
+    if resume:
+        last_done = resume_newest(StoragePath.of(trial_dir), training, device, rank, world, cfg.seed, devices, note)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
         if ready is not None:  # where a trial's time goes outside the epochs (read by `cifar-ray bench`)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import logging
 import pickle
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..core.checkpoints import CHECKPOINT_FILE
+from ..core import runlog
+from ..core.checkpoints import CHECKPOINT_FILE, complete_checkpoints, epoch_folder, fetch_checkpoint
+from ..core.storage import StoragePath
 from . import comm
 from .distributed import rank_seed
 
@@ -22,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 class CheckpointError(RuntimeError):
     """A checkpoint that must not be loaded: the message is one line, fit to print as is."""
+
+
+class NoCheckpointLoads(CheckpointError):
+    """Not one of a trial's stored checkpoints loads: the trial fails with this line, not retried (each attempt
+    would find the same files)."""
 
 
 def rng_state(*devices: torch.device) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
@@ -126,3 +135,42 @@ def load_checkpoint(
     comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
     restore_rng_state(state.get("rng"), rank, world, seed, devices or [device])
     return state["epoch"]
+
+
+def resume_newest(
+    trial_dir: StoragePath,
+    training: Training,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+    seed: int = 0,
+    devices: list[torch.device] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> int:
+    """Restore the trial's newest stored checkpoint that loads into `training`; returns its epoch, 0 when the trial
+    has none (it starts afresh). Only checkpoints at or before the last epoch in metrics.jsonl count: one after it
+    (that epoch's line was cut) would leave the epoch out of the log for good. A checkpoint that cannot be read or
+    loaded (cut short, corrupt) is passed over for the one before, and `note` is told so in one line;
+    NoCheckpointLoads names each and why when none loads."""
+    logged = runlog.read_epochs(trial_dir)
+    passed_over = []
+    for epoch in complete_checkpoints(trial_dir, logged[-1]["epoch"] if logged else 0):
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                folder = fetch_checkpoint(trial_dir, Path(scratch), epoch)
+                done = load_checkpoint(folder, training, device, rank, world, seed, devices)
+            except torch.OutOfMemoryError:
+                raise  # the device's trouble, not the file's
+            except Exception as error:  # any way this file fails to load: the one before may load
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+                passed_over.append(f"{epoch_folder(epoch)} ({type(error).__name__}: {reason})")
+                continue
+        if passed_over:
+            line = f"checkpoint {'; '.join(passed_over)} does not load: continues from {epoch_folder(epoch)}"
+            logger.warning("%s: %s", trial_dir, line)
+            if note is not None:
+                note(line)
+        return done
+    if passed_over:
+        raise NoCheckpointLoads(f"no checkpoint of {trial_dir.name} loads: {'; '.join(passed_over)}")
+    return 0
