@@ -138,7 +138,7 @@ def execute_plan(
 ) -> StoragePath:
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
     run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad
-    max_concurrent or storage, a folder a live driver holds (RunInUseError; core/lease.py: the lease is held from
+    max_concurrent (None: the sweep file's, else as many as fit) or storage, a folder a live driver holds (RunInUseError; core/lease.py: the lease is held from
     here to the end), a folder that already holds a run (unless `resume`; `resumable`: whether the
     refusal offers --resume), a resume of no run or of another sweep's, and on the embedded Ray amp=bf16 on an old
     GPU and CIFAR-10 that cannot be had.
@@ -149,6 +149,7 @@ def execute_plan(
     from .cluster import orchestrate, session  # these import Ray inside their functions only
 
     check_max_concurrent(max_concurrent)
+    max_concurrent = max_concurrent or plan.max_concurrent
     run_dir = StoragePath.of(storage) / plan.name
     # A live driver first: the refusals below would advise --resume on a run that another driver is training.
     refusal = lease.live_driver_refusal(run_dir)

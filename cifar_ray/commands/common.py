@@ -127,7 +127,7 @@ def add_common(parser: Parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="run at most N trials at once (default: as many as fit)",
+        help="run at most N trials at once (default: the sweep file's max_concurrent, else as many as fit)",
     )
     parser.add_argument(
         "--address",

@@ -106,6 +106,6 @@ def print_estimate(plan: SweepPlan, args: argparse.Namespace) -> None:
     from ..cluster.estimate import estimate_plan
     from ..core.estimate import estimate_line
 
-    estimate = estimate_plan(plan, args.max_concurrent, args.isolate, print)
+    estimate = estimate_plan(plan, args.max_concurrent or plan.max_concurrent, args.isolate, print)
     print(rows_table(estimate.timings, list(estimate.timings[0])))
     print(estimate_line(estimate.sweep))

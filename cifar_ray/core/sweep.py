@@ -71,6 +71,8 @@ class SweepFile(BaseModel):
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     repeats: int = Field(1, ge=1, le=REPEATS_MAX)
+    # the default of --max-concurrent: 1 where the question is time, so no trial's epochs share the machine's cores
+    max_concurrent: int | None = Field(None, ge=1)
     metric: Literal[OBJECTIVES] = DEFAULT_OBJECTIVE[0]  # type: ignore[valid-type]
     mode: Literal[MODES] = DEFAULT_OBJECTIVE[1]  # type: ignore[valid-type]
 
@@ -123,6 +125,7 @@ class SweepPlan:
     source: str = ""
     # every repeat count the run was planned with, in order: a --resume --repeats N extension adds N (extended_plan)
     repeat_counts: tuple[int, ...] = ()
+    max_concurrent: int | None = None  # the sweep file's; --max-concurrent overrides it
 
     def summary(self) -> dict:
         return {
@@ -273,6 +276,7 @@ def build_plan(
         trials,
         source,
         (sweep.repeats,),
+        sweep.max_concurrent,
     )
 
 
