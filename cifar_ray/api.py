@@ -5,7 +5,7 @@
     run = cifar_ray.train({"dataset": "synthetic", "epochs": 1})    # one configuration -> Run
     run = cifar_ray.load("runs/quickstart")                          # a run folder -> Run
     run.trials, run.epochs                                           # pandas frames, as the report reads them
-    run.report("reports/quickstart")                                 # README.md with plots, or fmt="csv", ...
+    run.report()                                                     # runs/quickstart/report/README.md, ...
 
 Bad input raises the command line's one-line refusals as UserError subclasses (core/errors.py), before Ray starts
 where it can; nothing here calls sys.exit. A Ray already initialised (ray.init in the notebook) is used as is and
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .core import runlog
-from .core.errors import ConfigError, UsageError
-from .core.storage import StoragePath
+from .core.errors import ConfigError, StorageError, UsageError
+from .core.storage import StoragePath, local_write_refusal
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -149,6 +149,9 @@ def execute_plan(
 
     check_max_concurrent(max_concurrent)
     run_dir = StoragePath.of(storage) / plan.name
+    unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
+    if unwritable:
+        raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
     if resume:
         refusal = orchestrate.resume_refusal(plan, run_dir)
     else:
@@ -265,16 +268,18 @@ def report(
     baseline: Mapping[str, Any] | str | None = None,
     fmt: str = "md",
     margin_pp: float | None = None,
+    force: bool = False,
 ) -> Path:
-    """Write the report of one run folder, or of several compared (a list), into `out` (default
-    reports/<sweep name>), as `cifar-ray report` does; returns its main file: README.md with plots (fmt="md"), or
-    that of another format of report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or
-    "KEY=VALUE", the reference of the deltas; `margin_pp`: the equivalence margin of accuracy effects (None: the
-    report's default). ConfigError or UsageError for bad input."""
+    """Write the report of one run folder, or of several compared (a list), into `out` (default: RUN_DIR/report
+    for a local run, else reports/<sweep name>, refused where git tracks files unless `force`), as `cifar-ray
+    report` does; returns its main file: README.md with plots (fmt="md"), or that of another format of
+    report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or "KEY=VALUE", the reference of
+    the deltas; `margin_pp`: the equivalence margin of accuracy effects (None: the report's default). ConfigError
+    or UsageError for bad input."""
     from .report import write_report
 
     margin = {} if margin_pp is None else {"margin_pp": margin_pp}
-    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt, **margin)
+    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt, force=force, **margin)
 
 
 def load(run_dir: str | os.PathLike | StoragePath) -> Run:
@@ -304,9 +309,10 @@ class Run:
         baseline: Mapping[str, Any] | str | None = None,
         fmt: str = "md",
         margin_pp: float | None = None,
+        force: bool = False,
     ) -> Path:
         """This run's report (see the module's `report`)."""
-        return report(self.path, out, baseline, fmt, margin_pp)
+        return report(self.path, out, baseline, fmt, margin_pp, force)
 
     def status_counts(self) -> dict[str, int]:
         """How many trials ended (or stand) in each status: {"finished": 3, "failed": 1}."""

@@ -56,6 +56,25 @@ def _git(args: list[str], cwd: Path | str, run: Runner) -> str:
     return done.stdout
 
 
+def tracked_refusal(folder: Path | str, run: Runner = subprocess.run) -> str | None:
+    """Why a command's default output may not go into `folder`: git tracks files in it, which the output would
+    replace (a committed report), in one line naming --out and --force; None when git tracks none there (no such
+    folder, no checkout, no git)."""
+    if not Path(folder).is_dir():
+        return None
+    try:
+        tracked = [name for name in _git(["ls-files", "-z", "--", "."], folder, run).split("\0") if name]
+    except GitFailed:
+        return None
+    if not tracked:
+        return None
+    files = f"{len(tracked)} file tracked" if len(tracked) == 1 else f"{len(tracked)} files tracked"
+    return (
+        f"the default output folder {folder} holds {files} by git ({tracked[0]}{', ...' if len(tracked) > 1 else ''}),"
+        " which this would replace; pass --out FOLDER to write elsewhere, or --force to replace them"
+    )
+
+
 def git_state(checkout: Path | str, run: Runner = subprocess.run) -> tuple[dict, str]:
     """The checkout holding `checkout` (a folder): ({"root", "commit", "changed", "untracked"}, its diff against
     HEAD); ({"why": ...}, "") when it is not a git checkout or git cannot say (the reason, never an empty diff
