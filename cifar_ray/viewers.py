@@ -41,6 +41,7 @@ from urllib.request import url2pathname
 from .core import runlog
 from .core.errors import ViewerError
 from .core.storage import URI, local_write_refusal, redact
+from .core.text import counted
 
 TARGETS = ("tensorboard", "mlflow")
 TRIAL_TAG = "cifar_ray.trial"
@@ -184,7 +185,7 @@ def _mark(trial_dir: Path) -> dict | None:
 
 def _summary_counts(run: runlog.RunLog, values: int) -> str:
     epochs = sum(len(trial.epochs) for trial in run.trials)
-    return f"{len(run.trials)} trials, {epochs} epochs, {values} metric values"
+    return f"{counted(len(run.trials), 'trial')}, {counted(epochs, 'epoch')}, {counted(values, 'metric value')}"
 
 
 def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None) -> str:
@@ -357,7 +358,7 @@ def _log_to_mlflow(run: runlog.RunLog, uri: str, file_store: bool) -> str:
         f"at {shown}, one run per trial"
     )
     if replaced:
-        written += f"; {replaced} runs of an earlier export deleted"
+        written += f"; {counted(replaced, 'run')} of an earlier export deleted"
     return f"{written}\nopen it: {opener}"
 
 

@@ -440,3 +440,10 @@ def test_export_help_and_a_refusal_import_no_viewer_nor_torch_nor_ray(tmp_path):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "no-run")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_summary_of_one_trial_of_one_epoch_is_in_the_singular(tmp_path):
+    from cifar_ray.viewers import _summary_counts
+
+    run = runlog.RunLog(tmp_path, {}, [runlog.TrialLog("t0", {}, [{"epoch": 1}])])
+    assert _summary_counts(run, 1) == "1 trial, 1 epoch, 1 metric value"

@@ -46,6 +46,7 @@ from .datasets import test_images
 from .errors import ConfigError, YamlValueError
 from .runlog import DEFAULT_OBJECTIVE, MODES, OBJECTIVES
 from .strict_yaml import load_yaml
+from .text import counted
 
 # Run names (--name, a sweep file's name) and bundle factor names become folder, CSV and PNG names: one path
 # component that stays inside its folder (no /, no leading dot, so no .. either). Trial names match it too.
@@ -245,7 +246,7 @@ def build_plan(
         raise ConfigError(f"{where}grid.seed and repeats={sweep.repeats} both vary the seed; use one of them")
     trial_count = math.prod(len(values) for values in grid.values()) * sweep.repeats  # counted, not listed
     if trial_count > TRIALS_MAX:
-        sizes = " x ".join([*(f"{len(v)} {k}" for k, v in grid.items()), _counted(str(sweep.repeats), "repeat")])
+        sizes = " x ".join([*(f"{len(v)} {k}" for k, v in grid.items()), counted(sweep.repeats, "repeat")])
         raise ConfigError(
             f"{where}the grid makes {trial_count:,} trials ({sizes}); allowed: at most {TRIALS_MAX:,} per sweep"
         )
@@ -418,18 +419,14 @@ def _span(values: list[Any]) -> str:
     return "/".join(dict.fromkeys(values))
 
 
-def _counted(number: str, noun: str) -> str:
-    return f"{number} {noun}" if number == "1" else f"{number} {noun}s"
-
-
 def work_summary(plan: SweepPlan) -> str:
     """The --dry-run's closing line: what the sweep will train, e.g. '4 trials · dataset synthetic ·
     5,000 train / 1,000 test images per trial · 3 epochs · 59,904 images trained in all (14,976 per trial)'."""
     works = [trial_work(t.config) for t in plan.trials]
     trained = [w.images_trained for w in works]
     return (
-        f"{_counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
+        f"{counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
         f"{_span([w.train_images for w in works])} train / {_span([w.test_images for w in works])} test images "
-        f"per trial · {_counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
+        f"per trial · {counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
         f"in all ({_span(trained)} per trial)"
     )
