@@ -26,6 +26,7 @@ from typing import Any
 from . import runlog
 from .errors import RunFolderError
 from .storage import StoragePath, redact
+from .text import counted
 
 PROVENANCE_DIR = "provenance"
 GIT_TIMEOUT_S = 30
@@ -68,10 +69,10 @@ def tracked_refusal(folder: Path | str, run: Runner = subprocess.run) -> str | N
         return None
     if not tracked:
         return None
-    files = f"{len(tracked)} file tracked" if len(tracked) == 1 else f"{len(tracked)} files tracked"
+    example = tracked[0] + (", ..." if len(tracked) > 1 else "")
     return (
-        f"the default output folder {folder} holds {files} by git ({tracked[0]}{', ...' if len(tracked) > 1 else ''}),"
-        " which this would replace; pass --out FOLDER to write elsewhere, or --force to replace them"
+        f"the default output folder {folder} holds {counted(len(tracked), 'file')} tracked by git ({example}), "
+        "which this would replace; pass --out FOLDER to write elsewhere, or --force to replace them"
     )
 
 

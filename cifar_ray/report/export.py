@@ -112,7 +112,7 @@ def export_html(report: Report, out_dir: Path) -> Path:
 
 
 def default_out(report: Report) -> Path:
-    """Where a report goes without --out: beside the run it reads (RUN_DIR/report), where nothing committed lies;
+    """Where a report goes without --out: beside the run it reads (RUN_DIR/report), not over a committed report;
     a run at a URI or several runs compared: reports/<name>."""
     path = report.run.path
     return (
