@@ -355,10 +355,13 @@ def test_json_export(run, tmp_path):
     assert data["verdicts"] == {"margin": 0.01, "comparisons": 0, "test_images": 10000}
 
 
-def test_default_out_dir_is_reports_sweep_name(run, tmp_path, monkeypatch):
+def test_default_out_dir_is_beside_the_run(run, tmp_path, monkeypatch):
+    import shutil
+
+    run_dir = shutil.copytree(run[0], tmp_path / "runs" / "bs-workers")
     monkeypatch.chdir(tmp_path)
-    path = write_report(run[0], fmt="json")
-    assert path == Path("reports") / "bs-workers" / "report.json" and path.is_file()
+    path = write_report(run_dir, fmt="json")
+    assert path == run_dir / "report" / "report.json" and path.is_file() and not Path("reports").exists()
 
 
 def test_bad_inputs_raise_config_error(run, tmp_path):
