@@ -5,7 +5,7 @@
     run = cifar_ray.train({"dataset": "synthetic", "epochs": 1})    # one configuration -> Run
     run = cifar_ray.load("runs/quickstart")                          # a run folder -> Run
     run.trials, run.epochs                                           # pandas frames, as the report reads them
-    run.report("reports/quickstart")                                 # README.md with plots, or fmt="csv", ...
+    run.report()                                                     # runs/quickstart/report/README.md, ...
 
 Bad input raises the command line's one-line refusals as UserError subclasses (core/errors.py), before Ray starts
 where it can; nothing here calls sys.exit. A Ray already initialised (ray.init in the notebook) is used as is and
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .core import lease, runlog
-from .core.errors import ConfigError, RunInUseError, UsageError
-from .core.storage import StoragePath
+from .core.errors import ConfigError, RunInUseError, StorageError, UsageError
+from .core.storage import StoragePath, local_write_refusal
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -137,15 +137,15 @@ def execute_plan(
     print_line: Callable[[str], None] = print,
 ) -> StoragePath:
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
-    run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad
-    max_concurrent (None: the sweep file's, else as many as fit) or storage, a folder a live driver holds (RunInUseError; core/lease.py: the lease is held from
-    here to the end), a folder that already holds a run (unless `resume`; `resumable`: whether the
-    refusal offers --resume), a resume of no run or of another sweep's, and on the embedded Ray amp=bf16 on an old
-    GPU and CIFAR-10 that cannot be had.
-    Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs
-    this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines. `estimate`: time
-    the sweep's distinct steps here before Ray starts; the sweep's header repeats the estimate (sweep --estimate).
-    `profile`: torch.profiler over a few steps of one epoch per trial (--profile; a trace in each trial folder)."""
+    run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad max_concurrent
+    (None: the sweep file's, else as many as fit) or storage, a folder a live driver holds (RunInUseError;
+    core/lease.py: the lease is held from here to the end), a folder that already holds a run (unless `resume`;
+    `resumable`: whether the refusal offers --resume), a resume of no run or of another sweep's, and on the embedded
+    Ray amp=bf16 on an old GPU and CIFAR-10 that cannot be had. Trial failures do not raise: each trial's status
+    says how it ended. `command`: the shell command that runs this again, recorded in sweep.json (None from Python);
+    `print_line` gets the progress lines. `estimate`: time the sweep's distinct steps here before Ray starts; the
+    sweep's header repeats the estimate (sweep --estimate). `profile`: torch.profiler over a few steps of one epoch
+    per trial (--profile; a trace in each trial folder)."""
     from .cluster import orchestrate, session  # these import Ray inside their functions only
 
     check_max_concurrent(max_concurrent)
@@ -155,6 +155,9 @@ def execute_plan(
     refusal = lease.live_driver_refusal(run_dir)
     if refusal:
         raise RunInUseError(refusal)
+    unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
+    if unwritable:
+        raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
     if resume:
         refusal = orchestrate.resume_refusal(plan, run_dir)
     else:
@@ -271,16 +274,18 @@ def report(
     baseline: Mapping[str, Any] | str | None = None,
     fmt: str = "md",
     margin_pp: float | None = None,
+    force: bool = False,
 ) -> Path:
-    """Write the report of one run folder, or of several compared (a list), into `out` (default
-    reports/<sweep name>), as `cifar-ray report` does; returns its main file: README.md with plots (fmt="md"), or
-    that of another format of report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or
-    "KEY=VALUE", the reference of the deltas; `margin_pp`: the equivalence margin of accuracy effects (None: the
-    report's default). ConfigError or UsageError for bad input."""
+    """Write the report of one run folder, or of several compared (a list), into `out` (default: RUN_DIR/report
+    for a local run, else reports/<sweep name>, refused where git tracks files unless `force`), as `cifar-ray
+    report` does; returns its main file: README.md with plots (fmt="md"), or that of another format of
+    report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or "KEY=VALUE", the reference of
+    the deltas; `margin_pp`: the equivalence margin of accuracy effects (None: the report's default). ConfigError
+    or UsageError for bad input."""
     from .report import write_report
 
     margin = {} if margin_pp is None else {"margin_pp": margin_pp}
-    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt, **margin)
+    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt, force=force, **margin)
 
 
 def load(run_dir: str | os.PathLike | StoragePath) -> Run:
@@ -310,9 +315,10 @@ class Run:
         baseline: Mapping[str, Any] | str | None = None,
         fmt: str = "md",
         margin_pp: float | None = None,
+        force: bool = False,
     ) -> Path:
         """This run's report (see the module's `report`)."""
-        return report(self.path, out, baseline, fmt, margin_pp)
+        return report(self.path, out, baseline, fmt, margin_pp, force)
 
     def status_counts(self) -> dict[str, int]:
         """How many trials ended (or stand) in each status: {"finished": 3, "failed": 1}."""

@@ -40,7 +40,8 @@ from urllib.request import url2pathname
 
 from .core import runlog
 from .core.errors import ViewerError
-from .core.storage import URI, redact
+from .core.storage import URI, local_write_refusal, redact
+from .core.text import counted
 
 TARGETS = ("tensorboard", "mlflow")
 TRIAL_TAG = "cifar_ray.trial"
@@ -148,6 +149,12 @@ def _check_out(out: Path, run: runlog.RunLog, to: str) -> None:
         ) from None
 
 
+def _check_writable(folder: Path) -> None:
+    refusal = local_write_refusal(folder)
+    if refusal:
+        raise ViewerError(f"export --out {folder}: cannot write there: {refusal}; allowed: a folder you can write")
+
+
 def _raise(error: OSError) -> None:
     raise error
 
@@ -178,7 +185,7 @@ def _mark(trial_dir: Path) -> dict | None:
 
 def _summary_counts(run: runlog.RunLog, values: int) -> str:
     epochs = sum(len(trial.epochs) for trial in run.trials)
-    return f"{len(run.trials)} trials, {epochs} epochs, {values} metric values"
+    return f"{counted(len(run.trials), 'trial')}, {counted(epochs, 'epoch')}, {counted(values, 'metric value')}"
 
 
 def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None) -> str:
@@ -190,6 +197,7 @@ def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None)
 
     logdir = _tensorboard_dir(run, out)
     _check_out(logdir, run, "tensorboard")
+    _check_writable(logdir)
     replaced = _replaced_dirs(logdir, run)  # every refusal comes before the first write
     values = 0
     for trial in run.trials:
@@ -260,6 +268,7 @@ def export_mlflow(run: runlog.RunLog, out: str | os.PathLike | None = None) -> s
     store = _local_store(uri)
     if store is not None:
         _check_out(store, run, "mlflow")
+        _check_writable(store if file_store else store.parent)  # a file store is a folder, SQLite a file in one
     _require("mlflow", "mlflow", *(("sqlalchemy", "alembic") if uri.startswith("sqlite:") else ()))
     # For this export only, and a user's own setting wins: no usage data sent to MLflow's servers; no "View run"
     # line per trial from a tracking server (ours names the experiment); a server that does not answer fails in
@@ -349,7 +358,7 @@ def _log_to_mlflow(run: runlog.RunLog, uri: str, file_store: bool) -> str:
         f"at {shown}, one run per trial"
     )
     if replaced:
-        written += f"; {replaced} runs of an earlier export deleted"
+        written += f"; {counted(replaced, 'run')} of an earlier export deleted"
     return f"{written}\nopen it: {opener}"
 
 

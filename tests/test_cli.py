@@ -108,6 +108,21 @@ def test_an_unusable_storage_is_one_line_before_ray_starts(tmp_path, capsys, ray
     assert err.startswith("cifar-ray: error: storage foo://bucket/runs: ") and err.count("\n") == 1, err
 
 
+def test_a_storage_that_cannot_be_written_is_one_line_before_ray_starts(tmp_path, capsys, ray_start):
+    """Ray used to start, then a traceback came 19 s later. Tests run as root, whom a folder's mode does not stop:
+    a folder under a file is one that nobody can make."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for storage in (blocker, blocker / "runs"):
+        for argv in (["train"], ["sweep", str(SWEEPS / "quickstart.yaml")]):
+            assert main([*argv, "--storage", str(storage), "--set", "dataset=synthetic"]) == 2
+            assert capsys.readouterr().err == (
+                f"cifar-ray: error: --storage {storage} cannot be written: {blocker} is a file, not a folder; "
+                "allowed: a folder you can write\n"
+            )
+    assert sorted(tmp_path.iterdir()) == [blocker]  # the check leaves nothing behind
+
+
 def test_ensure_local_data_checks_each_cifar_data_dir_once(tmp_path, monkeypatch):
     checked: list[str] = []
     monkeypatch.setattr(data, "ensure_cifar10", checked.append)
@@ -386,6 +401,8 @@ LATE_FAILURES = [
     (["--set", "norm=group", "width=17"], "norm=group cannot split 17 channels into 2 groups of about 8"),
     (["--set", "batch_size=2000"], "the effective batch 2000 (batch_size x accum_steps) is larger than the 1000"),
     (["--set", "epochs=010"], "--set: epochs: 010 is an integer written with a leading zero"),
+    (["--set", "epochs=true"], "epochs=True: true or false is not a number; allowed: an integer"),
+    (["--set", "epochs=2", "lr=0.1", "epochs=3"], "--set: epochs is given twice; allowed: each key once"),
 ]
 
 
@@ -431,3 +448,27 @@ def test_yaml_1_1_words_are_amps_strings_in_set(capsys):
     assert main(["sweep", str(SWEEPS / "amp.yaml"), "--dry-run", "--json", "--set", "amp=off", "compile=no"]) == 0
     trials = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert {(t["config"]["amp"], t["config"]["compile"]) for t in trials} == {("off", False)}
+
+
+def test_bench_writes_nothing_git_tracks_unless_told_and_refuses_an_out_it_cannot_write(tmp_path, monkeypatch, capsys):
+    """`cifar-ray bench` wrote into the committed reports/bench/; --render re-renders that page, as it says."""
+    from cifar_ray.commands import bench
+
+    written = []
+    monkeypatch.setattr(bench, "run_bench", lambda quick, out_dir, say: written.append(out_dir) or Path(out_dir))
+    monkeypatch.setattr(bench, "render_pages", lambda out_dir: written.append(out_dir) or [])
+    assert main(["bench"]) == 0 and main(["bench", "--render"]) == 0
+    assert written == ["runs/bench", "reports/bench"]
+    root = SWEEPS.parent
+    tracked = subprocess.run(["git", "ls-files", "--", "runs/bench"], cwd=root, capture_output=True, text=True)
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/bench/bench.json"], cwd=root)
+    assert tracked.returncode == 0 and tracked.stdout == "" and ignored.returncode == 0
+
+    monkeypatch.undo()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["bench", "--quick", "--out", str(blocker / "bench")]) == 2  # before the minutes of measuring
+    assert capsys.readouterr().err == (
+        f"cifar-ray: error: --out {blocker / 'bench'}: cannot write there: {blocker} is a file, not a folder; "
+        "allowed: a folder you can write\n"
+    )

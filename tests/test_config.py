@@ -29,6 +29,14 @@ def test_defaults_are_valid_and_documented():
         assert field.description, f"{key} has no description"
 
 
+@pytest.mark.parametrize("key", [key for key in KEYS if TrainConfig.model_fields[key].annotation in (int, float)])
+def test_a_boolean_is_no_number_for_any_numeric_key(key):
+    """pydantic reads true as 1: `epochs: true` ran one epoch."""
+    for value in (True, False):
+        with pytest.raises(ConfigError, match=f"{key}={value}: true or false is not a number; allowed: a"):
+            parse_config({key: value})
+
+
 def test_overrides_are_typed_like_yaml_scalars():
     values = parse_overrides(["lr=0.1", "workers=2", "use_gpu=false", "dataset=synthetic", "warmup_epochs=1"])
     assert values == {"lr": 0.1, "workers": 2, "use_gpu": False, "dataset": "synthetic", "warmup_epochs": 1}
@@ -42,6 +50,8 @@ def test_overrides_are_typed_like_yaml_scalars():
         (["bach_size=3"], "unknown config key 'bach_size' (did you mean 'batch_size'?)"),
         (["lr"], "--set expects KEY=VALUE, got 'lr'"),
         (["=3"], "--set expects KEY=VALUE"),
+        (["epochs=1", "lr=0.1", "epochs=2"], "--set: epochs is given twice; allowed: each key once"),
+        (["lr=0.1", " lr =0.1"], "--set: lr is given twice"),  # even with one value: one of them is a slip
     ],
 )
 def test_bad_override_syntax(items, expected):

@@ -93,6 +93,8 @@ def test_sweep_header_says_how_many_trials_of_each_shape_run_at_once():
         "p: 4 trials, at once: 2 of 2 with 1 worker x 1 CPU, 1 of 2 with 2 workers x 1 CPU "
         "(2 CPUs, 0 GPUs on 1 node); logs and checkpoints in runs/p"
     )
+    one = capacity({"CPU": 1, RESOURCE_CPU: 1}, slots=True) | {"cpus": 1.0, "gpus": 1.0}
+    assert "(1 CPU, 1 GPU on 1 node)" in progress.sweep_header(plan_of({"seed": [0]}), one, None, "runs/p")
     resuming = progress.sweep_header(plan, two_cpus, None, "runs/p", unfinished=3)
     assert resuming.startswith("resuming p: 3 of 4 trials unfinished, at once: 2 of 2")
     cap = TWO_ONE_CPU_NODES | {"cpus": 2.0}  # cap packing: Tune's one cap for every shape

@@ -358,10 +358,13 @@ def test_json_export(run, tmp_path):
     assert data["verdicts"] == {"margin": 0.01, "comparisons": 0, "test_images": 10000}
 
 
-def test_default_out_dir_is_reports_sweep_name(run, tmp_path, monkeypatch):
+def test_default_out_dir_is_beside_the_run(run, tmp_path, monkeypatch):
+    import shutil
+
+    run_dir = shutil.copytree(run[0], tmp_path / "runs" / "bs-workers")
     monkeypatch.chdir(tmp_path)
-    path = write_report(run[0], fmt="json")
-    assert path == Path("reports") / "bs-workers" / "report.json" and path.is_file()
+    path = write_report(run_dir, fmt="json")
+    assert path == run_dir / "report" / "report.json" and path.is_file() and not Path("reports").exists()
 
 
 def test_bad_inputs_raise_config_error(run, tmp_path):
@@ -450,3 +453,24 @@ def test_time_per_epoch_leaves_out_the_first_epochs_warm_up():
     later_in_slot = pd.DataFrame({"epoch_time_s": [2.1, 2.0, 2.2, 1.9]})
     assert time_per_epoch(first_in_slot) == time_per_epoch(later_in_slot) == 2.0
     assert time_per_epoch(pd.DataFrame({"epoch_time_s": [9.0]})) == 9.0  # one epoch: nothing else to take
+
+
+def test_one_trial_of_one_epoch_is_said_in_the_singular(tmp_path):
+    """ "1 epochs each", "All 1 trials finished": a sweep's smallest run read like a typo."""
+    from cifar_ray.report.document import to_markdown
+    from cifar_ray.report.header import hardware, measured_text
+    from cifar_ray.report.sections import excluded_section, findings_section
+
+    swept = {"batch_size": 64, "workers": 1, "seed": 0}
+    write_sweep(tmp_path / "one", [trial_name(0)], grid={}, repeats=1, host={"cpu_model": "C", "cpu_count": 1})
+    write_trial(tmp_path / "one", 0, swept, "finished", healthy_epochs(0, swept, n=1), gpus=False, planned=1)
+    report = build_report(tmp_path / "one")
+    assert "1 trial (1 finished, " in measured_text(report) and ", 1 epoch each on " in measured_text(report)
+    assert hardware(report.run).startswith("CPU only: C, 1 core, ")
+    text = to_markdown(findings_section(report, {}))
+    assert "The trial finished with every epoch logged and enters the aggregates." in text
+
+    write_sweep(tmp_path / "two", [trial_name(0), trial_name(1)], grid={"seed": [0, 1]}, repeats=1)
+    write_trial(tmp_path / "two", 0, swept, "finished", healthy_epochs(0, swept, n=1), gpus=False, planned=1)
+    write_trial(tmp_path / "two", 1, swept | {"seed": 1}, "failed", [], error="boom", gpus=False, planned=1)
+    assert "failed after 0 of 1 epoch — `boom`" in to_markdown(excluded_section(build_report(tmp_path / "two"), {}))

@@ -217,6 +217,18 @@ def test_report_page_loads_offline_decodes_its_plots_and_sorts(report_page, brow
     assert times == sorted(times) and max(times) >= 10 > min(times)
     assert browser.evaluate(f"document.querySelector('{speed}').getAttribute('aria-sort')") == "ascending"
 
+    # In a 1280-px window the page never scrolls sideways: the trial table's headers wrap, and a table still too
+    # wide scrolls inside its own box.
+    assert browser.evaluate("window.innerWidth") == 1280
+    assert browser.evaluate("document.documentElement.scrollWidth") <= 1280
+    boxes = browser.evaluate(
+        "Array.from(document.querySelectorAll('.table'), b => [b.firstElementChild.id, b.getBoundingClientRect().right,"
+        " getComputedStyle(b).overflowX])"
+    )
+    assert boxes and all(right <= 1280 and overflow == "auto" for _, right, overflow in boxes), boxes
+    trial_table = browser.evaluate("document.getElementById('trials').getBoundingClientRect().width")
+    assert trial_table <= browser.evaluate("document.body.clientWidth"), trial_table
+
     shot = Path(os.environ.get("CIFAR_RAY_SCREENSHOT") or tmp_path_factory.getbasetemp() / "html-report.png")
     browser.evaluate("document.querySelectorAll('.table').forEach(box => { box.scrollLeft = 0; })")
     size = browser.page("Page.getLayoutMetrics")["cssContentSize"]

@@ -265,3 +265,47 @@ def test_two_real_runs_of_one_sweep_compared(tmp_path, capsys):
     assert "| run=tiny-b64 | 2 of 2 |" in text.split("## Effect of `run`")[1]
     trials_csv = pd.read_csv(write_report(runs, tmp_path / "csv", fmt="csv"))
     assert trials_csv["run"].tolist() == ["tiny", "tiny", "tiny-b64", "tiny-b64"]
+
+
+def test_the_default_output_is_beside_a_run_and_never_replaces_a_file_git_tracks(pair, tmp_path, monkeypatch, capsys):
+    """`cifar-ray report runs/quickstart` (the sweep's last line) used to overwrite the committed reports/quickstart."""
+    import shutil
+    import subprocess
+
+    before_dir, after_dir, _, _ = pair
+    monkeypatch.chdir(tmp_path)
+    for run_dir in (before_dir, after_dir):
+        shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name)
+    assert main(["report", "runs/before", "--format", "json"]) == 0
+    assert capsys.readouterr().out == f"{tmp_path}/runs/before/report/report.json\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["runs"]  # nothing in reports/
+
+    # Several runs have no folder of their own: reports/<a>-vs-<b>, unless git tracks a file there.
+    committed = tmp_path / "reports" / "before-vs-after" / "report.json"
+    committed.parent.mkdir(parents=True)
+    committed.write_text("committed\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "reports"], check=True)
+    assert main(["report", "runs/before", "runs/after", "--format", "json"]) == 2
+    assert capsys.readouterr().err == (
+        "cifar-ray: error: report: the default output folder reports/before-vs-after holds 1 file tracked by git "
+        "(report.json), which this would replace; pass --out FOLDER to write elsewhere, or --force to replace them\n"
+    )
+    assert committed.read_text() == "committed\n"
+    assert main(["report", "runs/before", "runs/after", "--format", "json", "--out", "reports/before-vs-after"]) == 0
+    assert committed.read_text() != "committed\n"  # asked for by name: replaced
+    committed.write_text("committed\n")
+    assert main(["report", "runs/before", "runs/after", "--format", "json", "--force"]) == 0
+    assert committed.read_text() != "committed\n"
+
+
+def test_a_report_out_that_cannot_be_written_is_one_line(pair, tmp_path, capsys):
+    """It was a NotADirectoryError traceback. Tests run as root, whom a folder's mode does not stop: a folder under
+    a file is one that nobody can make."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["report", str(pair[0]), "--format", "json", "--out", str(blocker / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"cifar-ray: error: report --out {blocker / 'out'}: cannot write there: {blocker} is a file, not a folder; "
+        "allowed: a folder you can write\n"
+    )

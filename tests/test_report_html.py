@@ -100,3 +100,15 @@ def test_cli_writes_the_html_report_and_refuses_an_unknown_format(tmp_path, caps
         "cifar-ray: error: unknown report format 'pdf'; allowed: md, csv, json, html"
     )
     assert not (tmp_path / "pdf").exists()  # refused before anything is written
+
+
+def test_header_cells_wrap_and_a_wide_table_scrolls_in_its_own_box():
+    """The trial table was wider than a 1280-px window: its headers (class right) kept to one line. Without Chromium
+    this reads the stylesheet; tests/test_report_browser.py measures the page in a 1280-px window."""
+    from cifar_ray.report.html import STYLE
+
+    rules = {selector.strip(): body for selector, body in re.findall(r"([^{}]+)\{([^}]*)\}", STYLE)}
+    nowrap = [selector for selector, body in rules.items() if "nowrap" in body]
+    assert nowrap and all(part.strip().startswith("td") for s in nowrap for part in s.split(",")), nowrap
+    assert "overflow-x: auto" in rules[".table"] and "max-width: 100%" in rules[".table"]
+    assert "overflow-wrap: anywhere" in rules["p code, li code"]  # a long path in prose cannot widen the page

@@ -460,3 +460,31 @@ def test_a_finished_trial_whose_last_metrics_line_was_cut_is_incomplete(tmp_path
     assert state.counts["incomplete"] == 1 and state.stopped
     line = status.render(run_dir, now=START + 40).splitlines()[1]
     assert "incomplete: finished per trial.json, but only 2 of 3 epochs in metrics.jsonl; --resume trains it" in line
+
+
+def test_watch_started_with_the_sweep_waits_for_its_run_saying_how_long(tmp_path, capsys, monkeypatch):
+    """It used to exit at once ("holds no run: no sweep.json") when started together with the sweep."""
+    finished = write_run(tmp_path / "made", {"t0": {"status": "finished", "started": 0}}, epoch_ends={"t0": [5]})
+    target, written, now = tmp_path / "runs" / "hand", [], [START]
+
+    def sleep(seconds: float) -> None:  # the run appears on the third look
+        now[0] += seconds
+        if now[0] >= START + 3:
+            target.parent.mkdir(exist_ok=True)
+            finished.rename(target)
+
+    last = status.watch(target, 5.0, written.append, in_place=False, clock=lambda: now[0], sleep=sleep, wait_s=60)
+    assert written[0] == f"waiting up to 60 s for {target} to hold a run (its sweep.json); Ctrl-C stops\n"
+    assert written[1].startswith("hand: 1 trial") and status.has_ended(last) and now[0] == START + 3
+
+    # Nothing comes: refused after the time it said, one line, exit 2.
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    empty, start = tmp_path / "never", now[0]
+    assert main(["status", str(empty), "--watch", "--interval", "10"]) == 2
+    out, err = capsys.readouterr()
+    assert out == f"waiting up to {status.WATCH_WAIT_S:g} s for {empty} to hold a run (its sweep.json); Ctrl-C stops\n"
+    assert err.startswith(f"cifar-ray: error: {empty} holds no run after waiting 60 s: no sweep.json there; a run")
+    assert err.count("\n") == 1 and now[0] >= start + status.WATCH_WAIT_S
+    assert main(["status", str(empty)]) == 2  # without --watch: at once, as before
+    assert capsys.readouterr().err.startswith(f"cifar-ray: error: {empty} holds no run: no sweep.json")

@@ -19,6 +19,7 @@ from cifar_ray.core.sweep import (
 
 ROOT = Path(__file__).parent.parent
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
+BIG_GRID_KEYS = ("lr", "momentum", "weight_decay", "dropout", "label_smoothing", "warmup_epochs")
 
 
 def test_there_are_sweep_files():
@@ -195,7 +196,23 @@ def test_yaml_1_1_booleans_are_the_strings_amp_takes_and_bool_keys_still_read_th
             "grid.bach_size: unknown config key 'bach_size' (did you mean 'batch_size'?)",
         ),
         ("name: x\nbase: {optimiser: adam}\n", "base: unknown config key 'optimiser' (did you mean 'optimizer'?)"),
-        ("name: x\ngrids: {}\n", "unknown top-level key 'grids'"),
+        ("name: x\ngrids: {}\n", "unknown top-level key 'grids' (did you mean 'grid'?); allowed: name,"),
+        ("name: x\nrepeat: 2\n", "unknown top-level key 'repeat' (did you mean 'repeats'?)"),
+        ("name: x\nbase: {epochs: true}\n", "base: epochs=True: true or false is not a number; allowed: an integer"),
+        ("name: x\ngrid: {lr: [0.1, false]}\n", "lr=False: true or false is not a number; allowed: a number"),
+        # 10^5 levels: a RecursionError in PyYAML's composer without the cap
+        ("name: x\nbase: " + "[" * 100_000 + "]" * 100_000 + "\n", "line 2: nested deeper than 32 levels"),
+        ("name: x\nbase: {a: " + "{b: " * 40 + "1" + "}" * 41 + "\n", "line 2: nested deeper than 32 levels"),
+        (  # 10^6 trials from 410 bytes: listing them hung for minutes
+            "name: x\ngrid:\n"
+            + "".join(f"  {key}: [{', '.join(str(n / 100) for n in range(1, 11))}]\n" for key in BIG_GRID_KEYS),
+            "the grid makes 1,000,000 trials (10 lr x 10 momentum x 10 weight_decay x 10 dropout x 10 "
+            "label_smoothing x 10 warmup_epochs x 1 repeat); allowed: at most 10,000 per sweep",
+        ),
+        (
+            "name: x\ngrid: {width: [" + ", ".join(map(str, range(8, 209))) + "]}\nrepeats: 50\n",
+            "the grid makes 10,050 trials (201 width x 50 repeats); allowed: at most 10,000 per sweep",
+        ),
         (
             "name: x\ngrid: {optimizer: [sgd, lamb]}\n",
             "trial (optimizer=lamb): optimizer='lamb': not allowed; allowed: one of sgd",
@@ -235,6 +252,17 @@ def test_invalid_sweep_files_fail_with_one_line(tmp_path, capsys, text, expected
     assert main(["sweep", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("cifar-ray: error: ") and "\n" not in err and "Traceback" not in err
+
+
+def test_a_sweep_file_that_is_not_utf8_is_one_line_naming_the_line(tmp_path, capsys):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: x\ndescription: caf\u00e9\n".encode("latin-1"))
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    assert capsys.readouterr().err == (
+        f"cifar-ray: error: {path}: line 2: byte 0xe9 is not UTF-8; allowed: a UTF-8 text file\n"
+    )
+    path.write_bytes("name: x\ndescription: caf\u00e9\n".encode())  # the same text in UTF-8 is read
+    assert load_sweep(path).description == "caf\u00e9"
 
 
 def test_missing_file_and_bad_flags(capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cifar_ray.core.text import markdown_table, precise_duration, rough_duration, text_table
+from cifar_ray.core.text import counted, markdown_table, precise_duration, rough_duration, text_table
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,13 @@ def test_text_table_can_leave_the_last_column_unpadded():
 def test_markdown_table_aligns_and_keeps_cells_on_one_line():
     table = markdown_table(["key", "n"], [["a\nb", 1]], "lr")
     assert table == "| key | n |\n|---|---:|\n| a b | 1 |"
+
+
+def test_counted_says_one_thing_in_the_singular():
+    assert [counted(1, "epoch"), counted("1", "epoch"), counted(0, "epoch"), counted("1,000", "trial")] == [
+        "1 epoch",
+        "1 epoch",
+        "0 epochs",
+        "1,000 trials",
+    ]
+    assert counted("1-3", "epoch") == "1-3 epochs"

@@ -398,6 +398,28 @@ def test_an_unusable_tracking_uri_is_one_line(run_dir, capsys):
     assert err.startswith("cifar-ray: error: mlflow at s3://bucket/mlflow: ") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(
+    "to, out",
+    [
+        ("tensorboard", "{}/logs"),
+        ("mlflow", "{}/mlruns"),
+        ("mlflow", "file:{}/mlruns"),
+        ("mlflow", "sqlite:///{}/m.db"),
+    ],
+)
+def test_an_out_that_cannot_be_written_is_one_line(run_dir, tmp_path, to, out, capsys):
+    """It was a NotADirectoryError traceback. Tests run as root, whom a folder's mode does not stop: a folder under
+    a file is one that nobody can make."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["export", str(run_dir), "--to", to, "--out", out.format(blocker)]) == 2
+    folder = blocker / ("logs" if to == "tensorboard" else "mlruns" if "mlruns" in out else "")
+    assert capsys.readouterr().err == (
+        f"cifar-ray: error: export --out {str(folder).rstrip('/')}: cannot write there: {blocker} is a file, not a "
+        "folder; allowed: a folder you can write\n"
+    )
+
+
 def test_tensorboard_out_must_be_a_local_folder(run_dir):
     with pytest.raises(ViewerError, match="export --to tensorboard writes to a local folder; got --out s3://b/tb"):
         export_run(run_dir, "tensorboard", "s3://b/tb")
@@ -418,3 +440,10 @@ def test_export_help_and_a_refusal_import_no_viewer_nor_torch_nor_ray(tmp_path):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "no-run")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_summary_of_one_trial_of_one_epoch_is_in_the_singular(tmp_path):
+    from cifar_ray.viewers import _summary_counts
+
+    run = runlog.RunLog(tmp_path, {}, [runlog.TrialLog("t0", {}, [{"epoch": 1}])])
+    assert _summary_counts(run, 1) == "1 trial, 1 epoch, 1 metric value"

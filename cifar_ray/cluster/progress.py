@@ -14,7 +14,7 @@ from typing import Any
 from ..core import runlog, status
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
-from ..core.text import rough_duration
+from ..core.text import counted, rough_duration
 from .dispatcher import RunTrial, tune_run_trial
 from .placement import trials_at_once
 from .slots import NOTE, STARTED
@@ -119,7 +119,8 @@ def sweep_header(
     shapes = trials_at_once(plan, capacity, limit)
     at_once = ", ".join(f"{fit} of {count} with {label}" for label, (count, fit) in shapes.items())
     nodes = capacity["nodes"]
-    where = f"{capacity['cpus']:g} CPUs, {capacity['gpus']:g} GPUs on {nodes} node{'s' * (nodes > 1)}"
+    cpus, gpus = (counted(f"{capacity[kind]:g}", kind[:-1].upper()) for kind in ("cpus", "gpus"))
+    where = f"{cpus}, {gpus} on {counted(nodes, 'node')}"
     trials = f"{len(plan.trials)} trial{'s' * (len(plan.trials) > 1)}"
     what = f"{plan.name}: {trials}"
     if unfinished is not None:

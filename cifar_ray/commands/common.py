@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import runlog
 from ..core.errors import UsageError
-from ..core.storage import redact
+from ..core.storage import StoragePath, redact
 from ..core.text import text_table
 
 if TYPE_CHECKING:
@@ -215,23 +215,28 @@ def summary_rows(run: runlog.RunLog) -> list[dict[str, Any]]:
 def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     from ..api import execute_plan
 
-    # Tune stops gracefully on SIGINT (saving its state; run_plan then marks the running trials interrupted);
-    # give SIGTERM the same treatment.
+    # Ctrl-C (SIGINT) stops the sweep: run_plan marks the running trials interrupted, Ray stops, the summary and the
+    # resume command follow. SIGTERM gets the same treatment.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
-    run_dir = execute_plan(
-        plan,
-        args.storage,
-        resume=getattr(args, "resume", False),  # `train` has no --resume
-        resumable=args.command == "sweep",
-        max_concurrent=args.max_concurrent,
-        address=args.address,
-        isolate=args.isolate,
-        verbose=args.verbose,
-        estimate=getattr(args, "estimate", False),  # `train` has no --estimate
-        profile=args.profile,
-        command=rerun_command(args.argv),
-        print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
-    )
+    try:
+        run_dir = execute_plan(
+            plan,
+            args.storage,
+            resume=getattr(args, "resume", False),  # `train` has no --resume
+            resumable=args.command == "sweep",
+            max_concurrent=args.max_concurrent,
+            address=args.address,
+            isolate=args.isolate,
+            verbose=args.verbose,
+            estimate=getattr(args, "estimate", False),  # `train` has no --estimate
+            profile=args.profile,
+            command=rerun_command(args.argv),
+            print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+        )
+    except KeyboardInterrupt:  # Ctrl-C: the trials are marked and Ray is stopped; say where the run stands
+        run_dir = StoragePath.of(args.storage) / plan.name
+        if not (run_dir / runlog.SWEEP_FILE).exists():  # stopped before the run began: nothing to show
+            raise
     run = runlog.load_run(run_dir)
     rows = summary_rows(run)
     out = sys.stderr if args.json else sys.stdout

@@ -8,12 +8,15 @@ from .common import add_command
 
 HELP = "write a Markdown (or one-file HTML) report with plots from a run folder, or compare several"
 EXAMPLES = (
-    ("README.md with tables and plots in reports/quickstart", "cifar-ray report runs/quickstart"),
+    ("README.md with tables and plots in runs/quickstart/report", "cifar-ray report runs/quickstart"),
     (
-        "deltas measured against batch size 128, written beside the run",
+        "deltas measured against batch size 128, written into a folder of its own",
         "cifar-ray report runs/batch-size --baseline batch_size=128 --out runs/batch-size-report",
     ),
-    ("one file to attach or publish: reports/quickstart/report.html", "cifar-ray report runs/quickstart --format html"),
+    (
+        "one file to attach or publish: runs/quickstart/report/report.html",
+        "cifar-ray report runs/quickstart --format html",
+    ),
     (
         "the quickstart run here vs the same sweep run on a GPU box (its run folder copied into gpu-runs/): "
         "one more factor, run; -> reports/runs-quickstart-vs-gpu-runs-quickstart",
@@ -34,7 +37,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument(
         "--out",
         default=None,
-        help="output folder (default: reports/<sweep name>; for several runs reports/<label>-vs-<label>...)",
+        help="output folder (default: RUN_DIR/report; for a run at a URI reports/<sweep name>, for several runs "
+        "reports/<label>-vs-<label>...; a default folder holding files tracked by git is refused, see --force)",
+    )
+    report.add_argument(
+        "--force",
+        action="store_true",
+        help="write into the default output folder even when git tracks files there (they are replaced)",
     )
     report.add_argument(
         "--baseline",
@@ -65,5 +74,5 @@ def run(args: argparse.Namespace) -> int:
 
     runs = args.run_dir if len(args.run_dir) > 1 else args.run_dir[0]
     margin = {} if args.margin is None else {"margin_pp": args.margin}
-    print(report(runs, out=args.out, baseline=args.baseline, fmt=args.format, **margin))
+    print(report(runs, out=args.out, baseline=args.baseline, fmt=args.format, force=args.force, **margin))
     return 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..core.errors import UsageError
-from ..core.status import WATCH_INTERVAL_S
+from ..core.status import WATCH_INTERVAL_S, WATCH_WAIT_S
 from .common import add_command
 
 HELP = "where a sweep stands, from its run folder: a line per trial, totals, an ETA"
@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument(
         "--watch",
         action="store_true",
-        help="refresh the table in place until the sweep ends (appended plain lines when stdout is no terminal)",
+        help="refresh the table in place until the sweep ends (appended plain lines when stdout is no terminal); "
+        f"a folder that holds no run yet is waited for, up to {WATCH_WAIT_S:g} s (start it with the sweep)",
     )
     status.add_argument(
         "--interval",

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .datasets import DATASET_SIZES
 from .errors import ConfigError, YamlValueError
@@ -226,6 +226,14 @@ class TrainConfig(BaseModel):
         # YAML and JSON give real booleans; the key's values are the strings auto/true/false.
         return str(value).lower() if isinstance(value, bool) else value
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true for 1 in an int or float key: `epochs: true` would run one epoch.
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation in (int, float):
+            raise ValueError("true or false is not a number")
+        return value
+
     @model_validator(mode="after")
     def _check_combinations(self) -> TrainConfig:
         if self.strategy == "single" and self.workers != 1:
@@ -346,10 +354,14 @@ def allowed_values(key: str) -> str:
     )
 
 
+def did_you_mean(key: str, known: Sequence[str]) -> str:
+    """' (did you mean 'batch_size'?)' for the known name closest to a misspelt `key`; '' when none is close."""
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def unknown_key_message(key: str, where: str = "") -> str:
-    close = difflib.get_close_matches(key, KEYS, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"{where}unknown config key {key!r}{hint}; known keys: {', '.join(KEYS)}"
+    return f"{where}unknown config key {key!r}{did_you_mean(key, KEYS)}; known keys: {', '.join(KEYS)}"
 
 
 def validation_line(
@@ -394,6 +406,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         if key not in KEYS:
             raise ConfigError(unknown_key_message(key, "--set: "))
+        if key in overrides:  # the last would win silently
+            raise ConfigError(f"--set: {key} is given twice; allowed: each key once")
         try:
             overrides[key] = parse_value(text.strip())
         except YamlValueError as error:

@@ -26,6 +26,7 @@ from typing import Any
 from . import runlog
 from .errors import RunFolderError
 from .storage import StoragePath, redact
+from .text import counted
 
 PROVENANCE_DIR = "provenance"
 GIT_TIMEOUT_S = 30
@@ -54,6 +55,25 @@ def _git(args: list[str], cwd: Path | str, run: Runner) -> str:
         first = next((line for line in done.stderr.splitlines() if line.strip()), f"exit status {done.returncode}")
         raise GitFailed(f"git {' '.join(args)}: {first.strip()[:200]}")
     return done.stdout
+
+
+def tracked_refusal(folder: Path | str, run: Runner = subprocess.run) -> str | None:
+    """Why a command's default output may not go into `folder`: git tracks files in it, which the output would
+    replace (a committed report), in one line naming --out and --force; None when git tracks none there (no such
+    folder, no checkout, no git)."""
+    if not Path(folder).is_dir():
+        return None
+    try:
+        tracked = [name for name in _git(["ls-files", "-z", "--", "."], folder, run).split("\0") if name]
+    except GitFailed:
+        return None
+    if not tracked:
+        return None
+    example = tracked[0] + (", ..." if len(tracked) > 1 else "")
+    return (
+        f"the default output folder {folder} holds {counted(len(tracked), 'file')} tracked by git ({example}), "
+        "which this would replace; pass --out FOLDER to write elsewhere, or --force to replace them"
+    )
 
 
 def git_state(checkout: Path | str, run: Runner = subprocess.run) -> tuple[dict, str]:

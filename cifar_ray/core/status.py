@@ -269,15 +269,24 @@ def _state_text(trial: TrialState) -> str:
     return trial.state
 
 
+def holds_run(run_dir: StoragePath) -> bool:
+    return bool(runlog.read_json(run_dir / runlog.SWEEP_FILE))
+
+
+def no_run_message(run_dir: StoragePath, waited_s: float | None = None) -> str:
+    waited = f" after waiting {waited_s:g} s" if waited_s is not None else ""
+    return (
+        f"{run_dir} holds no run{waited}: no {runlog.SWEEP_FILE} there; a run folder (--storage DIR --name NAME: "
+        f"DIR/NAME) holds {runlog.SWEEP_FILE} and a folder per trial with {runlog.TRIAL_FILE} and "
+        f"{runlog.EPOCHS_FILE}"
+    )
+
+
 def load_state(run_dir: runlog.Where, now: float | None = None) -> SweepState:
     """The state of the run in `run_dir`; RunFolderError when it holds no sweep.json."""
     run_dir = StoragePath.of(run_dir)
-    if not runlog.read_json(run_dir / runlog.SWEEP_FILE):
-        raise RunFolderError(
-            f"{run_dir} holds no run: no {runlog.SWEEP_FILE} there; a run folder (--storage DIR --name NAME: "
-            f"DIR/NAME) holds {runlog.SWEEP_FILE} and a folder per trial with {runlog.TRIAL_FILE} and "
-            f"{runlog.EPOCHS_FILE}"
-        )
+    if not holds_run(run_dir):
+        raise RunFolderError(no_run_message(run_dir))
     run, now = runlog.load_run(run_dir), time.time() if now is None else now
     running = any(trial.status == "running" for trial in run.trials)
     return sweep_state(run, now, lease.driver_gone(run_dir, now) if running else None)
@@ -304,6 +313,10 @@ def state_table(state: SweepState) -> str:
 
 
 WATCH_INTERVAL_S = 5.0
+# How long --watch waits for a run to appear: started with the sweep, it looks before the sweep has written
+# sweep.json, which comes after Ray starts (4 to 20 s here).
+WATCH_WAIT_S = 60.0
+WAIT_POLL_S = 1.0  # how often it looks meanwhile: the table comes within a second of the run
 CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, screen cleared: the next table replaces the last, as watch(1) does
 
 
@@ -319,11 +332,21 @@ def watch(
     in_place: bool,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] | None = None,
+    wait_s: float = WATCH_WAIT_S,
 ) -> SweepState:
     """`cifar-ray status --watch`: the status read again every `interval_s` seconds until the sweep ends; returns its
-    last state. `in_place` (a terminal): each table replaces the last. Else plain appended lines, for a log: the table
+    last state. A folder that holds no run yet is waited for, up to `wait_s` seconds (saying so), then refused.
+    `in_place` (a terminal): each table replaces the last. Else plain appended lines, for a log: the table
     once, then per refresh in which something changed a line per changed trial and the totals, each after the time."""
     pause = sleep or time.sleep  # looked up at the call: tests replace time.sleep
+    run_dir = StoragePath.of(run_dir)
+    if not holds_run(run_dir):
+        write(f"waiting up to {wait_s:g} s for {run_dir} to hold a run (its {runlog.SWEEP_FILE}); Ctrl-C stops\n")
+        deadline = clock() + wait_s
+        while not holds_run(run_dir):
+            if clock() >= deadline:
+                raise RunFolderError(no_run_message(run_dir, wait_s))
+            pause(min(WAIT_POLL_S, interval_s, deadline - clock()))
     shown: dict[str, str] = {}
     while True:
         now = clock()

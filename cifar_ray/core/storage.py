@@ -236,6 +236,24 @@ class StoragePath:
             pass
 
 
+def local_write_refusal(folder: str | os.PathLike) -> str | None:
+    """Why files cannot be written into the local `folder` (made when missing), in a few words; None when they
+    can. Tried, not asked (os.access): root passes every permission check, but not a read-only mount or a path
+    through a file. The try creates and removes a file in the folder, or in its nearest existing parent, so that
+    nothing is left behind when it is refused."""
+    path = Path(folder).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".cifar-ray-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        return f"no file can be made in {existing} ({error.strerror or error})"
+    return None
+
+
 def current_umask() -> int:
     """The process's umask, read without changing it (os.umask sets it: a race with other threads)."""
     try:

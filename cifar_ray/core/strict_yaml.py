@@ -10,19 +10,36 @@ import yaml
 from .errors import YamlValueError
 
 _BOOL_TAG, _INT_TAG, _LEADING_ZERO_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:cifar-ray:leading-zero"
+# How deep collections may nest: a sweep file needs 4 (the file, grid, a factor's list, a bundle); PyYAML composes
+# recursively, so 10^5 levels end in a RecursionError, and a few thousand already in a page-long pydantic message.
+NESTING_MAX = 32
 
 
 class StrictLoader(yaml.SafeLoader):
     """Safe YAML (Python object tags refused) read as a config means it, for sweep files and --set alike:
     true/false are the only booleans (YAML 1.1 reads off/on/yes/no as booleans: `amp: off` would be False;
     a bool key still takes them, as pydantic reads "off" as false), an integer with a leading zero is refused
-    (YAML 1.1 reads 010 as octal 8), 1:30 is text (not YAML 1.1's sexagesimal 90), and a mapping may not
-    repeat a key (YAML keeps the last one silently)."""
+    (YAML 1.1 reads 010 as octal 8), 1:30 is text (not YAML 1.1's sexagesimal 90), a mapping may not
+    repeat a key (YAML keeps the last one silently), and collections nest at most NESTING_MAX deep."""
 
     yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
+
+    depth = 0  # the collections open where the composer stands
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self.depth += 1
+        try:
+            if self.depth > NESTING_MAX:
+                raise YamlValueError(
+                    f"nested deeper than {NESTING_MAX} levels; allowed: up to {NESTING_MAX} (a sweep file needs 4)",
+                    self.peek_event().start_mark.line + 1,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first_line: dict[Any, int] = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from .config import (
     KEYS,
     TrainConfig,
     absolute_paths,
+    did_you_mean,
     parse_config,
     unknown_key_message,
     validation_line,
@@ -44,6 +46,7 @@ from .datasets import test_images
 from .errors import ConfigError, YamlValueError
 from .runlog import DEFAULT_OBJECTIVE, MODES, OBJECTIVES
 from .strict_yaml import load_yaml
+from .text import counted
 
 # Run names (--name, a sweep file's name) and bundle factor names become folder, CSV and PNG names: one path
 # component that stays inside its folder (no /, no leading dot, so no .. either). Trial names match it too.
@@ -51,6 +54,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$"
 NAME_MAX = 80
 TRIAL_NAME_MAX = 120
 REPEATS_MAX = 100
+TRIALS_MAX = 10_000  # a sweep's trials are listed, validated and printed before Ray starts: 10^6 would hang there
 
 
 def name_refusal(name: Any) -> str | None:
@@ -192,7 +196,8 @@ def _values_that_run(values: list[Any], overrides: dict[str, Any]) -> list[Any]:
 
 
 def unknown_top_level_key(key: str) -> str:
-    return f"unknown top-level key '{key}'; allowed: {', '.join(SweepFile.model_fields)}"
+    known = tuple(SweepFile.model_fields)
+    return f"unknown top-level key '{key}'{did_you_mean(key, known)}; allowed: {', '.join(known)}"
 
 
 def build_plan(
@@ -242,6 +247,12 @@ def build_plan(
     labels = {k: [bundle_label(k, v) if isinstance(v, dict) else v for v in values] for k, values in grid.items()}
     if "seed" in grid and sweep.repeats > 1:
         raise ConfigError(f"{where}grid.seed and repeats={sweep.repeats} both vary the seed; use one of them")
+    trial_count = math.prod(len(values) for values in grid.values()) * sweep.repeats  # counted, not listed
+    if trial_count > TRIALS_MAX:
+        sizes = " x ".join([*(f"{len(v)} {k}" for k, v in grid.items()), counted(sweep.repeats, "repeat")])
+        raise ConfigError(
+            f"{where}the grid makes {trial_count:,} trials ({sizes}); allowed: at most {TRIALS_MAX:,} per sweep"
+        )
     # A bad base value is reported once, not per trial, and blamed on where it came from. A --set value may be
     # valid only with the file's other base keys, so the file's base is checked alone only when the two together fail.
     try:
@@ -335,9 +346,16 @@ def read_sweep_file(path: str | Path) -> Any:
     """The parsed YAML document of a sweep file, or a one-line ConfigError."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as error:
         raise ConfigError(f"cannot read sweep file {path}: {error.strerror or error}") from None
+    try:
+        text = data.decode("utf-8")  # not the locale's encoding: a sweep file means the same on every machine
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: line {line}: byte 0x{data[error.start]:02x} is not UTF-8; allowed: a UTF-8 text file"
+        ) from None
     try:
         data = load_yaml(text)  # safe: Python object tags are refused, never constructed
     except YamlValueError as error:
@@ -405,18 +423,14 @@ def _span(values: list[Any]) -> str:
     return "/".join(dict.fromkeys(values))
 
 
-def _counted(number: str, noun: str) -> str:
-    return f"{number} {noun}" if number == "1" else f"{number} {noun}s"
-
-
 def work_summary(plan: SweepPlan) -> str:
     """The --dry-run's closing line: what the sweep will train, e.g. '4 trials · dataset synthetic ·
     5,000 train / 1,000 test images per trial · 3 epochs · 59,904 images trained in all (14,976 per trial)'."""
     works = [trial_work(t.config) for t in plan.trials]
     trained = [w.images_trained for w in works]
     return (
-        f"{_counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
+        f"{counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
         f"{_span([w.train_images for w in works])} train / {_span([w.test_images for w in works])} test images "
-        f"per trial · {_counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
+        f"per trial · {counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
         f"in all ({_span(trained)} per trial)"
     )

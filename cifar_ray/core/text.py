@@ -6,6 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def counted(number: int | str, noun: str) -> str:
+    """`number` and `noun`, plural unless the number is one: '1 epoch', '3 epochs', '1,000 trials', '2-3 epochs' (a
+    number already written as text is taken as it is)."""
+    return f"{number} {noun}" if str(number) == "1" else f"{number} {noun}s"
+
+
 def rough_duration(seconds: float) -> str:
     """A duration for an estimate or an age: `26 s` under 2 min, `14 min` under 2 h, else `2 h 05 min`."""
     if seconds < 120:

@@ -1,9 +1,9 @@
 """Turn a run's logs into a report: Markdown with PNG plots, or CSV / JSON tables.
 
-    write_report(run_dir)                 -> reports/<sweep name>/README.md (+ *.png beside it)
-    write_report(run_dir, fmt="csv")      -> reports/<sweep name>/trials.csv (+ factor_<key>.csv, effect_<key>.csv, ...)
-    write_report(run_dir, fmt="json")     -> reports/<sweep name>/report.json
-    write_report(run_dir, fmt="html")     -> reports/<sweep name>/report.html: the README's blocks in one page
+    write_report(run_dir)                 -> RUN_DIR/report/README.md (+ *.png; a run at a URI: reports/<name>)
+    write_report(run_dir, fmt="csv")      -> RUN_DIR/report/trials.csv (+ factor_<key>.csv, effect_<key>.csv, ...)
+    write_report(run_dir, fmt="json")     -> RUN_DIR/report/report.json
+    write_report(run_dir, fmt="html")     -> RUN_DIR/report/report.html: the README's blocks in one page
     write_report([run_a, run_b])          -> reports/<a>-vs-<b>/README.md: the runs compared, one more factor `run`
 
 One concern per module. The numbers: load (run folders -> frames), compare (several runs as one), metrics (what

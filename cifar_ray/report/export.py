@@ -14,7 +14,9 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import ConfigError
+from ..core.provenance import tracked_refusal
 from ..core.runlog import Where
+from ..core.storage import local_write_refusal
 from .build import Report, build_report
 from .document import Document, to_markdown
 from .findings import findings
@@ -27,6 +29,7 @@ from .sections import document
 from .verdicts import DEFAULT_MARGIN_PP
 
 FORMATS = ("md", "csv", "json", "html")
+REPORT_DIR = "report"  # the default output folder, inside a local run folder
 
 
 def _plain(value: Any) -> Any:
@@ -116,24 +119,41 @@ def export_html(report: Report, out_dir: Path) -> Path:
     return path
 
 
+def default_out(report: Report) -> Path:
+    """Where a report goes without --out: beside the run it reads (RUN_DIR/report), not over a committed report;
+    a run at a URI or several runs compared: reports/<name>."""
+    path = report.run.path
+    return (
+        Path(path.path) / REPORT_DIR if report.comparison is None and path.is_local else Path("reports") / report.name
+    )
+
+
 def write_report(
     run_dir: Where | Sequence[Where],
     out_dir: str | Path | None = None,
     baseline: dict | None = None,
     fmt: str = "md",
     margin_pp: float = DEFAULT_MARGIN_PP,
+    force: bool = False,
 ) -> Path:
     """Write the report of the run at `run_dir`, or of several runs compared (a list: the runs become the factor
     `run`); returns the main file (README.md, trials.csv, report.json or report.html).
 
-    `out_dir` defaults to reports/<sweep name>, for several runs reports/<label>-vs-<label>...; `baseline`
-    ({key: grid value}, {"run": label} among them) picks the reference value of a factor for the Δ columns
-    (default: its first grid value, the first run); `margin_pp` is the equivalence margin of accuracy effects in
-    percentage points. Raises ConfigError on bad input.
+    `out_dir` defaults to RUN_DIR/report for a run on this machine's disk, else to reports/<sweep name> (for several
+    runs reports/<label>-vs-<label>...), refused when git tracks files there unless `force`: the default never
+    replaces a committed file. `baseline` ({key: grid value}, {"run": label} among them) picks the reference value
+    of a factor for the Δ columns (default: its first grid value, the first run); `margin_pp` is the equivalence
+    margin of accuracy effects in percentage points. Raises ConfigError on bad input.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")
     report = build_report(run_dir, baseline, margin_pp)
-    out = Path(out_dir) if out_dir is not None else Path("reports") / report.name
+    out = Path(out_dir) if out_dir is not None else default_out(report)
+    refusal = None if out_dir is not None or force else tracked_refusal(out)
+    if refusal:
+        raise ConfigError(f"report: {refusal}")
+    refusal = local_write_refusal(out)
+    if refusal:
+        raise ConfigError(f"report --out {out}: cannot write there: {refusal}; allowed: a folder you can write")
     out.mkdir(parents=True, exist_ok=True)
     return {"md": export_markdown, "csv": export_csv, "json": export_json, "html": export_html}[fmt](report, out)

@@ -10,6 +10,7 @@ import pandas as pd
 from ..core import provenance, runlog
 from ..core.config import KEYS, TrainConfig
 from ..core.runlog import RunLog
+from ..core.text import counted
 from .build import Report
 from .compare import RUN_FACTOR, RUN_MATCH_RULE, RunSource
 from .document import Block, Heading, Paragraph, Table
@@ -52,7 +53,7 @@ def hardware(run: RunLog) -> str:
     cores = host.get("cpu_count")
     cpus = cluster.get("cpus")
     ray = f", {fmt_value(float(cpus))} CPUs in the Ray cluster{where}" if isinstance(cpus, (int, float)) else ""
-    return f"CPU only: {host.get('cpu_model', 'unknown CPU')}, {cores if cores else '?'} cores{ray}"
+    return f"CPU only: {host.get('cpu_model', 'unknown CPU')}, {counted(cores or '?', 'core')}{ray}"
 
 
 # The statuses a report counts, in its order: the final ones (runlog.FINAL_STATUSES), then the others, the latest
@@ -82,8 +83,8 @@ def measured_text(report: Report) -> str:
     tested = f", tested on {report.test_images} images" if report.test_images else ""
     return (
         f"{n} trial{'s' if n != 1 else ''} ({statuses_text(status_counts(report.trials))}): "
-        f"{grid + ' × ' if grid else ''}{seeds}, {epochs} epochs each on {dataset}{tested}. Measured per trial: final "
-        "test accuracy, time per epoch and peak memory; compared as paired effects of each factor."
+        f"{grid + ' × ' if grid else ''}{seeds}, {counted(epochs, 'epoch')} each on {dataset}{tested}. Measured per "
+        "trial: final test accuracy, time per epoch and peak memory; compared as paired effects of each factor."
     )
 
 

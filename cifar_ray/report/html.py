@@ -24,16 +24,19 @@ _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
 _ITALIC = re.compile(r"\*(?=[^\s*])(.+?)(?<=[^\s*])\*")
 _SAFE_URL = re.compile(r"^(https?:|mailto:|#|[^:]*$)", re.IGNORECASE)  # no javascript: or data: links
 
+# Header cells wrap and numbers do not: the trial table's columns fit a 1280-px window; a table still wider scrolls
+# inside its own box, never the page, and a long path in the prose breaks rather than widen it.
 STYLE = """
 body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 80em;
   padding: 0 1em; color: #1f2328; }
 h1, h2, h3 { line-height: 1.25; } h2 { border-bottom: 1px solid #d1d9e0; padding-bottom: .3em; margin-top: 2em; }
 code { font: 85% ui-monospace, "DejaVu Sans Mono", monospace; background: #eff1f3; padding: .1em .3em;
   border-radius: 4px; }
-.table { overflow-x: auto; margin: 1em 0; }
+.table { overflow-x: auto; max-width: 100%; margin: 1em 0; }
 table { border-collapse: collapse; font-size: 90%; }
 th, td { border: 1px solid #d1d9e0; padding: .3em .6em; text-align: left; }
-.right { text-align: right; white-space: nowrap; } .center { text-align: center; }
+.right { text-align: right; } td.right { white-space: nowrap; } .center { text-align: center; }
+p code, li code { overflow-wrap: anywhere; }
 th { background: #f6f8fa; cursor: pointer; user-select: none; }
 th[aria-sort=ascending]::after { content: " \\25B2"; } th[aria-sort=descending]::after { content: " \\25BC"; }
 tbody tr:nth-child(even) { background: #f6f8fa; }

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.runlog import TIME_PER_EPOCH_RULE
+from ..core.text import counted
 from .build import Report
 from .document import Block, Bullets, Document, Figure, Heading, Paragraph
 from .findings import findings
@@ -104,15 +105,15 @@ def _excluded_lines(report: Report) -> list[str]:
         if outcome == "diverged":
             why = f"diverged at epoch {fmt_int(r['diverged_epoch'])} (non-finite loss)"
         elif outcome == "failed":
-            why = f"failed after {done} of {planned} epochs"
+            why = f"failed after {done} of {counted(planned, 'epoch')}"
         elif outcome == "oom":
-            why = f"ran out of memory after {done} of {planned} epochs"
+            why = f"ran out of memory after {done} of {counted(planned, 'epoch')}"
         elif outcome == "running":
-            why = f"still running: {done} of {planned} epochs so far"
+            why = f"still running: {done} of {counted(planned, 'epoch')} so far"
         elif outcome == INCOMPLETE:
-            why = f"incomplete: marked finished with {done} of {planned} epochs logged"
+            why = f"incomplete: marked finished with {done} of {counted(planned, 'epoch')} logged"
         else:
-            why = f"{outcome}: {done} of {planned} epochs"
+            why = f"{outcome}: {done} of {counted(planned, 'epoch')}"
         lines.append(f"`{r['trial']}` ({report.trial_label(r)}): {why}" + (f" — `{error}`" if error else "") + ".")
     return lines
 
@@ -128,6 +129,8 @@ def findings_section(report: Report, plots: Plots) -> list[Block]:
         f"Aggregates use the {len(report.trials) - excluded} included trial(s); the {excluded} other(s) are listed "
         "under *Excluded trials*."
         if excluded
+        else "The trial finished with every epoch logged and enters the aggregates."
+        if counts["finished"] == 1
         else f"All {counts['finished']} trials finished with every epoch logged and enter the aggregates."
     )
     return [Heading("Findings"), Bullets(tuple(findings(report))), Paragraph(scope)]
