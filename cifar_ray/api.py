@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .core import runlog
 from .core.errors import ConfigError, UsageError
@@ -135,6 +135,7 @@ def execute_plan(
     profile: bool = False,
     command: str | None = None,
     print_line: Callable[[str], None] = print,
+    stream: TextIO | None = None,
 ) -> StoragePath:
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
     run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad
@@ -142,7 +143,8 @@ def execute_plan(
     refusal offers --resume), a resume of no run or of another sweep's, and on the embedded Ray amp=bf16 on an old
     GPU and CIFAR-10 that cannot be had.
     Trial failures do not raise: each trial's status says how it ended. `command`: the shell command that runs
-    this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines. `estimate`: time
+    this again, recorded in sweep.json (None from Python); `print_line` gets the progress lines, `stream` is where it
+    prints them (a terminal gets a live progress bar instead). `estimate`: time
     the sweep's distinct steps here before Ray starts; the sweep's header repeats the estimate (sweep --estimate).
     `profile`: torch.profiler over a few steps of one epoch per trial (--profile; a trace in each trial folder)."""
     from .cluster import orchestrate, session  # these import Ray inside their functions only
@@ -176,6 +178,7 @@ def execute_plan(
             estimate_s=estimate_s,
             profile=profile,
             print_line=print_line,
+            stream=stream,
         )
     finally:
         if owns_ray:

@@ -217,6 +217,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
         profile=args.profile,
         command=rerun_command(args.argv),
         print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+        stream=sys.stderr if args.json else sys.stdout,
     )
     run = runlog.load_run(run_dir)
     rows = summary_rows(run)
