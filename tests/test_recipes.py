@@ -94,7 +94,8 @@ def test_the_rayjob_manifest_has_the_fields_kuberay_documents():
     """KubeRay's RayJob (ray.io/v1): spec.entrypoint, spec.rayClusterSpec with headGroupSpec (rayStartParams,
     template) and workerGroupSpecs (groupName, replicas, minReplicas <= replicas <= maxReplicas, rayStartParams,
     template), each template a pod spec with containers; rayStartParams values are strings. The entrypoint is a
-    cifar-ray sweep of a sweep file that exists, which parses with cifar-ray's own options."""
+    cifar-ray sweep of a sweep file of this checkout (at the head container's workingDir in the image), which parses
+    with cifar-ray's own options."""
     manifest = yaml.safe_load(RAYJOB.read_text())
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"
     assert manifest["metadata"]["name"]
@@ -102,9 +103,13 @@ def test_the_rayjob_manifest_has_the_fields_kuberay_documents():
     known = {"entrypoint", "rayClusterSpec", "shutdownAfterJobFinishes", "ttlSecondsAfterFinished", "runtimeEnvYAML"}
     assert set(spec) <= known | {"submissionMode", "activeDeadlineSeconds", "suspend"}, set(spec) - known
     entrypoint = shlex.split(spec["entrypoint"])
-    assert entrypoint[:2] == ["cifar-ray", "sweep"] and (ROOT / entrypoint[2]).is_file()
-    assert build_parser().parse_args(entrypoint[1:]).storage
     cluster = spec["rayClusterSpec"]
+    checkout = cluster["headGroupSpec"]["template"]["spec"]["containers"][0][
+        "workingDir"
+    ]  # this checkout, in the image
+    assert entrypoint[:2] == ["cifar-ray", "sweep"] and entrypoint[2].startswith(checkout + "/")
+    assert (ROOT / Path(entrypoint[2]).relative_to(checkout)).is_file()
+    assert build_parser().parse_args(entrypoint[1:]).storage
     assert cluster["rayVersion"] == "2.60.0"
     assert cluster.get("authOptions", {"mode": "token"})["mode"] in ("token", "disabled")
     groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
