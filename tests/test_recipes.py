@@ -31,26 +31,18 @@ FAKES = {
     # runs the command it is given here, as on the node it names: the options before the command are srun's
     "srun": 'while [[ $# -gt 0 && $1 == -* ]]; do [[ $1 == -w ]] && shift; shift; done\nexec "$@"\n',
     "hostname": 'echo "127.0.0.1 ::1"\n',
-    # `ray status` sees both nodes up; `ray start --block` returns at once here
-    "ray": '[[ $1 == status ]] && printf "Active:\\n 1 node_aa\\n 1 node_bb\\n"\nexit 0\n',
+    # `ray status` sees both nodes up; `ray start --block` blocks until the script's end kills it
+    "ray": '[[ $1 == status ]] && printf "Active:\\n 1 node_aa\\n 1 node_bb\\n"\n'
+    "[[ $1 == start ]] && exec sleep 60\nexit 0\n",
     "cifar-ray": "exit 0\n",
 }
 
 
-def test_the_slurm_script_parses():
-    result = subprocess.run(["bash", "-n", str(SLURM)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-
-
-def test_the_slurm_script_runs_a_head_a_worker_and_the_sweep_on_localhost(tmp_path):
-    """The head starts on the first node, a worker on the other pointed at the head's address, the sweep on the head
-    with --address, the file, the storage and the extra options given; every command with RAY_AUTH_MODE=token and
-    one token. Each `ray start` parses with Ray's own options, the sweep with cifar-ray's."""
-    from ray.scripts.scripts import start
-
+def run_slurm_script(tmp_path: Path, fakes: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
+    """The Slurm script run here on a 2-node allocation with `fakes` on PATH; returns its result and the record."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in FAKES.items():
+    for name, body in fakes.items():
         (bin_dir / name).write_text(RECORD.format(python=shlex.quote(sys.executable), name=name) + body)
         (bin_dir / name).chmod(0o755)
     record = tmp_path / "record.jsonl"
@@ -68,6 +60,21 @@ def test_the_slurm_script_runs_a_head_a_worker_and_the_sweep_on_localhost(tmp_pa
         text=True,
         timeout=60,
     )
+    return result, record
+
+
+def test_the_slurm_script_parses():
+    result = subprocess.run(["bash", "-n", str(SLURM)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_slurm_script_runs_a_head_a_worker_and_the_sweep_on_localhost(tmp_path):
+    """The head starts on the first node, a worker on the other pointed at the head's address, the sweep on the head
+    with --address, the file, the storage and the extra options given; every command with RAY_AUTH_MODE=token and
+    one token. Each `ray start` parses with Ray's own options, the sweep with cifar-ray's."""
+    from ray.scripts.scripts import start
+
+    result, record = run_slurm_script(tmp_path, FAKES)
     assert result.returncode == 0, result.stderr
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     ran = [(name, args) for name, args, _ in calls if name in ("ray", "cifar-ray")]
@@ -119,3 +126,12 @@ def test_the_rayjob_manifest_has_the_fields_kuberay_documents():
         assert all(isinstance(value, str) for value in group["rayStartParams"].values()), group["rayStartParams"]
         containers = group["template"]["spec"]["containers"]
         assert containers and all(c["name"] and c["image"] for c in containers)
+
+
+def test_the_slurm_script_stops_when_the_head_does_not_start(tmp_path):
+    """A head whose `ray start` fails ends the job with one line saying so, instead of waiting for it until the
+    job's time limit; no sweep is started."""
+    failing = FAKES | {"ray": "exit 1\n"}
+    result, record = run_slurm_script(tmp_path, failing)
+    assert result.returncode == 1 and "the Ray head on node-a did not start" in result.stderr, result.stderr
+    assert "cifar-ray" not in record.read_text()
