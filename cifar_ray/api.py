@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .core import lease, runlog
 from .core.errors import ConfigError, RunInUseError, StorageError, UsageError
@@ -135,6 +135,7 @@ def execute_plan(
     profile: bool = False,
     command: str | None = None,
     print_line: Callable[[str], None] = print,
+    stream: TextIO | None = None,
 ) -> StoragePath:
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
     run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad max_concurrent
@@ -143,7 +144,8 @@ def execute_plan(
     `resumable`: whether the refusal offers --resume), a resume of no run or of another sweep's, and on the embedded
     Ray amp=bf16 on an old GPU and CIFAR-10 that cannot be had. Trial failures do not raise: each trial's status
     says how it ended. `command`: the shell command that runs this again, recorded in sweep.json (None from Python);
-    `print_line` gets the progress lines. `estimate`: time the sweep's distinct steps here before Ray starts; the
+    `print_line` gets the progress lines, `stream` is where it prints them (a terminal gets a live progress
+    bar instead). `estimate`: time the sweep's distinct steps here before Ray starts; the
     sweep's header repeats the estimate (sweep --estimate). `profile`: torch.profiler over a few steps of one epoch
     per trial (--profile; a trace in each trial folder)."""
     from .cluster import orchestrate, session  # these import Ray inside their functions only
@@ -151,13 +153,13 @@ def execute_plan(
     check_max_concurrent(max_concurrent)
     max_concurrent = max_concurrent or plan.max_concurrent
     run_dir = StoragePath.of(storage) / plan.name
+    unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
+    if unwritable:
+        raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
     # A live driver first: the refusals below would advise --resume on a run that another driver is training.
     refusal = lease.live_driver_refusal(run_dir)
     if refusal:
         raise RunInUseError(refusal)
-    unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
-    if unwritable:
-        raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
     if resume:
         refusal = orchestrate.resume_refusal(plan, run_dir)
     else:
@@ -185,6 +187,7 @@ def execute_plan(
                 estimate_s=estimate_s,
                 profile=profile,
                 print_line=print_line,
+                stream=stream,
             )
         finally:
             if owns_ray:

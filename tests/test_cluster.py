@@ -6,6 +6,7 @@ killing exactly the processes it started, never with `ray stop` (which stops eve
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -35,11 +36,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 class LocalCluster:
     """`ray start --head` plus `ray start --address`, each with --num-cpus 1, on 127.0.0.1."""
 
-    def __init__(self, nodes: int = 2, cpus_per_node: int = 1, resources: dict | None = None):
+    def __init__(self, nodes: int = 2, cpus_per_node: int = 1, resources: dict | None = None, dashboard: bool = False):
         self.nodes, self.cpus, self.resources = nodes, cpus_per_node, resources
+        # the head's dashboard, for `ray job submit` (it needs ray[default]); None: started without one
+        self.dashboard_url = f"http://127.0.0.1:{free_port()}" if dashboard else None
         self.client_port = free_port()  # the head's Ray Client server (ray://); Ray's default 10001 may be taken
         # short: Ray's unix socket paths live under it (at most 107 characters)
         self.temp_dir = tempfile.mkdtemp(prefix="cr-", dir="/tmp")
@@ -50,8 +58,9 @@ class LocalCluster:
             for k, v in os.environ.items()
             if k not in ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_AUTH_TOKEN_PATH")
         }
-        # Ray 2.60 turns token authentication on for `ray start --head` when ~/.ray/auth_token exists:
-        # give this cluster (and only its clients) a token of its own.
+        # Token authentication as docs/cluster.md sets it up: RAY_AUTH_MODE=token and one RAY_AUTH_TOKEN for every
+        # node and client (Ray 2.60 turns it on for `ray start --head` by itself when ~/.ray/auth_token exists, but
+        # not for the other nodes and clients). This cluster (and only its clients) gets a token of its own.
         self.env = env | {
             MARKER: self.temp_dir,
             "RAY_AUTH_MODE": "token",
@@ -59,32 +68,45 @@ class LocalCluster:
             "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         }
 
-    def ray(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True, timeout=90)
+    def ray(self, *args: str, cwd: Path | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+        )
 
     def start(self) -> None:
         common = [
             "--node-ip-address=127.0.0.1",
             f"--num-cpus={self.cpus}",
             "--num-gpus=0",
-            f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
             *([f"--resources={json.dumps(self.resources)}"] if self.resources else []),
         ]
+        if self.dashboard_url:
+            dashboard = ["--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}"]
+        else:
+            dashboard = ["--include-dashboard=false"]
         head = self.ray(
             "start",
             "--head",
             f"--port={self.port}",
-            "--include-dashboard=false",
+            *dashboard,
             f"--dashboard-agent-listen-port={free_port()}",
             f"--ray-client-server-port={self.client_port}",
+            f"--temp-dir={self.temp_dir}",
             *common,
         )
         assert head.returncode == 0, head.stderr[-3000:]
         self.started_by_node = [self.processes()]  # what each node's `ray start` left running, in node order
-        for _ in range(self.nodes - 1):
+        for i in range(1, self.nodes):
+            # a temp dir of its own, as on another machine: nodes sharing one also shared the runtime envs' files,
+            # and one node's cleanup deleted a Ray job's working_dir under the driver on the other (its next import
+            # failed: "Intel oneMKL FATAL ERROR: Cannot load .../libtorch_cpu.so", or FileNotFoundError)
             node = self.ray(
-                "start", f"--address={self.address}", f"--dashboard-agent-listen-port={free_port()}", *common
+                "start",
+                f"--address={self.address}",
+                f"--dashboard-agent-listen-port={free_port()}",
+                f"--temp-dir={self.temp_dir}{os.sep}n{i}",
+                *common,
             )
             assert node.returncode == 0, node.stderr[-3000:]
             seen = {p.pid for started in self.started_by_node for p in started}
@@ -92,6 +114,11 @@ class LocalCluster:
         deadline = time.monotonic() + 45
         while self.alive_nodes() < self.nodes:
             assert time.monotonic() < deadline, f"the cluster has {self.alive_nodes()} of {self.nodes} nodes after 45 s"
+            time.sleep(0.5)
+        # the head's Ray Client server starts in a process of its own, after `ray start` returns (with the dashboard,
+        # on a loaded machine, it refused connections for a while)
+        while not listening(self.client_port):
+            assert time.monotonic() < deadline + 60, f"no Ray Client server on port {self.client_port} after 105 s"
             time.sleep(0.5)
 
     def alive_nodes(self) -> int:
@@ -238,7 +265,25 @@ def run_sweep(cluster: LocalCluster, tmp_path: Path, sweep_yaml: str, *extra: st
     return sweep, runlog.load_run(storage / name), node_ids
 
 
-def test_a_sweep_through_ray_client_interrupted_and_resumed_on_both_nodes(tmp_path):
+def dashboard_installed() -> bool:
+    """`ray job submit` needs the head's dashboard, which needs ray[default] (aiohttp and more)."""
+    return importlib.util.find_spec("aiohttp") is not None
+
+
+@pytest.fixture(scope="module")
+def token_cluster():
+    """Two 1-CPU nodes with token authentication, and a dashboard where ray[default] is installed: one cluster
+    start for the tests below (started lazily by the first that asks), stopped and swept after the last."""
+    cluster = LocalCluster(nodes=2, cpus_per_node=1, dashboard=dashboard_installed())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        left = cluster.stop()
+    assert not left, f"processes of the test cluster still alive: {[(p.pid, p.name()) for p in left]}"
+
+
+def test_a_sweep_through_ray_client_interrupted_and_resumed_on_both_nodes(tmp_path, token_cluster):
     """Two 1-CPU nodes without cifar_ray_cpu resources (a cluster started without them): cap packing. The first
     session goes through Ray Client (`--address ray://HOST:PORT`: Tune then runs in an actor on the cluster); the
     epoch lines printed there must reach the client's terminal, and Ctrl-C on the client leaves the trials
@@ -253,39 +298,34 @@ def test_a_sweep_through_ray_client_interrupted_and_resumed_on_both_nodes(tmp_pa
         "grid:\n  seed: [0, 1]\n"
     )
     storage = tmp_path / "shared"  # one folder every node sees: here, the same disk
-    cluster = LocalCluster(nodes=2, cpus_per_node=1)
+    cluster = token_cluster
     command = [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--storage", str(storage)]
-    try:
-        cluster.start()
-        first = subprocess.Popen(
-            [*command, "--address", f"ray://127.0.0.1:{cluster.client_port}"],
-            env=cluster.env,
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        seen = []
-        for line in first.stdout:  # the relayed epoch lines arrive while the sweep runs
-            seen.append(line)
-            if " epoch 1/3 " in line:
-                first.send_signal(signal.SIGINT)
-                break
-        seen += first.stdout.readlines()
-        assert first.wait(timeout=60) == 130, "".join(seen)[-3000:]
-        interrupted = {t.name: t.status for t in runlog.load_run(storage / "via-client").trials}
-        resumed = subprocess.run(
-            [*command, "--address", cluster.address, "--resume", "--json"],
-            env=cluster.env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        status = cluster.ray("status", f"--address={cluster.address}").stdout
-    finally:
-        left = cluster.stop()
-    assert not left, f"processes of the test cluster still alive: {[(p.pid, p.name()) for p in left]}"
+    first = subprocess.Popen(
+        [*command, "--address", f"ray://127.0.0.1:{cluster.client_port}"],
+        env=cluster.env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    for line in first.stdout:  # the relayed epoch lines arrive while the sweep runs
+        seen.append(line)
+        if " epoch 1/3 " in line:
+            first.send_signal(signal.SIGINT)
+            break
+    seen += first.stdout.readlines()
+    assert first.wait(timeout=60) == 130, "".join(seen)[-3000:]
+    interrupted = {t.name: t.status for t in runlog.load_run(storage / "via-client").trials}
+    resumed = subprocess.run(
+        [*command, "--address", cluster.address, "--resume", "--json"],
+        env=cluster.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    status = cluster.ray("status", f"--address={cluster.address}").stdout
     output = "".join(seen)
     # the driver marks the trials it stopped interrupted at once (issue 24); none is left "running" or failed
     assert "--resume" in output and "interrupted" in interrupted.values(), (interrupted, output[-3000:])
@@ -312,6 +352,62 @@ def test_a_sweep_through_ray_client_interrupted_and_resumed_on_both_nodes(tmp_pa
     finished = sorted(t.meta["finished_unix"] for t in run.trials)
     assert started[1] < finished[0]  # side by side, as the 2 slots allow
     assert set(used) == cluster_nodes, (used, cluster_nodes)  # 1 CPU per node: a trial on each
+    # the resumed session's lines, as each trial's epochs end, in order; its elapsed time is its own
+    for trial in run.trials:
+        epochs = re.findall(rf"^{re.escape(trial.name)}\s+epoch (\d)/3 ", resumed.stderr, re.MULTILINE)
+        assert epochs == sorted(epochs) and epochs[-1] == "3", resumed.stderr[-3000:]
+    totals = re.findall(r"^\[\d/2 done[^\]]*\] \d+ (?:s|min) elapsed this session", resumed.stderr, re.MULTILINE)
+    assert len(totals) == 2, resumed.stderr[-3000:]
+
+
+@pytest.mark.skipif(
+    not dashboard_installed(), reason="`ray job submit` needs the dashboard: pip install 'ray[default]'"
+)
+def test_a_sweep_submitted_as_a_ray_job_with_token_auth(tmp_path, token_cluster):
+    """docs/cluster.md's `ray job submit`, as written but for the addresses and files: this checkout shipped as the
+    job's working directory, the sweep's driver on the head (the job inherits the head's token), its progress
+    tailed back by `ray job submit`, both nodes used."""
+    (tmp_path / "sweep.yaml").write_text(
+        "name: as-job\n"
+        "base: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 8, epochs: 2, batch_size: 64, "
+        "workers: 1}\n"
+        "grid:\n  seed: [0, 1]\n"
+    )
+    storage = tmp_path / "shared"
+    runtime_env = {"working_dir": ".", "excludes": [".venv", "runs", "reports", ".git"]}
+    deadline = time.monotonic() + 90
+    while True:  # the head's dashboard agent registers a while after `ray start`: Ray says to try again
+        submit = token_cluster.ray(
+            "job",
+            "submit",
+            "--address",
+            token_cluster.dashboard_url,
+            "--runtime-env-json",
+            json.dumps(runtime_env),
+            "--",
+            "python",
+            "-m",
+            "cifar_ray.cli",
+            "sweep",
+            str(tmp_path / "sweep.yaml"),
+            "--storage",
+            str(storage),
+            cwd=Path(__file__).resolve().parent.parent,
+            timeout=300,
+        )
+        if "No available agent to submit job" not in submit.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
+    assert "succeeded" in submit.stdout + submit.stderr
+    run = runlog.load_run(storage / "as-job")
+    assert [t.status for t in run.trials] == ["finished", "finished"]
+    assert all([row["epoch"] for row in t.epochs] == [1, 2] for t in run.trials)
+    assert len({node for t in run.trials for node in t.meta["system"]["nodes"]}) == 2  # 1 CPU per node: one each
+    for trial in run.trials:  # the job's log, tailed back: each trial's epochs in order
+        assert re.findall(rf"{re.escape(trial.name)}\s+epoch (\d)/2 ", submit.stdout) == ["1", "2"], submit.stdout[
+            -3000:
+        ]
 
 
 @pytest.mark.skipif(not os.environ.get("CIFAR_RAY_LONG_TESTS"), reason="~75 s more; set CIFAR_RAY_LONG_TESTS=1")

@@ -1,35 +1,28 @@
-"""The sweep's progress lines (the Tune callback), without running a sweep: fake Tune trials over real run logs."""
+"""The sweep's progress, without running a sweep: the Dispatcher's log of events, and the lines and bar made from
+fake events over real run logs, with a fake clock."""
 
 from __future__ import annotations
 
-import re
+import asyncio
+import io
 import time
-from types import SimpleNamespace
-
-import pytest
 
 from cifar_ray.cluster import progress
-from cifar_ray.cluster.dispatcher import tune_trial
-from cifar_ray.cluster.slots import STARTED
+from cifar_ray.cluster.dispatcher import Dispatcher, RunTrial
 from cifar_ray.core import runlog, status
 from cifar_ray.core.config import TrainConfig
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import TrialSpec
 
 
-@pytest.fixture
-def printed(monkeypatch) -> list[str]:
-    lines: list[str] = []
-    monkeypatch.setattr(progress, "progress_printer", [lines.append])
-    return lines
-
-
-def fake_trial(run_dir: StoragePath, epochs: int = 2, status: str = "running", logged: int = 0) -> SimpleNamespace:
-    trial = TrialSpec(0, "t000-lr=0.1", {"lr": 0.1}, TrainConfig(lr=0.1, epochs=epochs))
+def spec(run_dir: StoragePath, index: int = 0, epochs: int = 2, logged: int = 0, status: str = "pending") -> RunTrial:
+    """A trial of the run in `run_dir` with its trial.json and `logged` epochs in its metrics.jsonl."""
+    lr = round(0.1 * (index + 1), 1)
+    trial = TrialSpec(index, f"t{index:03d}-lr={lr}", {"lr": lr}, TrainConfig(lr=lr, epochs=epochs))
     runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": status})
     for epoch in range(1, logged + 1):
         runlog.append_epoch(run_dir / trial.name, epoch_row(epoch))
-    return SimpleNamespace(config={"trial": tune_trial(trial, run_dir)})
+    return RunTrial.of(trial, run_dir)
 
 
 def epoch_row(epoch: int) -> dict:
@@ -46,6 +39,25 @@ def epoch_row(epoch: int) -> dict:
     }
 
 
+class FakeClock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Terminal(io.StringIO):
+    """A stream that says whether it is a terminal, as sys.stdout does."""
+
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
 def test_tune_adds_no_progress_printer_of_its_own():
     """Tune's default TrialProgressCallback printed `Trial ... completed. Last result:` during --resume, even
     with verbose=0; it is added only when no TrialProgressCallback is among the callbacks."""
@@ -57,59 +69,119 @@ def test_tune_adds_no_progress_printer_of_its_own():
     assert [c for c in callbacks if isinstance(c, TrialProgressCallback)] == [ours]
 
 
-def test_a_trial_starts_when_its_slot_takes_it_not_when_tune_starts_it(tmp_path, printed):
+def test_the_dispatcher_logs_every_trials_news_in_the_order_it_came(tmp_path):
+    """The one log the driver prints from: two trials' news interleaved as they were told, read from any index."""
     run_dir = StoragePath.of(tmp_path)
-    callback = progress.progress_callback()
-    trial = fake_trial(run_dir, epochs=3, logged=1)
-    callback.on_trial_start(0, [], trial)
-    assert printed == []
-    callback.on_trial_result(0, [], trial, {STARTED: 0})
-    callback.on_trial_result(0, [], trial, {STARTED: 1})
-    assert printed == ["t000-lr=0.1  starts  lr=0.1", "t000-lr=0.1  continues after epoch 1/3  lr=0.1"]
+    a, b = spec(run_dir, 0), spec(run_dir, 1)
+    d = Dispatcher([a, b], {a.shape: ["slot-a", "slot-b"]})
+    assert asyncio.run(d.take(a.shape, "slot-a")) == a
+    assert asyncio.run(d.take(a.shape, "slot-b")) == b
+    asyncio.run(d.epoch(b.name, {"epoch": 1}))
+    asyncio.run(d.epoch(a.name, {"epoch": 1}))
+    told = [
+        (a.name, {"start": 0}),
+        (b.name, {"start": 0}),
+        (b.name, {"epoch": {"epoch": 1}}),
+        (a.name, {"epoch": {"epoch": 1}}),
+    ]
+    assert asyncio.run(d.events(0, 0.01)) == told
+    assert asyncio.run(d.events(3, 0.01)) == told[3:]
+    assert asyncio.run(d.events(4, 0.01)) == []
 
 
-def test_the_progress_callback_only_prints(tmp_path, printed):
-    """The Dispatcher alone writes run state: every event the callback gets, a trial's last epoch and a
-    diverged one included, leaves the run folder byte for byte as it was."""
+def test_lines_come_as_the_events_happen_in_their_order(tmp_path):
+    """While the sweep runs (inside `follow`), each event is printed within a read's wait of its telling, in the
+    Dispatcher's order across trials (Tune's thin trials, started a few at a time, once printed them minutes late
+    and out of order), and where the sweep stands right after each trial ends."""
     run_dir = StoragePath.of(tmp_path)
     runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
-    trial = fake_trial(run_dir, epochs=2, logged=2)
-    before = folder_bytes(tmp_path)
-    callback = progress.progress_callback()
-    callback.on_trial_start(0, [], trial)
-    callback.on_trial_result(0, [], trial, {STARTED: 0})
-    callback.on_trial_result(0, [], trial, epoch_row(1))
-    callback.on_trial_result(0, [], trial, epoch_row(2))
-    callback.on_trial_result(0, [], trial, epoch_row(2) | {"diverged": True})
-    callback.on_trial_error(0, [], trial)
-    callback.on_trial_complete(0, [], trial)
-    assert folder_bytes(tmp_path) == before
-    assert [line.split("  ")[1] for line in printed if "  epoch " in line] == ["epoch 1/2", "epoch 2/2", "epoch 2/2"]
+    a, b = spec(run_dir, 0, epochs=1), spec(run_dir, 1, epochs=2, logged=1)
+    log: list[tuple[str, dict]] = []
+    lines: list[str] = []
+    view = progress.SweepProgress(run_dir, [a, b], lines.append, started=time.time())
+
+    def read(since: int, wait_s: float) -> list:
+        time.sleep(min(wait_s, 0.05))
+        return log[since:]
+
+    def printed(count: int) -> list[str]:
+        deadline = time.monotonic() + 5
+        while len(lines) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return lines[:]
+
+    with progress.follow(read, view):
+        log.append((b.name, {"start": 1}))
+        assert printed(1) == ["t001-lr=0.2  continues after epoch 1/2  lr=0.2"]
+        log.extend([(a.name, {"start": 0}), (a.name, {"epoch": epoch_row(1)}), (b.name, {"epoch": epoch_row(2)})])
+        runlog.record_outcome(run_dir / a.name)
+        log.append((a.name, {"done": True}))
+        assert len(printed(5)) == 5
+    assert [line.split("  ")[:2] for line in lines[1:4]] == [
+        ["t000-lr=0.1", "starts"],
+        ["t000-lr=0.1", "epoch 1/1"],
+        ["t001-lr=0.2", "epoch 2/2"],
+    ]
+    assert lines[4].startswith("[1/2 done · 1 pending] "), lines
 
 
-def folder_bytes(root) -> dict:
-    return {str(path): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
-
-
-def test_after_each_trial_ends_the_sweep_says_where_it_stands(tmp_path, printed):
-    """The counting and the ETA of `cifar-ray status` (status.sweep_state): t000 ends at 30 s of wall time per
-    epoch, t001's 2 epochs are left, one trial at a time: ETA 60 s."""
+def test_elapsed_is_this_sessions_running_time(tmp_path):
+    """A run whose first session began 17 h ago, resumed 125 s ago: the line after a trial ends says 2 min, and what
+    it measures; the ETA is status's (t000: 30 s per epoch; t001's 2 epochs left, one at a time: 60 s)."""
     run_dir, now = StoragePath.of(tmp_path), time.time()
-    started_at = time.strftime(status.ISO_FORMAT, time.localtime(now - 60))
-    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": started_at})
-    trial = fake_trial(run_dir, epochs=2)
-    runlog.update_json(run_dir / "t000-lr=0.1" / runlog.TRIAL_FILE, started_unix=now - 60)
+    first_began = time.strftime(status.ISO_FORMAT, time.localtime(now - 17 * 3600))
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": first_began})
+    a, b = spec(run_dir, 0, epochs=2), spec(run_dir, 1, epochs=2)
+    runlog.update_json(a.trial_file, started_unix=now - 60)
     for epoch, end in ((1, now - 30), (2, now)):
-        runlog.append_epoch(run_dir / "t000-lr=0.1", epoch_row(epoch) | {"end_unix": end})
-    runlog.record_outcome(run_dir / "t000-lr=0.1")  # as the Dispatcher does before the last epoch's news
-    other = TrialSpec(1, "t001-lr=0.2", {"lr": 0.2}, TrainConfig(lr=0.2, epochs=2))
-    runlog.write_json(run_dir / other.name / runlog.TRIAL_FILE, other.as_dict() | {"status": "pending"})
-    callback = progress.progress_callback()
+        runlog.append_epoch(a.trial_dir, epoch_row(epoch) | {"end_unix": end})
+    runlog.record_outcome(a.trial_dir)
+    lines: list[str] = []
+    view = progress.SweepProgress(run_dir, [a, b], lines.append, started=1000.0, clock=FakeClock(1125.0))
+    view.event(a.name, {"done": True})
+    assert lines == ["[1/2 done · 1 pending] 2 min elapsed this session · ETA ~60 s"]
 
-    callback.on_trial_result(0, [], trial, epoch_row(2))
-    assert re.fullmatch(r"\[1/2 done · 1 pending\] 6\d s elapsed · ETA ~60 s", printed[-1]), printed
+    runlog.update_json(b.trial_file, status="failed", error="RuntimeError: boom")
+    view.clock.now = 1190.0
+    view.event(b.name, {"failed": "RuntimeError: boom", "status": "failed"})
+    assert lines[1:] == ["t001-lr=0.2  FAILED: RuntimeError: boom", "[1/2 done · 1 failed] 3 min elapsed this session"]
 
-    runlog.update_json(run_dir / other.name / runlog.TRIAL_FILE, status="failed", error="RuntimeError: boom")
-    callback.on_trial_error(0, [], SimpleNamespace(config={"trial": tune_trial(other, run_dir)}))
-    assert printed[-2] == "t001-lr=0.2  FAILED: RuntimeError: boom"
-    assert re.fullmatch(r"\[1/2 done · 1 failed\] 6\d s elapsed", printed[-1]), printed
+
+def test_a_terminal_gets_a_live_bar_any_other_stream_plain_lines(tmp_path):
+    """The same events on a stream that is a terminal and on one that is not (a pipe, a file). The bar counts the
+    epochs this session trains (t001's logged one done), drops a failed trial's epochs left, shows this session's
+    elapsed time and the counts, and keeps the trial lines above it; the lines print no bar."""
+    run_dir = StoragePath.of(tmp_path)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
+    a, b = spec(run_dir, 0, epochs=3), spec(run_dir, 1, epochs=2, logged=1)
+    events = [(a.name, {"start": 0}), (a.name, {"epoch": epoch_row(1)}), (b.name, {"start": 1})]
+    outputs = {}
+    for tty in (True, False):
+        stream = Terminal(tty)
+        view = progress.SweepProgress(
+            run_dir, [a, b], lambda line, s=stream: print(line, file=s), 1000.0, stream, FakeClock(1065.0)
+        )
+        for trial, event in events:
+            view.event(trial, event)
+        if tty:
+            assert (view.bar.n, view.bar.total) == (2, 5)
+        runlog.update_json(a.trial_file, status="failed", error="boom")
+        view.event(a.name, {"failed": "boom", "status": "failed"})
+        if tty:
+            assert (view.bar.n, view.bar.total) == (2, 3)  # t000's 2 epochs left are not trained
+        view.close()
+        outputs[tty] = stream.getvalue()
+    bar, plain = outputs[True], outputs[False]
+    assert "\r" in bar and "2/3 epochs |" in bar and "01:05 this session" in bar, bar
+    assert bar.startswith("\r1/5 epochs |") and "00:00" not in bar, bar
+    assert "[0/2 done · 1 pending · 1 failed]" in bar.rsplit("\r", 1)[-1], bar
+    assert "t000-lr=0.1  epoch 1/3" in bar and "t000-lr=0.1  FAILED: boom" in bar
+    assert "\r" not in plain and "epochs |" not in plain, plain
+    assert plain.splitlines() == [
+        "t000-lr=0.1  starts  lr=0.1",
+        "t000-lr=0.1  epoch 1/3  train loss 1.000 acc  50.0%  test loss 1.000 acc  50.0%  1.0s  100 img/s  "
+        "10 MB/worker peak",
+        "t001-lr=0.2  continues after epoch 1/2  lr=0.2",
+        "t000-lr=0.1  FAILED: boom",
+        "[0/2 done · 1 pending · 1 failed] 65 s elapsed this session · ETA unknown (no epoch has finished yet)",
+    ]

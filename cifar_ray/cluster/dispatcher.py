@@ -75,6 +75,7 @@ class Dispatcher:
         self.attempts: collections.Counter = collections.Counter()
         self.errors: dict[str, tuple[str, str]] = {}  # trial -> (status, one-line error) of its last failure
         self.news: dict[str, list[dict]] = collections.defaultdict(list)
+        self.log: list[tuple[str, dict]] = []  # every trial's news, in the order it came (the driver prints it)
         self.changed: asyncio.Condition | None = None  # made in the actor's event loop, on first use
 
     def _condition(self) -> asyncio.Condition:
@@ -85,6 +86,7 @@ class Dispatcher:
     async def _tell(self, trial: str, event: dict) -> None:
         async with self._condition():
             self.news[trial].append(event)
+            self.log.append((trial, event))
             self._condition().notify_all()
 
     async def read(self, trial: str, since: int, wait_s: float) -> list[dict]:
@@ -94,6 +96,14 @@ class Dispatcher:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._condition().wait_for(lambda: len(self.news[trial]) > since), wait_s)
             return self.news[trial][since:]
+
+    async def events(self, since: int, wait_s: float) -> list[tuple[str, dict]]:
+        """Every trial's news from index `since` of the log, as (trial, event), waiting up to wait_s for some."""
+        async with self._condition():
+            if len(self.log) <= since:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._condition().wait_for(lambda: len(self.log) > since), wait_s)
+            return self.log[since:]
 
     async def take(self, shape: str, slot: str) -> RunTrial | None:
         """The slot's next trial: the one it was running, if its worker group was restarted (continued

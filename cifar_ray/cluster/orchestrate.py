@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import TextIO
 
 from ..core import lease, runlog, sysinfo
 from ..core.errors import ConfigError
@@ -26,7 +27,7 @@ from . import slots
 from .dispatcher import tune_trial
 from .live_view import live_tensorboard
 from .placement import check_fits, cluster_capacity, resolve_plan
-from .progress import progress_callback, progress_printer, progress_relay, sweep_header
+from .progress import SweepProgress, dispatcher_events, follow, progress_callback, sweep_header
 from .session import check_shared_storage, is_ray_client, write_provenance
 
 TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"  # read by Tuner.fit as it starts
@@ -141,6 +142,7 @@ def run_plan(
     command: str | None = None,
     estimate_s: float | None = None,
     profile: bool = False,
+    stream: TextIO | None = None,
 ) -> StoragePath:
     """Run every trial of `plan` on the connected Ray; returns the run folder (storage/name).
     Trial failures do not raise: they are recorded in each trial.json. With `resume`, an
@@ -150,9 +152,10 @@ def run_plan(
     resumed run keeps the choice it was started with. `command`: the shell command that runs this plan again,
     recorded in sweep.json (the CLI gives its own; None from Python). `estimate_s`: the wall time `sweep --estimate`
     expected, recorded in sweep.json and repeated in the header. `profile`: --profile, for the trials this session
-    trains. The driver holds the run folder's lease throughout (core/lease.py): a second driver is refused."""
+    trains. `stream`: where print_line prints; a terminal gets a live progress bar (progress.SweepProgress). The
+    driver holds the run folder's lease throughout (core/lease.py): a second driver is refused."""
     with lease.hold(StoragePath.of(storage) / plan.name, print_line):
-        return _run_held(plan, storage, max_concurrent, print_line, resume, warm, command, estimate_s, profile)
+        return _run_held(plan, storage, max_concurrent, print_line, resume, warm, command, estimate_s, profile, stream)
 
 
 def _run_held(
@@ -165,6 +168,7 @@ def _run_held(
     command: str | None,
     estimate_s: float | None,
     profile: bool,
+    stream: TextIO | None,
 ) -> StoragePath:
     """run_plan, its lease held."""
     capacity = cluster_capacity()
@@ -183,7 +187,6 @@ def _run_held(
     names = [t.name for t in plan.trials]
     warm = previous.get("warm", False) if resume else warm
     trainable = slots.thin_trainable()
-    progress_printer[0] = print_line
     slot_plan = slots.plan_slots(plan, run_dir, capacity, max_concurrent, one_trial=not warm, profile=profile)
     limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot running, and the next ones
     if resume:
@@ -223,29 +226,31 @@ def _run_held(
     untrained = len(slot_plan.specs) if resume else None
     print_line(sweep_header(plan, capacity, limit, run_dir, untrained, estimate_s))
     started_slots = None
-    session = open_session(run_dir, time.time())
-    with progress_relay(print_line) if client else contextlib.nullcontext():
-        try:
-            write_provenance(run_dir, session)
-            started_slots = slot_plan.start()  # started last, inside the try: every way out stops them
+    started = time.time()
+    session = open_session(run_dir, started)
+    try:
+        write_provenance(run_dir, session)
+        started_slots = slot_plan.start()  # started last, inside the try: every way out stops them
+        view = SweepProgress(run_dir, slot_plan.specs, print_line, started, stream)
+        with follow(dispatcher_events(started_slots.dispatcher), view):  # before the slots stop: all is printed
             with ctrl_c_interrupts_tune():
                 tuner.fit()
-            if _all_final(run_dir, plan):  # else Tune stopped early: the slots are stopped
+            if _all_final(run_dir, plan):  # else Tune stopped early (SIGINT, SIGTERM): the slots are stopped
                 started_slots.wait()
-        except KeyboardInterrupt:
-            if not client:
-                raise
-            # Tune runs on the cluster and stops when this client disconnects (the caller's ray.shutdown),
-            # its saved state and checkpoints kept for --resume. The mark tells `status` the run has stopped.
-            runlog.update_json(sweep_file, interrupted_unix=time.time())
-            logging.getLogger("ray.util.client.dataclient").setLevel(
-                logging.CRITICAL
-            )  # "Unrecoverable error in data channel"
-        finally:
-            if started_slots is not None:
-                started_slots.stop()
-            mark_interrupted(run_dir, plan)
-            close_session(sweep_file, _all_final(run_dir, plan))
+    except KeyboardInterrupt:
+        if not client:
+            raise
+        # Tune runs on the cluster and stops when this client disconnects (the caller's ray.shutdown),
+        # its saved state and checkpoints kept for --resume. The mark tells `status` the run has stopped.
+        runlog.update_json(sweep_file, interrupted_unix=time.time())
+        logging.getLogger("ray.util.client.dataclient").setLevel(
+            logging.CRITICAL
+        )  # "Unrecoverable error in data channel"
+    finally:
+        if started_slots is not None:
+            started_slots.stop()
+        mark_interrupted(run_dir, plan)
+        close_session(sweep_file, _all_final(run_dir, plan))
     return run_dir
 
 

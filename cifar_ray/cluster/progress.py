@@ -1,23 +1,21 @@
 """What a running sweep prints: a header, a line per trial start, per finished epoch and per failure, and after
-each trial ends where the sweep stands (status.progress_line, what `cifar-ray status` counts).
-
-Through Ray Client, Tune and its callbacks run in an actor on the cluster; a ProgressRelay actor carries
-their lines to the client's terminal.
+each trial ends where the sweep stands (status.progress_line, what `cifar-ray status` counts), or on a terminal a
+live bar. The lines come from the Dispatcher's events, read by a thread of the driver as they happen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 from ..core import runlog, status
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from ..core.text import counted, rough_duration
-from .dispatcher import RunTrial, tune_run_trial
+from .dispatcher import RunTrial
 from .placement import trials_at_once
-from .slots import NOTE, STARTED
 
 
 def format_epoch(trial: str, result: dict, epochs: int) -> str:
@@ -28,82 +26,6 @@ def format_epoch(trial: str, result: dict, epochs: int) -> str:
         f"{result['epoch_time_s']:.1f}s  {result['samples_per_s']:.0f} img/s  "
         f"{result['peak_mem_mb']:.0f} MB/worker peak" + ("  DIVERGED" if result.get("diverged") else "")
     )
-
-
-def print_progress(line: str) -> None:
-    """Where the progress callback writes; run_plan points it at the caller's printer. A module-level hook,
-    not a closure, because Tune pickles its callbacks with the experiment and a restored sweep
-    must print to the new process's terminal."""
-    progress_printer[0](line)
-
-
-PROGRESS_RELAY = "cifar-ray-progress"  # a named actor in the client's job (its own namespace)
-
-
-def _relay_or_print(line: str) -> None:
-    """The printer where run_plan set none: in Tune's actor on the cluster (Ray Client) it hands
-    the line to the client's ProgressRelay, found by name (a restored sweep has a new one)."""
-    import ray
-
-    try:
-        relay = ray.get_actor(PROGRESS_RELAY)
-    except ValueError:  # no relay: not under Ray Client
-        print(line, flush=True)
-        return
-    ray.get(relay.put.remote(line))  # waited for: the client's last take must see every line
-
-
-progress_printer: list[Callable[[str], None]] = [_relay_or_print]
-
-
-class ProgressRelay:
-    """Holds progress lines from Tune's actor until the Ray Client driver takes them."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def put(self, line: str) -> None:
-        self.lines.append(line)
-
-    def take(self) -> list[str]:
-        lines, self.lines = self.lines, []
-        return lines
-
-
-@contextlib.contextmanager
-def progress_relay(print_line: Callable[[str], None], every_s: float = 0.5) -> Iterator[None]:
-    """Through Ray Client, Tune and its callbacks run in an actor on the cluster, whose prints do
-    not reach this terminal (log_to_driver is off unless --verbose): a ProgressRelay actor
-    collects the epoch lines, and a thread here prints them while Tuner.fit() blocks. Enter it
-    only when connected through Ray Client."""
-    import threading
-
-    import ray
-
-    relay = ray.remote(num_cpus=0)(ProgressRelay).options(name=PROGRESS_RELAY).remote()
-    stop = threading.Event()
-
-    def forward() -> None:
-        while True:
-            last = stop.wait(every_s)
-            try:
-                lines = ray.get(relay.take.remote())
-            except ray.exceptions.RayError:  # the connection or the relay is gone: nothing more to print
-                return
-            for line in lines:
-                print_line(line)
-            if last:
-                return
-
-    thread = threading.Thread(target=forward, name="cifar-ray-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        with contextlib.suppress(ConnectionError, ray.exceptions.RayError):  # a lost connection took it already
-            ray.kill(relay)
 
 
 def sweep_header(
@@ -135,38 +57,164 @@ def start_line(trial: RunTrial, done: int) -> str:
 
 
 def progress_callback():
-    """The Tune callback that prints a sweep's progress from its thin trials' results. It only prints: the
-    Dispatcher records every trial's state (slots.py)."""
+    """A Tune callback that prints nothing: a TrialProgressCallback among the callbacks keeps Tune from adding its
+    own, whose `Trial ... completed. Last result:` lines printed during --resume even with verbose=0. The sweep's
+    lines come from the Dispatcher's events (`follow`), not from Tune's thin trials, which Tune starts only a few at a
+    time and whose results reach it late and interleaved."""
     from ray.tune.progress_reporter import TrialProgressCallback
 
-    class SweepProgress(TrialProgressCallback):
-        """Our progress lines: one when a trial's slot takes it (starts or continues), one per finished epoch,
-        one when a trial fails, and where the sweep stands after a trial ends. A TrialProgressCallback, so
-        Tune adds none of its own: its `Trial ... completed. Last result:` line printed during --resume
-        even with verbose=0."""
-
+    class Silent(TrialProgressCallback):
         def on_trial_start(self, iteration, trials, trial, **info):
-            pass  # said when its slot takes it (the STARTED result): the thin trial starts before that
+            pass
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            spec = tune_run_trial(trial.config)
-            if STARTED in result:
-                print_progress(start_line(spec, int(result[STARTED])))
-            elif NOTE in result:
-                print_progress(f"{spec.name}  {result[NOTE]}")
-            elif "epoch" in result:
-                print_progress(format_epoch(spec.name, result, spec.config.epochs))
-                if result["epoch"] == spec.config.epochs or result.get("diverged"):
-                    print_progress(status.progress_line(spec.run_dir))  # the Dispatcher recorded its end first
+            pass
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            spec = tune_run_trial(trial.config)
-            meta = runlog.read_json(spec.trial_file)
-            error = meta.get("error") or f"see {runlog.ERROR_FILE}"
-            print_progress(f"{spec.name}  {meta.get('status', 'failed').upper()}: {error}")
-            print_progress(status.progress_line(spec.run_dir))
+            pass
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             pass
 
-    return SweepProgress()
+    return Silent()
+
+
+class SweepProgress:
+    """What a sweep prints as its trials go, from the Dispatcher's events in the order it got them: a line when a slot
+    takes a trial (it starts or continues), per finished epoch and per failure, and where the sweep stands after each
+    trial ends (the counts and ETA of `cifar-ray status`). Elapsed is this session's running time, from `started`
+    (Unix time, `clock`'s): a resumed sweep does not count the time since its first session began.
+
+    On a terminal (`stream.isatty()`) the lines go above a live bar of the epochs this session trains (those logged
+    before it count as done), with the elapsed time and where the sweep stands; elsewhere every line is printed with
+    `print_line`, the counts after each trial's end, as before."""
+
+    def __init__(
+        self,
+        run_dir: StoragePath,
+        specs: list[RunTrial],
+        print_line: Callable[[str], None],
+        started: float,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.run_dir, self.print_line, self.started, self.clock = run_dir, print_line, started, clock
+        self.specs = {spec.name: spec for spec in specs}
+        self.bar = None
+        if stream is not None and stream.isatty():
+            from tqdm import tqdm
+
+            self.logged = {spec.name: len(runlog.read_epochs(spec.trial_dir)) for spec in specs}
+            self.bar = tqdm(
+                total=sum(spec.config.epochs for spec in specs),
+                initial=sum(self.logged.values()),
+                file=stream,
+                bar_format="{n_fmt}/{total_fmt} epochs |{bar}| {elapsed} this session · {desc}",
+                desc=f"{len(specs)} trial{'s' * (len(specs) != 1)} to train",
+                dynamic_ncols=True,
+                delay=1e-9,  # shown first below, once its clock is this session's
+            )
+            self.bar._time = clock  # the bar's elapsed is this session's, as the lines' is
+            self.bar.start_t = started
+            self.bar.refresh()
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started
+
+    def _say(self, line: str) -> None:
+        if self.bar is None:
+            self.print_line(line)
+        else:
+            self.bar.write(line, file=self.bar.fp)
+
+    def _stands(self) -> None:
+        """Where the sweep stands, once a trial ended: a line, or the bar's description."""
+        if self.bar is None:
+            self.print_line(status.progress_line(self.run_dir, self.elapsed_s()))
+        else:
+            self.bar.set_description_str(status.progress_line(self.run_dir, None), refresh=True)
+
+    def _epochs(self, trial: str, logged: int) -> None:
+        if self.bar is not None and logged > self.logged[trial]:
+            self.bar.update(logged - self.logged[trial])
+            self.logged[trial] = logged
+
+    def _ended_early(self, trial: str) -> None:
+        """A trial that failed or diverged trains no more epochs: the bar's total stops counting them."""
+        if self.bar is not None:
+            self.bar.total -= self.specs[trial].config.epochs - self.logged[trial]
+            self.logged[trial] = self.specs[trial].config.epochs
+            self.bar.refresh()
+
+    def event(self, trial: str, event: dict) -> None:
+        """One of the Dispatcher's events about `trial` (dispatcher.Dispatcher._tell)."""
+        spec = self.specs[trial]
+        if "start" in event:
+            self._say(start_line(spec, event["start"]))
+            self._epochs(trial, event["start"])
+        elif "epoch" in event:
+            self._say(format_epoch(trial, event["epoch"], spec.config.epochs))
+            self._epochs(trial, event["epoch"]["epoch"])
+        elif "note" in event:  # a line its trial's log must say (Dispatcher.note: a checkpoint passed over)
+            self._say(f"{trial}  {event['note']}")
+        elif "failed" in event:
+            self._say(f"{trial}  {event.get('status', 'failed').upper()}: {event['failed']}")
+            self._ended_early(trial)
+            self._stands()
+        elif "done" in event:
+            self._ended_early(trial)  # a diverged trial ends before its last epoch
+            self._stands()
+
+    def tick(self) -> None:
+        """The bar's elapsed time moves on while no event comes."""
+        if self.bar is not None:
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+FOLLOW_WAIT_S = 1.0  # the longest one read of the Dispatcher's events waits; the bar's clock ticks as often
+
+
+@contextlib.contextmanager
+def follow(read: Callable[[int, float], list], view: SweepProgress) -> Iterator[None]:
+    """Prints the sweep's events while the body runs: a thread here reads them as they come, `read(since, wait_s)`
+    giving the (trial, event) pairs from index `since` on (waiting up to wait_s for one), and hands each to `view` in
+    that order; on the way out it prints what is left. Through Ray Client too: the thread runs in the client, and the
+    Dispatcher it reads lives on the cluster."""
+    import threading
+
+    stop = threading.Event()
+
+    def forward() -> None:
+        seen = 0
+        while True:
+            last = stop.is_set()
+            try:
+                events = read(seen, 0.0 if last else FOLLOW_WAIT_S)
+            except Exception:  # the Dispatcher or the connection is gone: nothing more to print
+                return
+            seen += len(events)
+            for trial, event in events:
+                view.event(trial, event)
+            view.tick()
+            if last:
+                return
+
+    thread = threading.Thread(target=forward, name="cifar-ray-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        view.close()
+
+
+def dispatcher_events(dispatcher) -> Callable[[int, float], list]:
+    """`follow`'s read of a running Dispatcher actor."""
+    import ray
+
+    return lambda since, wait_s: ray.get(dispatcher.events.remote(since, wait_s))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 
 from . import lease, runlog
@@ -228,12 +228,12 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
     )
 
 
-def totals_line(state: SweepState, explain: bool = False) -> str:
+def totals_line(state: SweepState, explain: bool = False, elapsed: str = "elapsed") -> str:
     """`[3/12 done · 2 running · 6 pending · 1 failed] 25 min elapsed · ETA ~14 min`; `explain` adds how the
-    ETA is computed."""
+    ETA is computed, `elapsed` what the elapsed time measures."""
     counts = [f"{state.counts['finished']}/{len(state.trials)} done"]
     counts += [f"{n} {name}" for name, n in state.counts.items() if n and name != "finished"]
-    parts = [] if state.elapsed_s is None else [f"{rough_duration(state.elapsed_s)} elapsed"]
+    parts = [] if state.elapsed_s is None else [f"{rough_duration(state.elapsed_s)} {elapsed}"]
     eta = state.eta
     if explain and state.eta_s is not None:
         terms = [f"{rough_duration(s.epoch_wall_s)} x {s.epochs_left} / {s.at_once}" for s in state.shapes]
@@ -243,9 +243,11 @@ def totals_line(state: SweepState, explain: bool = False) -> str:
     return f"[{' · '.join(counts)}] {' · '.join(parts)}".rstrip()
 
 
-def progress_line(run_dir: runlog.Where) -> str:
-    """The line a running sweep prints after each trial ends."""
-    return totals_line(sweep_state(runlog.load_run(run_dir), time.time()))
+def progress_line(run_dir: runlog.Where, session_s: float | None) -> str:
+    """The line a running sweep prints after each trial ends: the counts, `session_s` (this session's running time,
+    not the time since the run's first session began; None: left out) and the ETA."""
+    state = sweep_state(runlog.load_run(run_dir), time.time())
+    return totals_line(replace(state, elapsed_s=session_s), elapsed="elapsed this session")
 
 
 def swept_text(swept: dict) -> str:

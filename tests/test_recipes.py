@@ -1,0 +1,137 @@
+"""The cluster recipes of docs/cluster.md, checked without a cluster: the Slurm batch script parsed by bash and run
+on localhost with Slurm's commands, `ray` and `cifar-ray` faked on PATH (every command it runs is recorded, then
+parsed by the real `ray start` and `cifar-ray sweep` parsers), and the KubeRay RayJob manifest loaded and held to the
+fields KubeRay documents for a RayJob. Neither was run on a real Slurm or Kubernetes cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from cifar_ray.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+SLURM = ROOT / "docs" / "recipes" / "slurm.sbatch"
+RAYJOB = ROOT / "docs" / "recipes" / "rayjob.yaml"
+
+# Each fake appends one JSON line to $RECORD: its name, its arguments and the token-auth environment it saw.
+RECORD = (
+    "#!/bin/bash\n{python} -c 'import json, os, sys; print(json.dumps([sys.argv[1], sys.argv[2:], "
+    '{{k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}}]))\' {name} "$@" >> "$RECORD"\n'
+)
+FAKES = {
+    # two nodes in the allocation
+    "scontrol": 'printf "node-a\\nnode-b\\n"\n',
+    # runs the command it is given here, as on the node it names: the options before the command are srun's
+    "srun": 'while [[ $# -gt 0 && $1 == -* ]]; do [[ $1 == -w ]] && shift; shift; done\nexec "$@"\n',
+    "hostname": 'echo "127.0.0.1 ::1"\n',
+    # `ray status` sees both nodes up; `ray start --block` blocks until the script's end kills it
+    "ray": '[[ $1 == status ]] && printf "Active:\\n 1 node_aa\\n 1 node_bb\\n"\n'
+    "[[ $1 == start ]] && exec sleep 60\nexit 0\n",
+    "cifar-ray": "exit 0\n",
+}
+
+
+def run_slurm_script(tmp_path: Path, fakes: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
+    """The Slurm script run here on a 2-node allocation with `fakes` on PATH; returns its result and the record."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(RECORD.format(python=shlex.quote(sys.executable), name=name) + body)
+        (bin_dir / name).chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
+    env |= {
+        "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "RECORD": str(record),
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        "SLURM_CPUS_PER_TASK": "4",
+    }
+    result = subprocess.run(
+        ["bash", str(SLURM), "sweeps/quickstart.yaml", "/shared/runs", "--max-concurrent", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result, record
+
+
+def test_the_slurm_script_parses():
+    result = subprocess.run(["bash", "-n", str(SLURM)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_slurm_script_runs_a_head_a_worker_and_the_sweep_on_localhost(tmp_path):
+    """The head starts on the first node, a worker on the other pointed at the head's address, the sweep on the head
+    with --address, the file, the storage and the extra options given; every command with RAY_AUTH_MODE=token and
+    one token. Each `ray start` parses with Ray's own options, the sweep with cifar-ray's."""
+    from ray.scripts.scripts import start
+
+    result, record = run_slurm_script(tmp_path, FAKES)
+    assert result.returncode == 0, result.stderr
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    ran = [(name, args) for name, args, _ in calls if name in ("ray", "cifar-ray")]
+    starts = [args for name, args in ran if name == "ray" and args[0] == "start"]
+    assert len(starts) == 2 and "--head" in starts[0] and "--address=127.0.0.1:6379" in starts[1], ran
+    for args in starts:
+        assert "--block" in args and "--num-cpus=4" in args and "--num-gpus=0" in args
+        start.make_context("start", list(args[1:]))  # raises on an option `ray start` does not take
+    sweeps = [args for name, args in ran if name == "cifar-ray"]
+    assert sweeps == [
+        ["sweep", "sweeps/quickstart.yaml", "--address", "127.0.0.1:6379", "--storage", "/shared/runs"]
+        + ["--max-concurrent", "2"]
+    ]
+    parsed = build_parser().parse_args(sweeps[0])
+    assert (parsed.address, parsed.storage, parsed.max_concurrent) == ("127.0.0.1:6379", "/shared/runs", 2)
+    auth = {(env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"]) for name, _, env in calls if name in ("ray", "cifar-ray")}
+    assert len(auth) == 1 and next(iter(auth))[0] == "token" and len(next(iter(auth))[1]) == 64, auth
+    # the sweep starts once the head answers and every node has joined (the `ray start`s run in the background)
+    waits = [f"{name} {args[0]}" for name, args in ran if name in ("ray", "cifar-ray") and args[0] != "start"]
+    assert waits == ["ray status", "ray status", "cifar-ray sweep"], waits
+
+
+def test_the_rayjob_manifest_has_the_fields_kuberay_documents():
+    """KubeRay's RayJob (ray.io/v1): spec.entrypoint, spec.rayClusterSpec with headGroupSpec (rayStartParams,
+    template) and workerGroupSpecs (groupName, replicas, minReplicas <= replicas <= maxReplicas, rayStartParams,
+    template), each template a pod spec with containers; rayStartParams values are strings. The entrypoint is a
+    cifar-ray sweep of a sweep file of this checkout (at the head container's workingDir in the image), which parses
+    with cifar-ray's own options."""
+    manifest = yaml.safe_load(RAYJOB.read_text())
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"
+    assert manifest["metadata"]["name"]
+    spec = manifest["spec"]
+    known = {"entrypoint", "rayClusterSpec", "shutdownAfterJobFinishes", "ttlSecondsAfterFinished", "runtimeEnvYAML"}
+    assert set(spec) <= known | {"submissionMode", "activeDeadlineSeconds", "suspend"}, set(spec) - known
+    entrypoint = shlex.split(spec["entrypoint"])
+    cluster = spec["rayClusterSpec"]
+    checkout = cluster["headGroupSpec"]["template"]["spec"]["containers"][0][
+        "workingDir"
+    ]  # this checkout, in the image
+    assert entrypoint[:2] == ["cifar-ray", "sweep"] and entrypoint[2].startswith(checkout + "/")
+    assert (ROOT / Path(entrypoint[2]).relative_to(checkout)).is_file()
+    assert build_parser().parse_args(entrypoint[1:]).storage
+    assert cluster["rayVersion"] == "2.60.0"
+    assert cluster.get("authOptions", {"mode": "token"})["mode"] in ("token", "disabled")
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in cluster["workerGroupSpecs"]:
+        assert group["groupName"] and group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+    for group in groups:
+        assert all(isinstance(value, str) for value in group["rayStartParams"].values()), group["rayStartParams"]
+        containers = group["template"]["spec"]["containers"]
+        assert containers and all(c["name"] and c["image"] for c in containers)
+
+
+def test_the_slurm_script_stops_when_the_head_does_not_start(tmp_path):
+    """A head whose `ray start` fails ends the job with one line saying so, instead of waiting for it until the
+    job's time limit; no sweep is started."""
+    failing = FAKES | {"ray": "exit 1\n"}
+    result, record = run_slurm_script(tmp_path, failing)
+    assert result.returncode == 1 and "the Ray head on node-a did not start" in result.stderr, result.stderr
+    assert "cifar-ray" not in record.read_text()
