@@ -114,6 +114,7 @@ def test_lines_come_as_the_events_happen_in_their_order(tmp_path):
         log.append((b.name, {"start": 1}))
         assert printed(1) == ["t001-lr=0.2  continues after epoch 1/2  lr=0.2"]
         log.extend([(a.name, {"start": 0}), (a.name, {"epoch": epoch_row(1)}), (b.name, {"epoch": epoch_row(2)})])
+        runlog.append_epoch(run_dir / a.name, epoch_row(1))  # what the Dispatcher logs before it tells the epoch
         runlog.record_outcome(run_dir / a.name)
         log.append((a.name, {"done": True}))
         assert len(printed(5)) == 5

@@ -464,7 +464,9 @@ def test_a_finished_trial_whose_last_metrics_line_was_cut_is_incomplete(tmp_path
 
 def test_watch_started_with_the_sweep_waits_for_its_run_saying_how_long(tmp_path, capsys, monkeypatch):
     """It used to exit at once ("holds no run: no sweep.json") when started together with the sweep."""
-    finished = write_run(tmp_path / "made", {"t0": {"status": "finished", "started": 0}}, epoch_ends={"t0": [5]})
+    finished = write_run(
+        tmp_path / "made", {"t0": {"status": "finished", "started": 0, "epochs": 1}}, epoch_ends={"t0": [5]}
+    )
     target, written, now = tmp_path / "runs" / "hand", [], [START]
 
     def sleep(seconds: float) -> None:  # the run appears on the third look
