@@ -19,7 +19,10 @@ from cifar_ray.cluster.placement import RESOURCE_CPU
 from cifar_ray.core import estimate, runlog
 from cifar_ray.core.config import TrainConfig, parse_config
 from cifar_ray.core.estimate import (
+    COMPUTE_RANGE,
+    FIXED_RANGE,
     RAY_START_S,
+    SHAPE_SWITCH_S,
     SLOT_START_S,
     WARM_TRIAL_S,
     StepTime,
@@ -80,14 +83,29 @@ def test_the_sweep_adds_its_shapes_each_dealt_to_its_slots():
     warm = sweep_estimate(trials, {"one": 2, "two": 1}, isolate=False)
     assert [(s.shape, s.trials, s.at_once) for s in warm.shapes] == [("one", 3, 2), ("two", 2, 1)]
     assert math.isclose(warm.shapes[0].wall_s, 20 + SLOT_START_S)  # slots start side by side, once
-    assert math.isclose(warm.shapes[1].wall_s, 12 + SLOT_START_S)
-    assert math.isclose(warm.wall_s, RAY_START_S + 32 + 2 * SLOT_START_S)
+    # the second shape's slots started beside the first ones: only the switch to it is paid
+    assert math.isclose(warm.shapes[1].wall_s, 12 + SHAPE_SWITCH_S) and SHAPE_SWITCH_S < SLOT_START_S
+    assert math.isclose(warm.wall_s, RAY_START_S + 32 + SLOT_START_S + SHAPE_SWITCH_S)
+    assert math.isclose(warm.fixed_s, RAY_START_S + SLOT_START_S + SHAPE_SWITCH_S)  # these trials have no start
     isolated = sweep_estimate(trials, {"one": 5, "two": 1}, isolate=True)  # each trial pays its own start
     assert isolated.shapes[0].at_once == 3  # never more slots than trials
     assert math.isclose(isolated.wall_s, RAY_START_S + 10 + 12)
     line = estimate_line(warm)
-    assert line.startswith(f"estimated wall time ~{warm.wall_s:.0f} s (one: 3 trials, 2 at once, ~")
+    low, high = warm.range_s
+    assert line.startswith(f"estimated wall time ~{warm.wall_s:.0f} s (likely {low:.0f} s to {high:.0f} s, fixed ")
     assert "two: 2 trials, 1 at once" in line and "\n" not in line
+
+
+def test_the_estimate_states_its_range_from_its_timed_and_fixed_parts():
+    started = [TrialEstimate("t", "one", 10.0, 2.0, 3.0, 15.0), TrialEstimate("u", "one", 10.0, 2.0, 3.0, 15.0)]
+    estimate = sweep_estimate(started, {"one": 1}, isolate=False)
+    fixed = RAY_START_S + SLOT_START_S + 6.0  # both trials' starts in the one slot
+    assert math.isclose(estimate.fixed_s, fixed) and math.isclose(estimate.wall_s, RAY_START_S + SLOT_START_S + 30)
+    compute = estimate.wall_s - fixed
+    low, high = estimate.range_s
+    assert math.isclose(low, compute * COMPUTE_RANGE[0] + fixed * FIXED_RANGE[0])
+    assert math.isclose(high, compute * COMPUTE_RANGE[1] + fixed * FIXED_RANGE[1])
+    assert low < estimate.wall_s < high
 
 
 def test_trials_that_differ_in_what_a_step_does_not_depend_on_are_timed_once():
@@ -185,7 +203,8 @@ def test_dry_run_estimate_prints_the_timed_steps_and_the_wall_time(tmp_path, cap
     assert out[header].split() == columns
     assert [row.split()[:2] for row in out[header + 1 : header + 3]] == [["32", "2"], ["16", "2"]]
     assert re.fullmatch(
-        r"estimated wall time ~\d+ s \(1 worker x 1 CPU: 2 trials, 2 at once, ~\d+ s; "
+        r"estimated wall time ~\d+ s \(likely \d+ s to \d+ s, fixed costs ~\d+ s of it; "
+        r"1 worker x 1 CPU: 2 trials, 2 at once, ~\d+ s; "
         r"2 workers x 1 CPU: 2 trials, 1 at once, ~\d+ s; Ray start ~4 s\); .*",
         out[-1],
     ), out[-1]

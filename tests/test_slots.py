@@ -63,6 +63,9 @@ def test_one_slot_runs_trial_after_trial_with_the_numbers_of_fresh_runs(tmp_path
     assert run.sweep["warm"] is True
     assert [t.status for t in run.trials] == ["finished", "diverged", "finished"]
     assert len({t.meta["slot"] for t in run.trials}) == 1  # one worker group ran all three
+    # Tune's processes are reused too: a thin trial runs in the process of one that ended (reuse_actors).
+    thin = {json.loads((run.path / t.name / "result.json").read_text().splitlines()[-1])["pid"] for t in run.trials}
+    assert len(thin) < len(run.trials)
     assert [line for line in err.splitlines() if " starts " in line] and " epoch 2/2 " in err
 
     # The third trial, after a healthy and a diverged one in the same processes, equals it trained alone.

@@ -15,7 +15,10 @@ Numbers are medians over epochs after the first (warm-up); every record states t
 
 from __future__ import annotations
 
+import collections
+import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +42,7 @@ GOALS = {
     "data_share": 0.03,
     "warm_overhead_s": 1.0,
     "warm_marginal_ratio": 1.10,
+    "handoff_gap_s": 0.15,
 }
 
 
@@ -192,6 +196,92 @@ def trial_overheads(run_dir: runlog.Where) -> list[dict]:
     return rows
 
 
+def process_kind(process) -> str:
+    """What a process of this sweep is, by its title: Ray names its workers `ray::Actor.method` or `ray::task`
+    (`ray::RayTrainWorker`, `ray::TrainController`, `ray::run_slot`, the thin trials' `ray::ImplicitFunc`),
+    its daemons by their executables (raylet, gcs_server); an idle pooled worker is `ray::IDLE`. A named actor's
+    name (the run's Dispatcher's) is dropped: the kind is its class."""
+    try:
+        words = process.cmdline()
+    except Exception:  # it ended between the listing and the read
+        return "gone"
+    first = words[0] if words else process.name()
+    if first.startswith("ray::"):  # an actor's title: ray::[name:]Class.method; a task's: ray::function
+        return "ray::" + first[5:].split(" ")[0].split(".")[0].split(":")[-1].lstrip("_")
+    for word in words[:3]:  # python .../default_worker.py before it sets its title; a daemon's executable path
+        name = Path(word).name
+        if name in (
+            "raylet",
+            "gcs_server",
+            "default_worker.py",
+            "dashboard_agent.py",
+            "runtime_env_agent.py",
+            "log_monitor.py",
+            "agent_manager.py",
+        ):
+            return name
+    return "driver" if process.pid == os.getpid() else Path(first).name
+
+
+class ProcessCpu:
+    """CPU seconds spent by this process and all its descendants (an embedded Ray's daemons and workers) while a
+    `with` block runs, per kind of process (process_kind), from samples every `interval_s`, and when each kind
+    was first seen. CPU time, unlike wall time, is not stretched by other programs on a loaded machine. A process
+    is charged to the first kind it had other than `ray::IDLE` and `default_worker.py` (a pooled worker that
+    becomes a trial's actor); what a process spends after the last sample before it ends is not seen."""
+
+    IDLE = ("ray::IDLE", "default_worker.py", "bash", "sh", "gone")  # a worker before its first task or actor
+
+    def __init__(self, interval_s: float = 0.1):
+        self.interval_s = interval_s
+        self.start: dict[int, float] = {}  # pid -> its CPU seconds when the block began (0 for newer processes)
+        self.last: dict[int, float] = {}
+        self.kind: dict[int, str] = {}
+        self.first_seen: dict[str, float] = {}  # kind -> time.time() it was first seen
+        self._stop = threading.Event()
+
+    def _sample(self, initial: bool = False) -> None:
+        import psutil
+
+        me = psutil.Process()
+        for process in [me, *me.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            used = times.user + times.system
+            self.start.setdefault(process.pid, used if initial else 0.0)
+            self.last[process.pid] = used
+            if self.kind.get(process.pid, "ray::IDLE") in self.IDLE:
+                kind = process_kind(process)
+                if kind not in self.IDLE or process.pid not in self.kind:
+                    self.kind[process.pid] = kind
+                    self.first_seen.setdefault(kind, time.time())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> ProcessCpu:
+        self._sample(initial=True)
+        self.first_seen.clear()  # kinds present before the block did not start in it
+        self._thread = threading.Thread(target=self._run, name="cifar-ray-bench-cpu", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds per kind spent in the block, largest first."""
+        totals: dict[str, float] = collections.Counter()
+        for pid, used in self.last.items():
+            totals[self.kind.get(pid, "gone")] += used - self.start[pid]
+        return dict(sorted(((k, v) for k, v in totals.items() if v > 0.005), key=lambda kv: -kv[1]))
+
+
 def run_sweep(
     name: str,
     base: dict,
@@ -229,14 +319,60 @@ def warm_overheads(run_dir: runlog.Where) -> list[float]:
     return overheads
 
 
+def handoff_gaps(run_dir: runlog.Where) -> list[float]:
+    """Per trial that a slot ran after another: seconds from the end of the slot's previous trial (finished_unix)
+    to this one's start (started_unix: its slot took it), from trial.json."""
+    trials = sorted(
+        (t for t in runlog.load_run(run_dir).trials if "started_unix" in t.meta and "finished_unix" in t.meta),
+        key=lambda t: t.meta["started_unix"],
+    )
+    previous_end: dict[str, float] = {}
+    gaps = []
+    for trial in trials:
+        slot = trial.meta.get("slot")
+        if slot in previous_end:
+            gaps.append(trial.meta["started_unix"] - previous_end[slot])
+        previous_end[slot] = trial.meta["finished_unix"]
+    return gaps
+
+
+def startup_phases(run_dir: runlog.Where, called: float, returned: float, cpu: ProcessCpu) -> dict[str, float]:
+    """Seconds from the sweep's call to each step of its start, in order: the processes Ray Train starts (when
+    each kind was first seen), the first trial taken by its slot's rank 0 (its worker group up, the process
+    group set), its data and model ready, its first epoch's end; and the sweep's return after its last trial."""
+    trials = [t for t in runlog.load_run(run_dir).trials if t.epochs and "timeline" in t.meta]
+    seen = {f"{kind} started": at - called for kind, at in cpu.first_seen.items() if kind in STARTUP_PROCESSES}
+    first = min(trials, key=lambda t: t.meta["started_unix"])
+    return dict(sorted(seen.items(), key=lambda kv: kv[1])) | {
+        "first trial taken by its slot": first.meta["started_unix"] - called,
+        "its data and model ready": first.meta["timeline"]["ready_unix"] - called,
+        "its first epoch ended": first.epochs[0]["end_unix"] - called,
+        "last trial finished": max(t.meta["finished_unix"] for t in trials) - called,
+        "sweep returned": returned - called,
+    }
+
+
+# The processes of a sweep's start, in the order they start (process_kind's names).
+STARTUP_PROCESSES = (
+    "ray::run_slot",
+    "ray::ImplicitFunc",
+    "ray::TrainController",
+    "ray::SynchronizationActor",
+    "ray::RayTrainWorker",
+)
+
+
 def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable[[str], None]) -> dict:
     """The same sweep of identical-shape trials with few and with more trials, in warm slots: the marginal
-    cost of a trial (wall added per trial vs the training it adds per slot) and the per-trial overhead."""
+    cost of a trial (wall added per trial vs the training it adds per slot), the per-trial overhead, the
+    hand-off gap between a slot's trials, the CPU seconds per kind of process, and the start-up's steps."""
     runs = []
     for n in sizes:
-        run_dir, wall = run_sweep(
-            f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, storage, None, say, warm=True
-        )
+        called = time.time()
+        with ProcessCpu() as cpu:
+            run_dir, wall = run_sweep(
+                f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, storage, None, say, warm=True
+            )
         trials = runlog.load_run(run_dir).trials
         slots = len({t.meta.get("slot") for t in trials})
         runs.append(
@@ -246,15 +382,51 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
                 "wall_s": wall,
                 "training_s": sum(row["epoch_time_s"] for t in trials for row in t.epochs),
                 "overheads_s": warm_overheads(run_dir),
+                "handoff_gaps_s": handoff_gaps(run_dir),
+                "cpu_s": cpu.seconds(),
+                "startup_s": startup_phases(run_dir, called, called + wall, cpu),
             }
         )
     few, more = runs
     added_training = (more["training_s"] - few["training_s"]) / more["slots"]
     overheads = few["overheads_s"] + more["overheads_s"]
+    gaps = few["handoff_gaps_s"] + more["handoff_gaps_s"]
+    added = more["trials"] - few["trials"]
+    kinds = dict.fromkeys([*more["cpu_s"], *few["cpu_s"]])
     return {
         "runs": runs,
         "marginal_ratio": (more["wall_s"] - few["wall_s"]) / added_training,
         "median_overhead_s": statistics.median(overheads) if overheads else None,
+        "median_handoff_gap_s": statistics.median(gaps) if gaps else None,
+        # CPU seconds each added trial costs, per kind of process: where the marginal trial's time goes
+        "cpu_s_per_added_trial": {
+            kind: (more["cpu_s"].get(kind, 0.0) - few["cpu_s"].get(kind, 0.0)) / added for kind in kinds
+        },
+    }
+
+
+def loop_peer(base: dict, trials: int) -> dict:
+    """The lower bound: the same trials (seeds) one after another in this process, trained by our loop with no
+    Ray (training/loop.run_trial, as a slot's worker runs it, 1 thread): wall per trial vs its training."""
+    import tempfile
+
+    from ..training.distributed import Worker
+    from ..training.loop import run_trial
+
+    training, started = 0.0, time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder, torch_threads(1):
+        for seed in range(trials):
+            cfg = parse_config(base | {"workers": 1, "seed": seed})
+            trial_dir = StoragePath.of(folder) / f"t{seed}"
+            epochs: list[dict] = []
+            run_trial(cfg, trial_dir, Worker(0, 1, [torch.device("cpu")]), lambda m, _, kept=epochs: kept.append(m))
+            training += sum(row["epoch_time_s"] for row in epochs)
+    wall = time.perf_counter() - started
+    return {
+        "trials": trials,
+        "wall_s": wall,
+        "training_s": training,
+        "overhead_s_per_trial": (wall - training) / trials,
     }
 
 
@@ -352,8 +524,12 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
                 "training_s_per_trial_for_goal": fixed / (GOALS["sweep_wall_vs_training"] - 1),
             }
 
-        say("bench 6/6: warm slots: the same short 1-worker trials, few and more of them, in warm worker slots")
-        record["warm"] = warm_sweeps(base | {"epochs": 3}, (2, 4) if quick else (4, 12), storage, say)
+        # The issue-36 grid: one-epoch trials of about a second (width 8), few and more of them.
+        short = base | {"epochs": 1, "width": 8}
+        sizes = (2, 4) if quick else (6, 18)
+        say(f"bench 6/6: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the same in one process")
+        record["warm"] = warm_sweeps(short, sizes, storage, say)
+        record["loop_peer"] = loop_peer(short, sizes[0])
     finally:
         if owns_ray:
             import ray

@@ -6,8 +6,9 @@ included) + its evaluation passes (its share of the test set and of the train_ev
 time per evaluated image + the first step's extra time (warm-up, compile) + its start in a slot (a fresh slot
 per trial with --isolate, else the hand-over in a warm slot). Per trial shape (core/shapes.py), its trials are
 dealt in order to as many slots as run at once, each taking the next when it is free; shapes share the cores,
-so their times add up, as status's ETA does. Ray's start and each warm slot's start-up come on top. Not
-foreseen: DDP's all-reduce and the contention of workers sharing the machine's memory bandwidth.
+so their times add up, as status's ETA does. Ray's start, the first shape's warm slots' start-up and each later
+shape's switch come on top. Not foreseen: DDP's all-reduce and the contention of workers sharing the machine's
+memory bandwidth; the estimate says so with a likely range (COMPUTE_RANGE, FIXED_RANGE).
 
 No torch, no Ray: the step times come in as numbers.
 """
@@ -40,11 +41,20 @@ STEP_KEYS = (
     "use_gpu",
     "strategy",
 )
-# Fixed costs measured on a 2-core machine (reports/bench/README.md, sections 2 and 2b): ray.init 3.9 s; a Ray
-# Train worker group's start and teardown ~20 s per slot; a trial handed over in a warm slot 0.14 s.
+# Fixed costs measured on 2-core machines (issue 36; reports/bench/README.md, section 2b): ray.init ~4 s; the first
+# warm slot's start (Tune, the slot task, Ray Train's controller and workers, the process group, the first trial's
+# data and model) and its teardown ~20 s; a later shape's slots start beside the first ones and wait for cores, so
+# its switch costs ~8 s (7.9 s measured on the quickstart); a trial handed over in a warm slot ~0.3 s (0.6 s on a
+# machine at load 20, 0.07 CPU-s of it in the slot's worker).
 RAY_START_S = 4.0
 SLOT_START_S = 20.0
-WARM_TRIAL_S = 0.15
+SHAPE_SWITCH_S = 8.0
+WARM_TRIAL_S = 0.3
+# How far the actual sweep may land from the estimate, as factors on its two parts: the timed steps (the same loop
+# differed by up to 15 % run to run; workers sharing memory bandwidth and the machine's other load are not timed)
+# and the fixed costs (measured between ~half and twice these on 2-core machines, loaded or not).
+COMPUTE_RANGE = (0.8, 1.3)
+FIXED_RANGE = (0.5, 2.0)
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,7 @@ class ShapeEstimate:
     trials: int
     at_once: int
     wall_s: float  # its trials dealt to at_once slots, plus the slots' start-up when warm
+    fixed_s: float  # of wall_s: the slots' start-up and the trials' starts in them
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,13 @@ class SweepEstimate:
     shapes: list[ShapeEstimate]
     ray_start_s: float
     wall_s: float
+    fixed_s: float  # of wall_s: Ray's start, the slots' and the trials' starts
+
+    @property
+    def range_s(self) -> tuple[float, float]:
+        """Where the actual wall time is likely to land: COMPUTE_RANGE on the timed part, FIXED_RANGE on the rest."""
+        compute = self.wall_s - self.fixed_s
+        return tuple(compute * c + self.fixed_s * f for c, f in zip(COMPUTE_RANGE, FIXED_RANGE, strict=True))
 
 
 def step_key(config: TrainConfig) -> tuple:
@@ -116,26 +134,34 @@ def dealt_wall(durations: Sequence[float], slots: int) -> float:
 
 def sweep_estimate(trials: list[TrialEstimate], at_once: dict[str, int], isolate: bool) -> SweepEstimate:
     """The sweep's wall time: per shape (`at_once`: label -> trials of it at once), its trials dealt to its
-    slots, plus one slot start-up for warm slots (they start side by side; --isolate pays it in every trial);
+    slots, plus the warm slots' start-up (they start side by side: the first shape pays SLOT_START_S, a later one,
+    whose slots started beside the first ones, SHAPE_SWITCH_S; --isolate pays a slot's start in every trial);
     the shapes one after another; Ray's start first."""
     shapes = []
     for label in dict.fromkeys(t.shape for t in trials):
-        members = [t.total_s for t in trials if t.shape == label]
+        members = [t for t in trials if t.shape == label]
         slots = max(1, min(at_once[label], len(members)))
-        wall = dealt_wall(members, slots) + (0.0 if isolate else SLOT_START_S)
-        shapes.append(ShapeEstimate(label, len(members), slots, wall))
-    return SweepEstimate(trials, shapes, RAY_START_S, RAY_START_S + sum(s.wall_s for s in shapes))
+        dealt = dealt_wall([t.total_s for t in members], slots)
+        start = 0.0 if isolate else (SHAPE_SWITCH_S if shapes else SLOT_START_S)
+        starts = sum(t.start_s for t in members) / slots  # the trials' starts, shared by the slots
+        shapes.append(ShapeEstimate(label, len(members), slots, dealt + start, start + starts))
+    wall = RAY_START_S + sum(s.wall_s for s in shapes)
+    return SweepEstimate(trials, shapes, RAY_START_S, wall, RAY_START_S + sum(s.fixed_s for s in shapes))
 
 
 def estimate_line(estimate: SweepEstimate) -> str:
-    """`estimated wall time ~6 min: training 4 min, evaluation 20 s, start-up 45 s (summed over trials; ...)`."""
+    """`estimated wall time ~6 min (likely 4 min to 9 min, fixed costs ~50 s of it; SHAPES; Ray start ~4 s);
+    trial time summed: training ~4 min, evaluation ~20 s`."""
     train = sum(t.train_s for t in estimate.trials)
     evaluation = sum(t.eval_s for t in estimate.trials)
     shapes = "; ".join(
         f"{s.shape}: {s.trials} trial{'s' * (s.trials > 1)}, {s.at_once} at once, ~{rough_duration(s.wall_s)}"
         for s in estimate.shapes
     )
+    low, high = estimate.range_s
     return (
-        f"estimated wall time ~{rough_duration(estimate.wall_s)} ({shapes}; Ray start ~{estimate.ray_start_s:.0f} s); "
+        f"estimated wall time ~{rough_duration(estimate.wall_s)} (likely {rough_duration(low)} to "
+        f"{rough_duration(high)}, fixed costs ~{rough_duration(estimate.fixed_s)} of it; "
+        f"{shapes}; Ray start ~{estimate.ray_start_s:.0f} s); "
         f"trial time summed: training ~{rough_duration(train)}, evaluation ~{rough_duration(evaluation)}"
     )

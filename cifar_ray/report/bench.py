@@ -13,6 +13,48 @@ def _goal(value: float, goal: float, higher_is_better: bool = True) -> str:
     return f"{'met' if met else 'NOT met'} (goal {'≥' if higher_is_better else '≤'} {goal:g})"
 
 
+def _warm_details(warm: dict, peer: dict | None, goals: dict) -> list[str]:
+    """Section 2b's breakdown: the hand-off gap, where an added trial's CPU time goes, the start-up's steps, and
+    the lower bound (the same trials in one process). Records from before these were measured have none."""
+    if warm.get("median_handoff_gap_s") is None:
+        return []
+    few, more = warm["runs"]
+    gap = warm["median_handoff_gap_s"]
+    lines = [
+        "",
+        f"Hand-off between two trials of a warm slot (trial.json: one trial's end to the next one's start), median "
+        f"over {len(few['handoff_gaps_s']) + len(more['handoff_gaps_s'])}: {gap:.2f} s: "
+        f"{_goal(gap, goals['handoff_gap_s'], higher_is_better=False)}.",
+        "",
+        f"CPU seconds per kind of process (the sweep's and its Ray's processes, sampled every 0.1 s; CPU time is not "
+        f"stretched by a loaded machine as wall time is), at {few['trials']} and {more['trials']} trials, and what "
+        "each added trial costs:",
+        "",
+        markdown_table(
+            ["process", f"{few['trials']} trials (CPU s)", f"{more['trials']} trials (CPU s)", "per added trial"],
+            [
+                [f"`{kind}`", f"{few['cpu_s'].get(kind, 0):.2f}", f"{more['cpu_s'].get(kind, 0):.2f}", f"{added:.2f}"]
+                for kind, added in sorted(warm["cpu_s_per_added_trial"].items(), key=lambda kv: -kv[1])
+            ],
+            "lrrr",
+        ),
+        "",
+        f"Start-up of the {few['trials']}-trial sweep, seconds after `run_plan` was called (Ray already up; a "
+        "process kind at the time it was first seen):",
+        "",
+        markdown_table(["step", "s"], [[step, f"{at:.1f}"] for step, at in few["startup_s"].items()], "lr"),
+    ]
+    if peer:
+        lines += [
+            "",
+            f"The lower bound: the same {peer['trials']} trials one after another in one process, our loop without "
+            f"Ray: {peer['wall_s']:.1f} s of wall for {peer['training_s']:.1f} s of training, "
+            f"{peer['overhead_s_per_trial']:.2f} s per trial beyond its training (1 core of "
+            f"{more['slots']}).",
+        ]
+    return lines
+
+
 def render(record: dict) -> str:
     host, versions, goals = record["host"], record["versions"], record["goals"]
     workload = ", ".join(f"{k}={v}" for k, v in record["workload"].items())
@@ -154,6 +196,7 @@ def render(record: dict) -> str:
             f"{warm['median_overhead_s']:.2f} s: "
             f"{_goal(warm['median_overhead_s'], goals['warm_overhead_s'], higher_is_better=False)}.",
         ]
+        lines += _warm_details(warm, record.get("loop_peer"), goals)
     lines += [
         "",
         "## 3. Data path",
