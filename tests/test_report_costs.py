@@ -310,3 +310,31 @@ def test_time_per_epoch_is_the_median_after_the_first_epoch(times, expected):
 
 def test_time_per_epoch_without_times_is_nan():
     assert math.isnan(runlog.time_per_epoch([]))
+
+
+def test_one_seeds_pairs_that_disagree_in_direction_are_not_conclusive(tmp_path):
+    """One seed, optimizer adam vs momentum at workers 1 and 2, each trial's warm epochs tight (±0.05 s). Truth: adam
+    is 1.03x slower at workers=1 (5.0 -> 5.15 s) and 1.19x faster at workers=2 (4.25 -> 3.57 s): the pairs disagree,
+    so how much two trials of one configuration differ is far beyond the within-trial epoch noise, which alone would
+    call the 1.07x mean ratio "faster". The verdict is not conclusive and names both pairs' ratios."""
+    times = {("momentum", 1): 5.0, ("adam", 1): 5.15, ("momentum", 2): 4.25, ("adam", 2): 3.57}
+    trials = [
+        {"swept": {"optimizer": o, "workers": w, "seed": 0}, "times": [9.0, t - 0.05, t + 0.05, t]}
+        for (o, w), t in times.items()
+    ]
+    run_dir = cost_run(tmp_path / "run", trials, {"optimizer": ["momentum", "adam"], "workers": [1, 2]})
+    row = build_report(run_dir).effects["optimizer"]["time_per_epoch_s"].iloc[0]
+    assert row["n_pairs"] == 2 and row["ratio"] < 1 and row["verdict"] == "not conclusive"
+    line = next(x for x in findings_text(run_dir, tmp_path / "out").splitlines() if x.startswith("- **optimizer="))
+    assert (
+        "not conclusive: its pairs disagree in direction" in line
+        and "(value / baseline per pair: 1.03x, 0.84x)" in line
+    )
+    workers = build_report(run_dir).effects["workers"]["time_per_epoch_s"].iloc[0]
+    assert workers["basis"] == WITHIN and workers["verdict"] == "lower"  # both pairs faster: within-trial stands
+    # Fastest does not settle what the optimizer's comparison leaves open: both workers=2 trials, neither alone.
+    fastest = next(x for x in findings(build_report(run_dir)) if x.startswith("**Fastest**"))
+    assert (
+        "within the epoch-to-epoch noise (and the trial-to-trial noise optimizer's disagreeing pairs show)" in fastest
+    )
+    assert "optimizer=adam, workers=2 (3.57 s/epoch), optimizer=momentum, workers=2 (4.25 s/epoch)." in fastest

@@ -33,7 +33,7 @@ from .header import run_level_text
 from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
 from .load import config_value
 from .metrics import COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Metric
-from .stats import UNFINISHED, WITHIN, included, pooled_std, rows_with
+from .stats import PAIRS_DISAGREE, UNFINISHED, WITHIN, included, pooled_std, rows_with
 from .verdicts import (
     EQUIVALENT,
     HIGHER,
@@ -144,6 +144,7 @@ def fastest_line(report: Report, configs: pd.DataFrame) -> str:
     """**Fastest**, ranked by the mean log time per epoch over a configuration's warm epochs (stats.log_values),
     against the seed noise of that mean where a configuration ran twice or more, else against the trials' own
     epoch-to-epoch noise (stats.WITHIN): a one-seed sweep still names one where its epochs separate it."""
+    time_column = COST_METRICS[0].column
     per_trial: dict[object, list[list[float]]] = {i: [] for i in configs.index}
     for i in configs.index:
         chosen = included(report.trials)
@@ -166,6 +167,17 @@ def fastest_line(report: Report, configs: pd.DataFrame) -> str:
         counts = pd.Series({i: sum(len(t) for t in per_trial[i]) for i in means.index})
         basis, noise = WITHIN, "the epoch-to-epoch noise"
     within = leaders(means, counts, "min", math.sqrt(ss / dof) if dof else math.nan, dof)
+    if basis == WITHIN and within:
+        # A factor whose pairs disagree in direction shows trials of it differing beyond their epochs' noise: what
+        # differs from the fastest only in such factors is not separated from it.
+        unsettled = [k for k in report.factors if (report.effects[k][time_column]["basis"] == PAIRS_DISAGREE).any()]
+        best = means.idxmin()
+        for i in means.index:
+            differs = [k for k in report.factors if not same_value(configs.loc[i, k], configs.loc[best, k])]
+            if i not in within and differs and set(differs) <= set(unsettled):
+                within.append(i)
+        if unsettled:
+            noise += f" (and the trial-to-trial noise {', '.join(unsettled)}'s disagreeing pairs show)"
     line = _leader_line(
         report,
         configs,
@@ -411,6 +423,9 @@ def ratio_text(row: pd.Series, what: str, words: tuple[str, str], unit: str) -> 
             f"not judged, unfair: {unfair} of the {pairs} set a trial that shared a device against one that ran "
             "alone (the trials that shared are named below)"
         )
+    elif row["basis"] == PAIRS_DISAGREE:
+        per_pair = ", ".join(_times(r) for r in row["pair_ratios"])
+        judged = f"{verdict}: {row['basis']} (value / baseline per pair: {per_pair})"
     elif verdict == NO_VERDICT:
         judged = (
             f"no verdict (its noise has fewer than {MIN_PAIRS - 1} degrees of freedom)"

@@ -332,6 +332,7 @@ def seed_noise(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tup
 
 
 WITHIN, BETWEEN = "within-trial epoch noise only", "between pairs"
+PAIRS_DISAGREE = "its pairs disagree in direction, more than within-trial epoch noise allows"
 RATIO_COLUMNS = (
     "n_pairs",
     "n_planned",
@@ -346,6 +347,7 @@ RATIO_COLUMNS = (
     "ci_low",
     "ci_high",
     "unfair",
+    "pair_ratios",
 )
 
 
@@ -405,6 +407,9 @@ def ratio_effects(
             within = ss / df if df else math.nan
             var = sum(within * (1 / len(logs[b]) + 1 / len(logs[v])) for b, v in pairs) / n**2 if n else math.nan
             basis, se = (WITHIN, math.sqrt(var)) if df else ("", math.nan)
+        if basis == WITHIN and n >= 2 and min(d) < 0 < max(d):
+            # Pairs that disagree in direction vary more than any trial's epochs do: that noise is not measured.
+            basis, se, df = PAIRS_DISAGREE, math.nan, 0
         half = t_quantile(0.975, df) * se if df else math.nan
         planned = planned_base & set(_labels(rows_with(trials, key, value), match))
         unfair = [f"{b} / {v}" for b, v in pairs if (b in shared) != (v in shared)]
@@ -424,6 +429,7 @@ def ratio_effects(
                 "ci_low": math.exp(mean - half),
                 "ci_high": math.exp(mean + half),
                 "unfair": unfair,
+                "pair_ratios": [math.exp(x) for x in d],
             }
         )
     return pd.DataFrame(rows, columns=[key, *RATIO_COLUMNS])

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from .stats import t_quantile, t_upper
+from .stats import PAIRS_DISAGREE, t_quantile, t_upper
 
 MIN_PAIRS = 3
 ALPHA = 0.05  # family-wise, over the report's accuracy comparisons (Holm)
@@ -244,7 +244,8 @@ def verdict_intervals(frames: Sequence[pd.DataFrame], mean: str, df: str | None 
 def judge_ratios(effects: Sequence[pd.DataFrame], margin: float = RATIO_MARGIN) -> list[pd.DataFrame]:
     """The ratio effects (stats.ratio_effects) of one cost over every factor, judged as one family (Holm): p_differs
     and p_equivalent of the mean log ratio (against ±log(1 + margin)), Holm-adjusted, and verdict: LOWER / HIGHER
-    (the ratio below / above 1), EQUIVALENT, OPEN, NO_VERDICT (fewer than MIN_PAIRS − 1 degrees of freedom),
+    (the ratio below / above 1), EQUIVALENT, OPEN (also where one seed's pairs disagree in direction: PAIRS_DISAGREE),
+    NO_VERDICT (fewer than MIN_PAIRS − 1 degrees of freedom),
     NO_PAIRS, or UNFAIR (a pair of a trial that shared a device and one that did not); then verdict_intervals."""
     frames = [frame.copy() for frame in effects]
     log_margin = math.log1p(margin)
@@ -257,6 +258,8 @@ def judge_ratios(effects: Sequence[pd.DataFrame], margin: float = RATIO_MARGIN) 
                 frame.loc[i, "verdict"] = NO_PAIRS
             elif row["unfair"]:
                 frame.loc[i, "verdict"] = UNFAIR
+            elif row["basis"] == PAIRS_DISAGREE:
+                frame.loc[i, "verdict"] = OPEN
             elif row["df"] < MIN_PAIRS - 1 or math.isnan(row["se"]):
                 frame.loc[i, "verdict"] = NO_VERDICT
             else:
