@@ -174,7 +174,7 @@ def test_exports_carry_the_paired_effects(factorial, tmp_path):
     accuracy += ["se", "ci_low", "ci_high", "p_differs", "p_equivalent", "p_differs_holm", "p_equivalent_holm"]
     accuracy += ["pairs_needed", "more_seeds", "survival", "testset_limited", "testset_growth", "verdict", "depends_on"]
     verdict = ["vci_level", "vci_low", "vci_high", "vci_tost", "vci_holm", "vci_note"]
-    ratio = ["base_geomean", "value_geomean", "log_ratio", "ratio", "df", "basis", "unfair"]
+    ratio = ["base_geomean", "value_geomean", "log_ratio", "ratio", "df", "basis", "unfair", "pair_ratios"]
     assert effects.columns.tolist() == ["metric", "workers", *accuracy, *verdict, *ratio]
     # accuracy as a difference; time per epoch and memory (per worker: no trial logged a total) as ratios
     assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s", "peak_mem_mb"]

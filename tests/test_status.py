@@ -254,8 +254,8 @@ def test_a_real_sweep_prints_where_it_stands_and_status_reads_it(ray_cluster, tm
     totals = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     # a line after each trial ends; after the first an epoch has finished and a trial is left: an ETA
     assert len(totals) == 2, totals
-    assert re.fullmatch(r"\[[01]/2 done · .*\] \d+ (s|min) elapsed · ETA ~\d+ (s|min)", totals[0]), totals
-    assert re.fullmatch(r"\[1/2 done · 1 diverged\] \d+ (s|min) elapsed", totals[1]), totals
+    assert re.fullmatch(r"\[[01]/2 done · .*\] \d+ (s|min) elapsed this session · ETA ~\d+ (s|min)", totals[0]), totals
+    assert re.fullmatch(r"\[1/2 done · 1 diverged\] \d+ (s|min) elapsed this session", totals[1]), totals
 
     run_dir = tmp_path / "runs" / "tiny"
     text = status_in_fresh_python(str(run_dir)).splitlines()

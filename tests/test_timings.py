@@ -155,7 +155,9 @@ def test_without_profile_no_profiler_runs(tmp_path, monkeypatch):
     train.run_trial(
         TrainConfig(**TINY | {"epochs": 1}), trial_dir, Worker(0, 1, [torch.device("cpu")]), lambda *_: None
     )
-    assert sorted(p.name for p in (tmp_path / "trial").iterdir()) == [runlog.EPOCHS_FILE, runlog.NETWORK_FILE]
+    assert sorted(p.name for p in (tmp_path / "trial").iterdir()) == sorted(
+        [runlog.EPOCHS_FILE, runlog.NETWORK_FILE, runlog.TEST_CORRECT_FILE]
+    )
 
 
 def test_profile_schedule_records_at_least_one_step_of_a_short_epoch():

@@ -332,7 +332,7 @@ def watch(
     interval_s: float,
     write: Callable[[str], None],
     in_place: bool,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
     sleep: Callable[[float], None] | None = None,
     wait_s: float = WATCH_WAIT_S,
 ) -> SweepState:
@@ -340,7 +340,7 @@ def watch(
     last state. A folder that holds no run yet is waited for, up to `wait_s` seconds (saying so), then refused.
     `in_place` (a terminal): each table replaces the last. Else plain appended lines, for a log: the table
     once, then per refresh in which something changed a line per changed trial and the totals, each after the time."""
-    pause = sleep or time.sleep  # looked up at the call: tests replace time.sleep
+    pause, clock = sleep or time.sleep, clock or time.time  # looked up at the call: tests replace both
     run_dir = StoragePath.of(run_dir)
     if not holds_run(run_dir):
         write(f"waiting up to {wait_s:g} s for {run_dir} to hold a run (its {runlog.SWEEP_FILE}); Ctrl-C stops\n")
