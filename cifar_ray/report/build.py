@@ -42,6 +42,7 @@ from .load import (
 from .metrics import COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
 from .sharing import shared_trials
 from .stats import Overfit, config_frame, factor_frame, included, log_values, paired_effects, ratio_effects, seed_noise
+from .testset import ImageScores
 from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, judge, judge_ratios, verdict_intervals
 
 
@@ -76,6 +77,7 @@ class Report:
     time_logs: dict[str, list[float]]  # included trial -> log seconds of its warm epochs (stats.log_values)
     memory_column: str  # the trial column memory is compared on: the total over workers where every trial has one
     missing: list[str]  # trials sweep.json plans that have no folder in the run
+    per_image: dict[str, ImageScores]  # trial -> which test images its final evaluation got right, where logged
     sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
     comparison: RunComparison | None = None  # None for one run
 
@@ -181,6 +183,7 @@ def build_report(
         time_logs=time_logs,
         memory_column=memory_column,
         missing=[name for name in sweep.get("trials", []) if name not in {t.name for t in run.trials}],
+        per_image=per_image,
         sources=sources,
         comparison=comparison,
     )

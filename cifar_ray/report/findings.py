@@ -33,7 +33,8 @@ from .header import run_level_text
 from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
 from .load import config_value
 from .metrics import COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Metric
-from .stats import PAIRS_DISAGREE, UNFINISHED, WITHIN, included, pooled_std, rows_with
+from .stats import PAIRS_DISAGREE, UNFINISHED, WITHIN, included, pooled_std, rows_with, scored_trials
+from .testset import testset_var
 from .verdicts import (
     EQUIVALENT,
     HIGHER,
@@ -126,18 +127,28 @@ def _leader_line(
     return f"{head}: within {noise} of each other: {listed}."
 
 
+def _config_trials(report: Report, configs: pd.DataFrame, i) -> pd.DataFrame:
+    """The included trials of configuration `i` (a row of `configs`)."""
+    chosen = included(report.trials)
+    for key in report.factors:
+        chosen = rows_with(chosen, key, configs.loc[i, key])
+    return chosen
+
+
 def _ranked_line(report: Report, configs: pd.DataFrame, title: str, metric: Metric, show, basis: str = "") -> str:
     """_leader_line for a trial column (`metric`) against the seed noise, the pooled within-configuration std (plus
     the test set's binomial noise for an accuracy)."""
     column = metric.column
     means = configs[f"{column}_mean"]
     std, dof, _ = pooled_std(report.trials, report.factors, column)
-    floor = None
-    if metric.kind == "acc" and report.test_images:
-        floor = means * (1 - means) / (report.test_images * configs["n"])
-    within = leaders(means, configs["n"], metric.better, std, dof, floor)
+    pair_var, noise = None, "the seed noise"
+    if metric.kind == "acc":  # the test set is shared: its part of a difference does not shrink with seeds
+        cells = {i: scored_trials(_config_trials(report, configs, i), column, report.per_image) for i in configs.index}
+        pair_var = lambda a, b: testset_var([(cells[a], cells[b])])[0] if cells[a] and cells[b] else 0.0  # noqa: E731
+        noise = "the seed and test-set noise"
+    within = leaders(means, configs["n"], metric.better, std, dof, pair_var)
     ranked = list(means.dropna().sort_values(ascending=metric.better == "min").index)
-    return _leader_line(report, configs, title, within, ranked, show, basis)
+    return _leader_line(report, configs, title, within, ranked, show, basis, noise)
 
 
 def fastest_line(report: Report, configs: pd.DataFrame) -> str:
@@ -145,12 +156,10 @@ def fastest_line(report: Report, configs: pd.DataFrame) -> str:
     against the seed noise of that mean where a configuration ran twice or more, else against the trials' own
     epoch-to-epoch noise (stats.WITHIN): a one-seed sweep still names one where its epochs separate it."""
     time_column = COST_METRICS[0].column
-    per_trial: dict[object, list[list[float]]] = {i: [] for i in configs.index}
-    for i in configs.index:
-        chosen = included(report.trials)
-        for key in report.factors:
-            chosen = rows_with(chosen, key, configs.loc[i, key])
-        per_trial[i] = [report.time_logs[name] for name in chosen["trial"] if name in report.time_logs]
+    per_trial = {
+        i: [report.time_logs[name] for name in _config_trials(report, configs, i)["trial"] if name in report.time_logs]
+        for i in configs.index
+    }
     means = pd.Series({i: statistics.fmean(statistics.fmean(t) for t in ts) for i, ts in per_trial.items() if ts})
     if not len(means):
         return ""

@@ -242,7 +242,8 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "that depends on another factor is never called equivalent: equal on average is not equal.",
         "**Fastest, Most accurate, Least memory, Best.** A configuration (the mean over its seeds) is named only "
         "where its lead over every other exceeds the t 95 % half-width of the seed noise (the pooled "
-        "within-configuration std; plus the binomial noise for accuracy); otherwise the candidates within noise "
+        "within-configuration std; for accuracy plus the shared test set's part of the difference, measured per image "
+        "or bounded, which more seeds do not shrink); otherwise the candidates within noise "
         "are listed, and with no repeated configuration the noise is unknown and none is named. Fastest ranks the "
         "mean log time per epoch, and with no repeated configuration against the epochs' own noise. A configuration "
         "whose trials did not all finish says so first.",

@@ -305,12 +305,22 @@ def _scored(
     frame: pd.DataFrame, keys: Sequence[str], column: str, per_image: Mapping[str, testset.ImageScores]
 ) -> dict[str, list[testset.Scored]]:
     """The trials of each cell (as _cells groups them, NaN `column` dropped) as the test set scored them."""
-    cells: dict[str, list[testset.Scored]] = {}
-    for label, (_, row) in zip(_labels(frame, keys), frame.iterrows()):
-        if not math.isnan(row[column]):
-            images = None if pd.isna(row["test_images"]) else int(row["test_images"])
-            cells.setdefault(label, []).append(testset.Scored(row[column], images, per_image.get(row["trial"])))
-    return cells
+    labels = pd.Series(_labels(frame, keys), index=frame.index, dtype=object)
+    cells = {label: scored_trials(frame[labels == label], column, per_image) for label in dict.fromkeys(labels)}
+    return {label: cell for label, cell in cells.items() if cell}
+
+
+def scored_trials(
+    frame: pd.DataFrame, column: str, per_image: Mapping[str, testset.ImageScores]
+) -> list[testset.Scored]:
+    """The trials of `frame` with a `column` value, as the test set scored them."""
+    return [
+        testset.Scored(
+            row[column], None if pd.isna(row["test_images"]) else int(row["test_images"]), per_image.get(name)
+        )
+        for name, row in zip(frame["trial"], frame.to_dict("records"))
+        if not math.isnan(row[column])
+    ]
 
 
 def pooled_std(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tuple[float, int, int]:

@@ -20,7 +20,8 @@ verdict used (verdict_intervals): at 1 − α/h, h its Holm multiplier, or for a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -176,22 +177,28 @@ def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd
 
 
 def leaders(
-    means: pd.Series, counts: pd.Series, better: str, std: float, dof: int, floor_var: pd.Series | None = None
+    means: pd.Series,
+    counts: pd.Series,
+    better: str,
+    std: float,
+    dof: int,
+    pair_var: Callable[[Any, Any], float] | None = None,
 ) -> list | None:
     """The index of the best of `means` and of every other one its lead does not clear: a difference beats the noise
-    when it exceeds the t 95 % half-width of sqrt(std²/n_a + std²/n_b (+ floor_var_a + floor_var_b)), `std` the pooled
-    seed noise with `dof` degrees of freedom. None when the seed noise is unknown (dof 0)."""
+    when it exceeds the t 95 % half-width of sqrt(std²/n_a + std²/n_b (+ pair_var(a, b))), `std` the pooled seed
+    noise with `dof` degrees of freedom, `pair_var` a part of the difference's variance that seeds do not average
+    away (an accuracy's shared test set: testset.testset_var). None when the seed noise is unknown (dof 0)."""
     means = means.dropna()
     if not len(means):
         return []
     if not dof:
         return None
     best = means.idxmax() if better == "max" else means.idxmin()
-    floor = floor_var if floor_var is not None else pd.Series(0.0, index=means.index)
     quantile = t_quantile(0.975, dof)
     within = []
     for i, mean in means.items():
-        noise = math.sqrt(std**2 / counts[i] + std**2 / counts[best] + floor[i] + floor[best])
+        shared = pair_var(i, best) if pair_var is not None and i != best else 0.0
+        noise = math.sqrt(std**2 / counts[i] + std**2 / counts[best] + shared)
         if i == best or abs(mean - means[best]) <= quantile * noise:
             within.append(i)
     return within
