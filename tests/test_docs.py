@@ -174,8 +174,9 @@ def problem(span: str) -> str | None:
             return f"no subcommand {command!r}"
         unknown = [t for t in tokens if OPTION.match(t.split("=")[0]) and t.split("=")[0] not in options()[command]]
         return f"{command or 'cifar-ray'} has no option {unknown}" if unknown else None
-    if " " in span:
-        return None
+    if " " in span:  # prose, or an option with its argument: `--repeats N`
+        first = span.split()[0]
+        return problem(first) if OPTION.match(first) else None
     name = re.sub(r"\(.*\)$", "", span)  # `f(x)` and `f()` name f
     if OPTION.match(name):
         return None if any(name in found for found in options().values()) else f"no command has the option {name}"
@@ -246,7 +247,7 @@ def test_every_name_in_backticks_in_a_docstring_or_comment_exists(path):
 @pytest.mark.parametrize(
     "span",
     ["run_plann", "core/runlogs.py", "runlog.EPOCH_METRIC", "report.build.Reports", "cifar-ray sweep --resum",
-     "cifar-ray sweeps", "--estimat", "sweeps/nothing.yaml", "epochz=3", "torch.made_up"],
+     "cifar-ray sweeps", "--estimat", "--max-concurent N", "sweeps/nothing.yaml", "epochz=3", "torch.made_up"],
 )  # fmt: skip
 def test_a_made_up_name_is_caught(span):
     assert problem(span)
