@@ -6,7 +6,7 @@ trains; warm slots train trial after trial in one worker group, `--isolate` give
 the wall time of every session, an interrupted one too), each trial's first trial.json and each session's
 provenance (core/provenance.py, before the session's first trial); while the sweep runs,
 the Dispatcher alone writes trial.json. Where trials run is `placement`'s concern, the Ray session
-`ray_session`'s, what the sweep prints `progress`'s.
+`session`'s, what the sweep prints `progress`'s.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 1000
 # NHWC on every device; the model and its inputs share it, or every convolution converts its input. On CUDA cuDNN
 # runs tensor-core convolutions without transposes (airbench, torchvision recipes); on CPU oneDNN runs NHWC
-# natively, faster than NCHW (docs/semantics.md).
+# natively, faster than NCHW (measured: reports/bench/README.md).
 MEMORY_FORMAT = torch.channels_last
 
 

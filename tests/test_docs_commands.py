@@ -1,0 +1,184 @@
+"""Every shell command of README.md and docs/ runs as written: each fenced `bash`/`sh` block as one script (every
+command must succeed), each `console` block command by command (`$ COMMAND`, then the lines it must print, in
+order; `...` matches anything), in a scratch folder holding `sweeps/`, `docs/` and the demo's committed logs, with
+this checkout's `cifar-ray` on PATH. A block is marked by an HTML comment on the line before its fence:
+`<!-- docs-test: slow -->` (it trains: the slow tier) or `<!-- docs-test: skip (REASON) -->` (it needs what a test
+machine lacks: a cluster, a GPU, S3, the network; or it runs the whole suite), and is then reported as skipped with
+that reason."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL = ("bash", "sh", "console")
+MARK = re.compile(r"^<!-- docs-test: (slow|skip \((?P<reason>[^)]+)\)) -->$")
+SKIP_REASONS = ("cluster", "GPU", "S3", "network", "runs the whole suite")  # what may keep a command from running
+FAST_TIMEOUT_S, SLOW_TIMEOUT_S = 120, 600
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    mark: str  # "", "slow" or "skip"
+    reason: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT).as_posix()}:{self.line}"
+
+
+def fenced_blocks(page: Path) -> list[Block]:
+    """Every fenced block of a page with its language and the mark on the line before it."""
+    lines, found, index = page.read_text(encoding="utf-8").splitlines(), [], 0
+    while index < len(lines):
+        if match := re.match(r"^```(\w*)$", lines[index]):
+            end = lines.index("```", index + 1)
+            mark = MARK.match(lines[index - 1]) if index else None
+            kind = "" if mark is None else mark.group(1).split()[0]
+            reason = (mark.group("reason") or "") if mark else ""
+            text = "\n".join(lines[index + 1 : end]) + "\n"
+            found.append(Block(page, index + 1, match.group(1), text, kind, reason))
+            index = end
+        index += 1
+    return found
+
+
+BLOCKS = [block for page in PAGES for block in fenced_blocks(page)]
+COMMAND_BLOCKS = [block for block in BLOCKS if block.lang in SHELL]
+
+
+def scratch(tmp_path: Path) -> Path:
+    """A folder as a fresh clone has it, for what the docs' commands read: the sweep files, the recipes and the
+    demo's committed logs (a copy: a command may write beside them)."""
+    (tmp_path / "sweeps").symlink_to(ROOT / "sweeps")
+    (tmp_path / "docs").symlink_to(ROOT / "docs")
+    shutil.copytree(ROOT / "reports" / "quickstart" / "logs", tmp_path / "reports" / "quickstart" / "logs")
+    return tmp_path
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
+    return env
+
+
+def shell(command: str, cwd: Path, timeout_s: int, strict: bool) -> subprocess.CompletedProcess:
+    flags = ["-euo", "pipefail"] if strict else []
+    return subprocess.run(
+        ["bash", *flags, "-c", command],
+        cwd=cwd,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def console_steps(text: str) -> list[tuple[str, list[str]]]:
+    """A console block as (command, the lines it must print)."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif steps and line.strip():
+            steps[-1][1].append(line)
+        elif line.strip():
+            raise ValueError(f"output before any command: {line!r}")
+    return steps
+
+
+def missing_lines(expected: list[str], printed: str) -> list[str]:
+    """The expected lines not found, in order, among the printed ones (`...` in a line matches anything)."""
+    printed_lines, at, missing = [line.rstrip() for line in printed.splitlines()], 0, []
+    for line in expected:
+        if line.strip() == "...":
+            continue
+        pattern = re.compile(".*".join(re.escape(part) for part in line.rstrip().split("...")))
+        hit = next((i for i in range(at, len(printed_lines)) if pattern.fullmatch(printed_lines[i])), None)
+        if hit is None:
+            missing.append(line)
+        else:
+            at = hit + 1
+    return missing
+
+
+def run_block(block: Block, cwd: Path, timeout_s: int) -> str | None:
+    """Why the block does not run as written, or None."""
+    if block.lang != "console":
+        done = shell(block.text, cwd, timeout_s, strict=True)
+        return None if done.returncode == 0 else f"exit status {done.returncode}:\n{done.stdout[-3000:]}"
+    for command, expected in console_steps(block.text):
+        printed = shell(command, cwd, timeout_s, strict=False).stdout
+        printed = printed.replace(f"{cwd.resolve()}/", "").replace(str(cwd.resolve()), ".")
+        if missing := missing_lines(expected, printed):
+            return f"$ {command}\nprinted:\n{printed[-3000:]}\nnot printed: {missing}"
+    return None
+
+
+def params(mark: str) -> list:
+    chosen = [block for block in COMMAND_BLOCKS if block.mark in (mark, "skip")]
+    return [pytest.param(block, id=block.id) for block in chosen]
+
+
+def check(block: Block, tmp_path: Path, timeout_s: int) -> None:
+    if block.mark == "skip":
+        pytest.skip(f"{block.id} skipped: {block.reason}")
+    problem = run_block(block, scratch(tmp_path), timeout_s)
+    assert problem is None, f"{block.id} does not run as written: {problem}"
+
+
+@pytest.mark.parametrize("block", params(""))
+def test_a_documented_command_runs_as_written(block, tmp_path):
+    check(block, tmp_path, FAST_TIMEOUT_S)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [p for p in params("slow") if p.values[0].mark == "slow"])
+def test_a_documented_command_that_trains_runs_as_written(block, tmp_path):
+    check(block, tmp_path, SLOW_TIMEOUT_S)
+
+
+def test_every_skip_says_why_in_one_of_the_allowed_reasons():
+    skipped = [block for block in COMMAND_BLOCKS if block.mark == "skip"]
+    assert skipped and all(any(reason in block.reason for reason in SKIP_REASONS) for block in skipped)
+    assert [block for block in COMMAND_BLOCKS if block.mark == "slow"]
+
+
+def test_no_shell_session_hides_in_a_block_that_is_not_run():
+    """A block whose lines start with `$ ` is a console session: marked otherwise, it would never be run."""
+    hidden = [block.id for block in BLOCKS if block.lang not in SHELL and re.search(r"^\$ ", block.text, re.M)]
+    assert not hidden, f"shell sessions in blocks that are not run (mark them console): {hidden}"
+
+
+def test_a_broken_command_and_a_wrong_output_are_caught(tmp_path):
+    scratch(tmp_path)
+    page = ROOT / "docs" / "usage.md"
+    misspelt = Block(page, 1, "bash", "cifar-ray sweep sweeps/quickstart.yaml --dry-run --estimat\n", "")
+    assert "exit status 2" in run_block(misspelt, tmp_path, FAST_TIMEOUT_S)
+    wrong = Block(page, 1, "console", "$ cifar-ray sweep sweeps/quickstart.yaml --res\ncifar-ray: error: --rez\n", "")
+    assert "not printed" in run_block(wrong, tmp_path, FAST_TIMEOUT_S)
+    right = Block(page, 1, "console", "$ cifar-ray sweep sweeps/quickstart.yaml --res\ncifar-ray: error: ...\n", "")
+    assert run_block(right, tmp_path, FAST_TIMEOUT_S) is None
+
+
+def test_an_unmarked_block_runs_and_a_mark_is_read(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- docs-test: skip (a GPU) -->\n```bash\nnvidia-smi\n```\n\n```console\n$ true\n```\n")
+    first, second = fenced_blocks(page)
+    assert (first.mark, first.reason, first.line) == ("skip", "a GPU", 2)
+    assert (second.mark, second.lang, second.text) == ("", "console", "$ true\n")
