@@ -233,6 +233,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
             command=rerun_command(args.argv),
             print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
             stream=sys.stderr if args.json else sys.stdout,
+            until_settled=getattr(args, "settle", None),  # sweep --until-settled
         )
     except KeyboardInterrupt:  # Ctrl-C: the trials are marked and Ray is stopped; say where the run stands
         run_dir = StoragePath.of(args.storage) / plan.name

@@ -17,7 +17,9 @@ from .document import Block, Heading, Paragraph, Table
 from .format import best_phrase, fmt_date, fmt_duration, fmt_value, same_value
 from .load import config_value
 from .metrics import INCOMPLETE
+from .settle import SETTLE_KEY, stop_text
 from .stats import OVERFIT_RULE
+from .verdicts import OPEN
 
 DEFAULTS = {key: TrainConfig.model_fields[key].default for key in KEYS}
 
@@ -208,8 +210,23 @@ def _run_header(report: Report) -> list[Block]:
         ("Wall time", info["wall_time"]),
         ("Fixed settings (not default)", _fixed_text(report)),
         ("Best means", info["best"]),
+        *([("Until settled", settle_line(report))] if settle_line(report) else []),
     )
     return [Heading(report.name, 1), *_answer(report, str(info["description"])), Table(("", ""), rows, name="setup")]
+
+
+def settle_line(report: Report) -> str:
+    """How the rounds of `sweep --until-settled` ended and under which procedure (report/settle.py), with each
+    comparison's verdict at the look that settled it; "" for a run without rounds."""
+    record = report.run.sweep.get(SETTLE_KEY)
+    if not record or not record.get("rounds"):
+        return ""
+    verdicts = record["rounds"][-1]["verdicts"]
+    each = "; ".join(
+        f"{label}: {v['verdict']}" + (f" at {v['seeds']} seeds (look {v['round']})" if v["verdict"] != OPEN else "")
+        for label, v in verdicts.items()
+    )
+    return f"{stop_text(record)}. {each}. {record['procedure']}"
 
 
 def run_level_text(report: Report) -> str:
