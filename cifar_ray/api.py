@@ -275,9 +275,10 @@ def _settle_rounds(
     round it plans (the new seeds' trials, `run` resuming the run), until a look stops. Each look is recorded before
     its trials are added, so a run killed at any point resumes the same rounds (core.sweep.resumed_plan replays
     them): a look whose trials are not all final is not taken again, they are trained first."""
+    from .core.status import SETTLE_KEY, settle_text
     from .core.sweep import build_plan, extended_plan, read_sweep_file
     from .report import build_report
-    from .report.settle import SETTLE_KEY, comparisons, look, settle_record, stop_text
+    from .report.settle import comparisons, look, settle_record
 
     sweep_file = run_dir / runlog.SWEEP_FILE
     recorded = runlog.read_json(sweep_file).get(SETTLE_KEY)
@@ -308,9 +309,12 @@ def _settle_rounds(
             + (f"; open: {', '.join(taken.open)}" if taken.open else "")
         )
         if taken.stop:
-            print_line(f"until settled: {stop_text(recorded)}")
+            print_line(f"until settled: {settle_text(recorded)}")
             return
+        had = len(plan.trials)
         plan = extended_plan(plan, build_plan(data, overrides, source, settle.name, taken.seeds), taken.points)
+        recorded["rounds"][-1]["added"] = [t.name for t in plan.trials[had:]]  # the next round's trials, in order
+        runlog.update_json(sweep_file, **{SETTLE_KEY: recorded})
         estimate = f", ~{rough_duration(taken.estimate_s)} estimated" if taken.estimate_s is not None else ""
         print_line(
             f"until settled, round {taken.round + 1}: {taken.trials} trials, to {taken.seeds} seeds at "

@@ -16,11 +16,12 @@ from cifar_ray import api
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import UsageError
+from cifar_ray.core.status import BUDGET, MAX_SEEDS, SETTLED, settle_text
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
 from cifar_ray.report.header import settle_line
 from cifar_ray.report.sequential import look_level, look_verdict, max_looks
-from cifar_ray.report.settle import BUDGET, MAX_SEEDS, SETTLED, look, settle_record, stop_text
+from cifar_ray.report.settle import look, settle_record
 from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT
 
 # The simulation: paired differences (value − baseline) over seeds, in units of their spread; looks from 3 seeds
@@ -155,16 +156,16 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     record = settle_record(3, 10, None, 3)
     record["rounds"].append(look(build_report(settled), record).record())
     assert record["rounds"][-1]["stop"] == SETTLED
-    assert stop_text(record) == "settled after 3 seeds (1 round)"
+    assert settle_text(record) == "settled after 3 seeds (1 look)"
     run = build_report(settle_run(tmp_path / "o", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3, wall_s=100.0))
     at_max = settle_record(3, 3, None, 3)
     at_max["rounds"].append(look(run, at_max).record())
     assert at_max["rounds"][-1]["stop"] == MAX_SEEDS
-    assert stop_text(at_max) == "stopped at --max-seeds 3 with 2 comparisons open (1 round)"
+    assert settle_text(at_max) == "stopped at --max-seeds 3 with 2 comparisons open (1 look)"
     budget = settle_record(3, 10, 150.0, 3)  # 100 s spent; the next round's 6+ trials at 15 s each pass 150 s
     budget["rounds"].append(look(run, budget).record())
     assert budget["rounds"][-1]["stop"] == BUDGET
-    assert stop_text(budget).startswith("stopped at the budget with 2 comparisons open (3 seeds, 1 round;")
+    assert settle_text(budget).startswith("stopped at the budget with 2 comparisons open (3 seeds, 1 look;")
 
 
 def test_a_verdict_once_reached_is_kept_not_judged_again(tmp_path):
@@ -194,6 +195,59 @@ def test_a_round_adds_seeds_at_its_configurations_in_their_order_and_a_resume_re
     path.write_text(json.dumps(SWEEP))
     recorded = plan.summary() | {"settle": {"rounds": [{"seeds": 4, "points": points}, {"seeds": None}]}}
     assert resumed_plan(path, {}, None, None, recorded).trials == plan.trials
+
+
+LOOP = {"name": "loop", "grid": {"batch_size": [64, 128, 512]}, "repeats": 3}
+LOOP_EFFECTS = {64: 0.0, 128: -0.25, 512: -0.04}  # 128: clear at the first look; 512: open there
+
+
+def fake_run(run_dir: Path, stop_after: int | None = None):
+    """What execute_plan's run does to the run folder, without Ray: sweep.json lists the plan's trials, each new one
+    finishes at 0.60 + LOOP_EFFECTS + 0.5 pp of noise drawn from its batch and seed; `stop_after`: Ctrl-C after that
+    many new trials."""
+
+    def run(plan, resume: bool = False, **_) -> Path:
+        kept = runlog.read_json(run_dir / runlog.SWEEP_FILE) if run_dir.exists() else {}  # as add_trials keeps it
+        write_sweep(run_dir, [t.name for t in plan.trials], grid=plan.grid, repeats=plan.repeats, name=plan.name)
+        runlog.update_json(run_dir / runlog.SWEEP_FILE, **{k: v for k, v in kept.items() if k == "settle"})
+        new = [t for t in plan.trials if not (run_dir / t.name).exists()]
+        for count, trial in enumerate(new):
+            if count == stop_after:
+                raise KeyboardInterrupt
+            batch, seed = trial.config.batch_size, trial.config.seed
+            acc = round(0.60 + LOOP_EFFECTS[batch] + random.Random(f"{batch}-{seed}").gauss(0.0, 0.005), 4)
+            swept = trial.swept | {"seed": seed}
+            write_trial(run_dir, 0, swept, "finished", factorial_epochs(acc, 1 - acc, 10.0), gpus=False, planned=3)
+            (run_dir / trial_name(0)).rename(run_dir / trial.name)
+            meta = json.loads((run_dir / trial.name / runlog.TRIAL_FILE).read_text())
+            (run_dir / trial.name / runlog.TRIAL_FILE).write_text(json.dumps(meta | {"name": trial.name}))
+        return run_dir
+
+    return run
+
+
+def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(tmp_path):
+    run_dir = tmp_path / "loop"
+    settle = api.Settle(LOOP, None, None, 6, None)
+    plan = api.sweep_plan(LOOP)
+    fake_run(run_dir)(plan)
+    with pytest.raises(KeyboardInterrupt):  # killed two trials into the second round
+        api._settle_rounds(plan, settle, run_dir, fake_run(run_dir, stop_after=2), print_line=lambda line: None)
+    first = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
+    assert [r["round"] for r in first] == [1] and first[0]["open"] == ["batch_size=512 vs 64"]
+    assert first[0]["verdicts"]["batch_size=128 vs 64"]["verdict"] == DIFFERS
+    added = first[0]["added"]
+    assert {n.split("-")[1] for n in added} == {"batch_size=64", "batch_size=512"}  # none at batch 128
+    assert len(added) == 2 * (first[0]["seeds"] - 3)
+    # The resume: the plan replays the round's trials, the run finishes them, the looks go on from look 2.
+    resumed = api.resumed_sweep_plan(LOOP, storage=tmp_path)
+    assert [t.name for t in resumed.trials[9:]] == added
+    fake_run(run_dir)(resumed, resume=True)
+    api._settle_rounds(resumed, settle, run_dir, fake_run(run_dir), print_line=lambda line: None)
+    rounds = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
+    assert rounds[0] == first[0] and [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
+    assert rounds[-1]["stop"] in (SETTLED, MAX_SEEDS) and len(rounds) >= 2
+    assert rounds[-1]["verdicts"]["batch_size=128 vs 64"] == first[0]["verdicts"]["batch_size=128 vs 64"]
 
 
 TINY = {

@@ -10,6 +10,7 @@ import pandas as pd
 from ..core import provenance, runlog
 from ..core.config import KEYS, TrainConfig
 from ..core.runlog import RunLog
+from ..core.status import SETTLE_KEY, settle_text
 from ..core.text import counted
 from .build import Report
 from .compare import RUN_FACTOR, RUN_MATCH_RULE, RunSource
@@ -17,7 +18,6 @@ from .document import Block, Heading, Paragraph, Table
 from .format import best_phrase, fmt_date, fmt_duration, fmt_value, same_value
 from .load import config_value
 from .metrics import INCOMPLETE
-from .settle import SETTLE_KEY, stop_text
 from .stats import OVERFIT_RULE
 from .verdicts import OPEN
 
@@ -226,7 +226,7 @@ def settle_line(report: Report) -> str:
         f"{label}: {v['verdict']}" + (f" at {v['seeds']} seeds (look {v['round']})" if v["verdict"] != OPEN else "")
         for label, v in verdicts.items()
     )
-    return f"{stop_text(record)}. {each}. {record['procedure']}"
+    return f"{settle_text(record)}. {each}. {record['procedure']}"
 
 
 def run_level_text(report: Report) -> str:

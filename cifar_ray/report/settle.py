@@ -10,7 +10,7 @@ comparison is at the same seed count (each round brings them all to the round's 
 at most once per seed count: max_looks() bounds its looks. The next target adds the fewest seeds that the report's
 more_seeds (verdicts.py) expects to settle one of the open comparisons at this look's level, allowing for the pairs
 that failed trials lost, at least one, at most --max-seeds. A comparison that the shared test set's noise keeps
-open whatever the seeds (verdicts.settles_with_seeds) gets none.
+open whatever the seeds (verdicts.settles_with_seeds, judged from MIN_PAIRS pairs on) gets none.
 """
 
 from __future__ import annotations
@@ -20,17 +20,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.status import trial_times
-from ..core.text import rough_duration
+from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET, trial_times
 from .build import Report
 from .format import fmt_value, same_value
 from .metrics import PAIRED_METRICS
 from .sequential import describe, look_level, look_verdict
 from .verdicts import MIN_PAIRS, NO_VERDICT, OPEN, more_seeds, pairs_needed, settles_with_seeds
-
-SETTLE_KEY = "settle"  # sweep.json's record of the rounds
-# Why the rounds ended
-SETTLED, MAX_SEEDS, BUDGET, TESTSET = "settled", "max-seeds", "budget", "test set"
 
 
 @dataclass(frozen=True)
@@ -56,9 +51,13 @@ def comparisons(grid: dict[str, list], baseline: dict[str, Any]) -> list[Compari
 
 
 def grid_points(grid: dict[str, list], comparison: Comparison) -> list[dict[str, Any]]:
-    """The configurations (factor -> label) a comparison pairs: its factor at either value, the others at any."""
+    """The configurations (factor -> label) a comparison pairs: its factor at either value, the others at any; in
+    grid order."""
     factors = [key for key in grid if key != "seed"]
-    choices = [[comparison.value, comparison.baseline] if key == comparison.factor else grid[key] for key in factors]
+    sides = [
+        v for v in grid[comparison.factor] if same_value(v, comparison.value) or same_value(v, comparison.baseline)
+    ]
+    choices = [sides if key == comparison.factor else grid[key] for key in factors]
     return [dict(zip(factors, values)) for values in itertools.product(*choices)]
 
 
@@ -164,9 +163,7 @@ def look(report: Report, settle: dict) -> Look:
         }
         if settled or seeds >= max_seeds:
             continue
-        if not math.isnan(row["mean_diff"]) and not settles_with_seeds(
-            row["mean_diff"], row["testset_var"], margin, level
-        ):
+        if row["n_pairs"] >= MIN_PAIRS and not settles_with_seeds(row["mean_diff"], row["testset_var"], margin, level):
             verdicts[comparison.label]["testset_limited"] = True
             continue
         growable.append(comparison)
@@ -207,31 +204,3 @@ def answer_first(grid: dict[str, list], open_comparisons: list[Comparison]) -> l
             points[key] = (point, points[key][1] + 1 if key in points else 1)
     ordered = sorted(enumerate(points.values()), key=lambda item: (-item[1][1], item[0]))
     return [point for _, (point, _) in ordered]
-
-
-def stop_text(settle: dict) -> str:
-    """The rounds in one line, for the report and the terminal: `settled after 5 seeds (3 rounds)` or `stopped at
-    the budget with 2 comparisons open (4 seeds, 2 rounds)`; "" before the first look."""
-    rounds = settle.get("rounds") or []
-    if not rounds:
-        return ""
-    last = rounds[-1]
-    seeds = max((v["seeds"] for v in last["verdicts"].values()), default=settle["first_seeds"])
-    n_rounds = f"{len(rounds)} round{'s' * (len(rounds) != 1)}"
-    still = len(last["open"])
-    open_text = f"with {still} comparison{'s' * (still != 1)} open"
-    why = {
-        SETTLED: f"settled after {seeds} seed{'s' * (seeds != 1)} ({n_rounds})",
-        MAX_SEEDS: f"stopped at --max-seeds {settle['max_seeds']} {open_text} ({n_rounds})",
-        BUDGET: f"stopped at the budget {open_text} ({seeds} seeds, {n_rounds}; the next round's estimate "
-        f"{_seconds(last['estimate_s'])} would pass it)",
-        TESTSET: f"stopped {open_text} that the shared test set's noise keeps open whatever the seeds "
-        f"({seeds} seeds, {n_rounds})",
-    }
-    if last["stop"] is None:
-        return f"round {len(rounds)} running: {len(last['verdicts']) - still} of {len(last['verdicts'])} settled"
-    return why[last["stop"]]
-
-
-def _seconds(value: float | None) -> str:
-    return f"~{rough_duration(value)}" if value is not None else "unknown"
