@@ -16,7 +16,7 @@ from cifar_ray import api
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import UsageError
-from cifar_ray.core.status import BUDGET, MAX_SEEDS, SETTLED, settle_text
+from cifar_ray.core.status import BUDGET, MAX_SEEDS, SETTLED, render, settle_text
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
 from cifar_ray.report.header import settle_line
@@ -157,6 +157,9 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     record["rounds"].append(look(build_report(settled), record).record())
     assert record["rounds"][-1]["stop"] == SETTLED
     assert settle_text(record) == "settled after 3 seeds (1 look)"
+    runlog.update_json(settled / runlog.SWEEP_FILE, settle=record)
+    assert render(settled).splitlines()[-1] == "settled after 3 seeds (1 look)"  # cifar-ray status
+    assert json.loads(render(settled, as_json=True))["settled"] == "settled after 3 seeds (1 look)"
     run = build_report(settle_run(tmp_path / "o", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3, wall_s=100.0))
     at_max = settle_record(3, 3, None, 3)
     at_max["rounds"].append(look(run, at_max).record())
@@ -317,3 +320,14 @@ def test_two_rounds_run_and_sweep_json_records_them(tmp_path, ray_cluster):
     ]
     assert settle["rounds"][1]["verdicts"]["lr=0.5 vs 0.05"]["seeds"] == 2
     assert settle_line(build_report(tmp_path / "tiny")).startswith("stopped at --max-seeds 2 with 1 comparison open")
+
+
+def test_the_dry_run_says_what_the_rounds_will_do(tmp_path, capsys):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps(TINY))
+    assert main(["sweep", str(path), "--until-settled", "--max-seeds", "4", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "--until-settled: then seeds added where a comparison is open, up to 4 per configuration; Bonferroni "
+        "alpha-spending over looks and comparisons: at most 4 looks at 1 comparison, each test at α = 0.05 / 4 = "
+        "0.0125, so the chance of any false real effect (or any false equivalence) in the sweep stays at most 0.05"
+    )

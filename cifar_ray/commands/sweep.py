@@ -135,11 +135,25 @@ def run(args: argparse.Namespace) -> int:
     rows = trial_table(plan)
     print(rows_table(rows, list(rows[0])))
     print(work_summary(plan))
+    if args.settle:
+        print(settle_plan_line(plan, args.settle.max_seeds))
     if args.estimate:
         print_estimate(plan, args)
     if args.json:
         print(json.dumps([t.as_dict() for t in plan.trials]))
     return 0
+
+
+def settle_plan_line(plan: SweepPlan, max_seeds: int) -> str:
+    """What --until-settled will do after the grid, for the dry run."""
+    from ..report.sequential import describe, max_looks
+    from ..report.settle import comparisons
+
+    count = len(comparisons(plan.grid, {key: values[0] for key, values in plan.grid.items()}))
+    return (
+        f"{UNTIL_SETTLED_OPTION}: then seeds added where a comparison is open, up to {max_seeds} per configuration; "
+        f"{describe(count, max_looks(plan.repeats, max_seeds))}"
+    )
 
 
 def print_estimate(plan: SweepPlan, args: argparse.Namespace) -> None:

@@ -226,7 +226,10 @@ def settle_line(report: Report) -> str:
         f"{label}: {v['verdict']}" + (f" at {v['seeds']} seeds (look {v['round']})" if v["verdict"] != OPEN else "")
         for label, v in verdicts.items()
     )
-    return f"{settle_text(record)}. {each}. {record['procedure']}"
+    return (
+        f"{settle_text(record)}. {each}. {record['procedure']}. After these repeated looks, these verdicts hold, "
+        "not the single-look tests of all the seeds below"
+    )
 
 
 def run_level_text(report: Report) -> str:

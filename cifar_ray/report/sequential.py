@@ -51,6 +51,6 @@ def describe(comparisons: int, looks: int, alpha: float = ALPHA) -> str:
     level = look_level(comparisons, looks, alpha)
     return (
         f"{PROCEDURE}: at most {looks} look{'s' * (looks != 1)} at {comparisons} "
-        f"comparison{'s' * (comparisons != 1)}, each test at α = {alpha:g} / {comparisons * looks} = {level:.2g}, so "
+        f"comparison{'s' * (comparisons != 1)}, each test at α = {alpha:g} / {comparisons * looks} = {level:.3g}, so "
         f"the chance of any false real effect (or any false equivalence) in the sweep stays at most {alpha:g}"
     )
