@@ -22,7 +22,7 @@ from cifar_ray.report import build_report
 from cifar_ray.report.header import settle_line
 from cifar_ray.report.sequential import look_level, look_verdict, max_looks
 from cifar_ray.report.settle import look, settle_record
-from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT
+from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, pairs_needed
 
 # The simulation: paired differences (value − baseline) over seeds, in units of their spread; looks from 3 seeds
 # to 10, one pair per seed, stopping at the first verdict.
@@ -101,16 +101,16 @@ def settle_run(run_dir: Path, accuracy, seeds: int, status=None, wall_s: float =
     return run_dir
 
 
-def noisy(effects: dict, noise: float = 0.01, seed: int = 0):
-    """accuracy(swept): 0.60 + effects[batch_size] + 10 pp for workers=2 (a clear effect, settled at the first
-    look) + per-trial noise (`noise` std), drawn once per trial."""
+def noisy(effects: dict, noise: float = 0.01, seed: int = 0, workers: float = 0.10):
+    """accuracy(swept): 0.60 + effects[batch_size] + `workers` for workers=2 (by default 10 pp: a clear effect,
+    settled at the first look) + per-trial noise (`noise` std), drawn once per trial."""
     rng = random.Random(seed)
     drawn = {}
 
     def accuracy(swept: dict) -> float:
         key = tuple(swept.values())
         drawn.setdefault(key, rng.gauss(0.0, noise))
-        return 0.60 + effects[swept["batch_size"]] + 0.10 * (swept["workers"] == 2) + drawn[key]
+        return 0.60 + effects[swept["batch_size"]] + workers * (swept["workers"] == 2) + drawn[key]
 
     return accuracy
 
@@ -127,28 +127,31 @@ def test_a_look_settles_the_clear_comparison_and_adds_seeds_only_where_one_is_op
 
 
 def test_the_configurations_in_the_most_open_comparisons_run_first(tmp_path):
-    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3)
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.01}, workers=-0.01), seeds=3)
     taken = look(build_report(run), settle_record(3, 10, None, 3))
-    assert len(taken.open) == 2
-    assert [p["batch_size"] for p in taken.points] == [64, 64, 128, 128, 512, 512]  # 64 is in both comparisons
+    assert taken.open == ["batch_size=512 vs 64", "workers=2 vs 1"]
+    # batch 64 and 512 are in both open comparisons, batch 128 only in the workers one: last, not in grid order
+    assert [p["batch_size"] for p in taken.points] == [64, 64, 512, 512, 128, 128]
 
 
 def test_failed_trials_count_as_losses_in_the_next_round(tmp_path):
     accuracy = noisy({64: 0.0, 128: -0.15, 512: -0.03})
     whole = look(build_report(settle_run(tmp_path / "a", accuracy, seeds=3)), settle_record(3, 100, None, 3))
-    lossy = look(
-        build_report(
-            settle_run(
-                tmp_path / "b",
-                accuracy,
-                seeds=3,
-                status=lambda s: "diverged" if s["batch_size"] == 512 and s["seed"] == 0 else "finished",
-            )
-        ),
-        settle_record(3, 100, None, 3),
+    report = build_report(
+        settle_run(
+            tmp_path / "b",
+            accuracy,
+            seeds=3,
+            status=lambda s: "diverged" if s["batch_size"] == 512 and s["seed"] == 0 else "finished",
+        )
     )
+    lossy = look(report, settle_record(3, 100, None, 3))
     assert lossy.verdicts["batch_size=512 vs 64"]["n_pairs"] == 4
     assert lossy.seeds > whole.seeds
+    # Enough pairs once the new seeds lose pairs at the rate so far (4 of 6 kept), not just once they all pair.
+    row = report.effects["batch_size"]["final_test_acc"].iloc[1]
+    needed = pairs_needed(row["mean_diff"], row["std_diff"] ** 2, report.margin, look_level(3, 98), row["testset_var"])
+    assert 4 + (lossy.seeds - 3) * 2 * 4 / 6 >= needed > 4 + (lossy.seeds - 4) * 2 * 4 / 6
 
 
 def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
