@@ -16,6 +16,7 @@ through it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -134,8 +135,27 @@ class Settle:
     source: str | os.PathLike | Mapping[str, Any]
     overrides: Overrides
     name: str | None
-    max_seeds: int
+    max_seeds: int | None  # None: a resumed run's own, else default_max_seeds
     budget_s: float | None
+
+
+def default_max_seeds(plan: SweepPlan) -> int:
+    return max(DEFAULT_MAX_SEEDS, plan.repeats)
+
+
+def _settle_resolved(settle: Settle, plan: SweepPlan, run_dir: StoragePath, resume: bool) -> Settle:
+    """`settle` with its max_seeds: a resumed run's recorded one (its tests' levels depend on it: another is
+    refused, before Ray starts), else the one given or default_max_seeds."""
+    from .core.status import SETTLE_KEY
+
+    recorded = (runlog.read_json(run_dir / runlog.SWEEP_FILE).get(SETTLE_KEY) or {}) if resume else {}
+    if recorded and settle.max_seeds not in (None, recorded["max_seeds"]):
+        raise UsageError(
+            f"--max-seeds {settle.max_seeds}: this run settles with --max-seeds {recorded['max_seeds']}, which fixed "
+            "its tests' levels; allowed: the same --max-seeds, or none"
+        )
+    seeds = recorded.get("max_seeds") or settle.max_seeds or default_max_seeds(plan)
+    return dataclasses.replace(settle, max_seeds=seeds)
 
 
 def settle_options(
@@ -171,14 +191,13 @@ def settle_options(
             f"--until-settled settles the report's accuracy comparisons, but the sweep's metric is {plan.metric}; "
             "allowed: metric: test_acc"
         )
-    seeds = max(DEFAULT_MAX_SEEDS, plan.repeats) if max_seeds is None else max_seeds
-    if not plan.repeats <= seeds <= REPEATS_MAX:
+    if max_seeds is not None and not plan.repeats <= max_seeds <= REPEATS_MAX:
         raise UsageError(
-            f"--max-seeds {seeds}: allowed: from the sweep's {plan.repeats} seeds per grid point to {REPEATS_MAX}"
+            f"--max-seeds {max_seeds}: allowed: from the sweep's {plan.repeats} seeds per grid point to {REPEATS_MAX}"
         )
     if budget_s is not None and not budget_s > 0:
         raise UsageError(f"--budget {budget_s:g} s: allowed: a wall time above 0, e.g. 30m")
-    return Settle(source, overrides, name, seeds, budget_s)
+    return Settle(source, overrides, name, max_seeds, budget_s)
 
 
 def execute_plan(
@@ -216,6 +235,8 @@ def execute_plan(
     check_max_concurrent(max_concurrent)
     max_concurrent = max_concurrent or plan.max_concurrent
     run_dir = StoragePath.of(storage) / plan.name
+    if until_settled:
+        until_settled = _settle_resolved(until_settled, plan, run_dir, resume)
     unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
     if unwritable:
         raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
@@ -282,11 +303,6 @@ def _settle_rounds(
 
     sweep_file = run_dir / runlog.SWEEP_FILE
     recorded = runlog.read_json(sweep_file).get(SETTLE_KEY)
-    if recorded and recorded["max_seeds"] != settle.max_seeds:
-        raise UsageError(
-            f"--max-seeds {settle.max_seeds}: this run settles with --max-seeds {recorded['max_seeds']}, which fixed "
-            "its tests' levels; allowed: the same --max-seeds"
-        )
     if not recorded:
         built = build_report(run_dir)
         count = len(comparisons({k: built.grid[k] for k in built.factors}, built.baseline))

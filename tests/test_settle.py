@@ -254,6 +254,8 @@ def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(
     assert rounds[0] == first[0] and [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
     assert rounds[-1]["stop"] in (SETTLED, MAX_SEEDS) and len(rounds) >= 2
     assert rounds[-1]["verdicts"]["batch_size=128 vs 64"] == first[0]["verdicts"]["batch_size=128 vs 64"]
+    with pytest.raises(UsageError, match=r"^--max-seeds 7: this run settles with --max-seeds 6, which fixed its"):
+        api.sweep(LOOP, storage=tmp_path, resume=True, until_settled=True, max_seeds=7)  # refused before Ray
 
 
 TINY = {

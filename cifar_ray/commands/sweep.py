@@ -66,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help=f"with {UNTIL_SETTLED_OPTION}: at most N seeds per configuration (default: the larger of "
-        f"{DEFAULT_MAX_SEEDS} and the file's repeats); it fixes how strict each look's tests are",
+        f"{DEFAULT_MAX_SEEDS} and the file's repeats; a resumed run's own); it fixes how strict each look's tests are",
     )
     sweep.add_argument(
         "--budget",
@@ -109,7 +109,7 @@ def estimate_refusal(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import check_max_concurrent, resumed_sweep_plan, settle_options, sweep_plan
+    from ..api import check_max_concurrent, default_max_seeds, resumed_sweep_plan, settle_options, sweep_plan
     from ..core.sweep import trial_table, work_summary
 
     if args.resume:  # the run's trials as it planned them, and new seeds' where --repeats asks for more
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     print(rows_table(rows, list(rows[0])))
     print(work_summary(plan))
     if args.settle:
-        print(settle_plan_line(plan, args.settle.max_seeds))
+        print(settle_plan_line(plan, args.settle.max_seeds or default_max_seeds(plan)))
     if args.estimate:
         print_estimate(plan, args)
     if args.json:
