@@ -336,3 +336,11 @@ def test_the_dry_run_says_what_the_rounds_will_do(tmp_path, capsys):
         "alpha-spending over looks and comparisons: at most 4 looks at 1 comparison, each test at α = 0.05 / 4 = "
         "0.0125, so the chance of any false real effect (or any false equivalence) in the sweep stays at most 0.05"
     )
+
+
+def test_the_resume_command_after_an_interrupt_goes_on_settling():
+    from cifar_ray.cli import build_parser
+    from cifar_ray.commands.common import resume_command
+
+    args = build_parser().parse_args(["sweep", "s.yaml", "--until-settled", "--max-seeds", "6", "--budget", "20m"])
+    assert resume_command(args) == "cifar-ray sweep s.yaml --resume --storage runs --until-settled --budget 1200s"

@@ -276,6 +276,8 @@ def resume_command(args: argparse.Namespace) -> str:
         parts += ["--address", shlex.quote(args.address)]
     if args.repeats is not None:
         parts += [REPEATS_OPTION, str(args.repeats)]
+    if getattr(args, "until_settled", False):  # the looks go on; the run keeps its --max-seeds
+        parts += ["--until-settled"] + (["--budget", f"{args.budget:g}s"] if args.budget is not None else [])
     if args.set:
         parts += [SET_OPTION, *map(shlex.quote, args.set)]
     return " ".join(parts)
