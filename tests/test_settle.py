@@ -171,6 +171,7 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     budget = settle_record(3, 10, 150.0, 3)  # 100 s spent; the next round's 6+ trials at 15 s each pass 150 s
     budget["rounds"].append(look(run, budget).record())
     assert budget["rounds"][-1]["stop"] == BUDGET
+    assert budget["rounds"][-1]["seeds"] is None and budget["rounds"][-1]["points"] == []  # nothing for a resume
     assert settle_text(budget).startswith("stopped at the budget with 2 comparisons open (3 seeds, 1 look;")
 
 

@@ -343,7 +343,7 @@ def resumed_plan(
     for count in [*counts[1:], *more]:
         plan = extended_plan(plan, build_plan(data, overrides, source, name, count))
     for past in (recorded.get("settle") or {}).get("rounds", []):  # --until-settled's rounds, each as it added
-        if past.get("seeds"):
+        if past.get("seeds") and not past.get("stop"):
             plan = extended_plan(plan, build_plan(data, overrides, source, name, past["seeds"]), past["points"])
     return plan
 

@@ -109,14 +109,18 @@ def settle_record(first_seeds: int, max_seeds: int, budget_s: float | None, comp
     }
 
 
-def _seeds_at(points: list[dict], trials: list[dict]) -> int:
-    """The trials planned at the configuration of `points` that has the fewest (a failed one counts: a seed spent)."""
-    counts = {point_key(point): 0 for point in points}
+def _planned(trials: list[dict]) -> dict[tuple, int]:
+    """The trials planned at each configuration (point_key), from their swept values; a failed one counts: a seed
+    spent."""
+    counts: dict[tuple, int] = {}
     for swept in trials:
-        key = point_key(swept)
-        if key in counts:
-            counts[key] += 1
-    return min(counts.values(), default=0)
+        counts[point_key(swept)] = counts.get(point_key(swept), 0) + 1
+    return counts
+
+
+def _seeds_at(points: list[dict], planned: dict[tuple, int]) -> int:
+    """The seeds of the configuration of `points` that has the fewest."""
+    return min((planned.get(point_key(point), 0) for point in points), default=0)
 
 
 def _row(report: Report, comparison: Comparison):
@@ -143,7 +147,7 @@ def look(report: Report, settle: dict) -> Look:
     grid = {key: report.grid[key] for key in report.factors}
     level, margin, max_seeds = settle["level"], report.margin, settle["max_seeds"]
     kept = {label: v for past in settle["rounds"] for label, v in past["verdicts"].items() if v["verdict"] != OPEN}
-    trials = [t.swept for t in report.run.trials]
+    planned = _planned([t.swept for t in report.run.trials])
     number = len(settle["rounds"]) + 1
     verdicts, growable, steps = {}, [], []
     for comparison in comparisons(grid, report.baseline):
@@ -151,7 +155,7 @@ def look(report: Report, settle: dict) -> Look:
             verdicts[comparison.label] = kept[comparison.label]
             continue
         row = _row(report, comparison)
-        seeds = _seeds_at(grid_points(grid, comparison), trials)
+        seeds = _seeds_at(grid_points(grid, comparison), planned)
         verdict = look_verdict(row["mean_diff"], row["se"], int(row["n_pairs"]), margin, level)
         settled = verdict not in (OPEN, NO_VERDICT)
         verdicts[comparison.label] = {
@@ -177,13 +181,10 @@ def look(report: Report, settle: dict) -> Look:
         limited = all(verdicts[label].get("testset_limited") for label in still_open)
         result.stop = TESTSET if limited else MAX_SEEDS
         return result
-    seeds = max(_seeds_at(grid_points(grid, comparison), trials) for comparison in growable)
+    seeds = max(_seeds_at(grid_points(grid, comparison), planned) for comparison in growable)
     result.seeds = min(max_seeds, seeds + min(steps))
     result.points = answer_first(grid, growable)
-    have = {}
-    for swept in trials:
-        have[point_key(swept)] = have.get(point_key(swept), 0) + 1
-    result.trials = sum(max(0, result.seeds - have.get(point_key(p), 0)) for p in result.points)
+    result.trials = sum(max(0, result.seeds - planned.get(point_key(p), 0)) for p in result.points)
     times = trial_times(report.run)
     if times is not None:
         wall, at_once = times
@@ -191,7 +192,7 @@ def look(report: Report, settle: dict) -> Look:
     budget = settle.get("budget_s")
     spent = report.run.sweep.get("wall_time_s") or 0.0
     if budget is not None and result.estimate_s is not None and spent + result.estimate_s > budget:
-        result.stop = BUDGET
+        result.stop, result.seeds, result.points = BUDGET, None, []  # the round it would have run, not run
     return result
 
 
