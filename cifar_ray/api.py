@@ -16,6 +16,8 @@ through it.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from .core import lease, runlog
 from .core.errors import ConfigError, RunInUseError, StorageError, UsageError
 from .core.storage import StoragePath, local_write_refusal
+from .core.text import rough_duration
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -121,6 +124,82 @@ def check_max_concurrent(max_concurrent: int | None) -> None:
         raise UsageError(f"--max-concurrent must be >= 1, got {max_concurrent}")
 
 
+DEFAULT_MAX_SEEDS = 10  # --until-settled without --max-seeds: at most this many seeds (or the file's, if more)
+
+
+@dataclass(frozen=True)
+class Settle:
+    """`sweep --until-settled`'s options, as execute_plan runs its rounds: the sweep (`source`, `overrides`, `name`:
+    what each round's plan is built from), the most seeds per configuration, the wall-time budget in seconds."""
+
+    source: str | os.PathLike | Mapping[str, Any]
+    overrides: Overrides
+    name: str | None
+    max_seeds: int | None  # None: a resumed run's own, else default_max_seeds
+    budget_s: float | None
+
+
+def default_max_seeds(plan: SweepPlan) -> int:
+    return max(DEFAULT_MAX_SEEDS, plan.repeats)
+
+
+def _settle_resolved(settle: Settle, plan: SweepPlan, run_dir: StoragePath, resume: bool) -> Settle:
+    """`settle` with its max_seeds: a resumed run's recorded one (its tests' levels depend on it: another is
+    refused, before Ray starts), else the one given or default_max_seeds."""
+    from .core.status import SETTLE_KEY
+
+    recorded = (runlog.read_json(run_dir / runlog.SWEEP_FILE).get(SETTLE_KEY) or {}) if resume else {}
+    if recorded and settle.max_seeds not in (None, recorded["max_seeds"]):
+        raise UsageError(
+            f"--max-seeds {settle.max_seeds}: this run settles with --max-seeds {recorded['max_seeds']}, which fixed "
+            "its tests' levels; allowed: the same --max-seeds, or none"
+        )
+    seeds = recorded.get("max_seeds") or settle.max_seeds or default_max_seeds(plan)
+    return dataclasses.replace(settle, max_seeds=seeds)
+
+
+def settle_options(
+    plan: SweepPlan,
+    source: str | os.PathLike | Mapping[str, Any],
+    overrides: Overrides = None,
+    *,
+    name: str | None = None,
+    until_settled: bool = False,
+    max_seeds: int | None = None,
+    budget_s: float | None = None,
+) -> Settle | None:
+    """--until-settled's options checked against `plan` before Ray starts (one-line UsageError each): max_seeds and
+    budget_s only with it; a grid with an accuracy comparison (a factor with two values or more), seeds added as
+    repeats (not grid.seed), the sweep's metric test_acc (the report's verdicts are on it), max_seeds at least the
+    plan's seeds and within REPEATS_MAX, a positive budget. None without until_settled."""
+    from .core.sweep import REPEATS_MAX
+
+    if not until_settled:
+        given = [option for option, value in (("--max-seeds", max_seeds), ("--budget", budget_s)) if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} bound the rounds of --until-settled; add --until-settled")
+        return None
+    if not any(len(values) > 1 for key, values in plan.grid.items() if key != "seed"):
+        raise UsageError(
+            "--until-settled adds seeds until the grid's comparisons are settled, but this grid compares nothing; "
+            "allowed: a grid with a factor of two values or more"
+        )
+    if "seed" in plan.grid:
+        raise UsageError("--until-settled adds seeds as repeats; allowed: a grid without a seed key")
+    if plan.metric != "test_acc":
+        raise UsageError(
+            f"--until-settled settles the report's accuracy comparisons, but the sweep's metric is {plan.metric}; "
+            "allowed: metric: test_acc"
+        )
+    if max_seeds is not None and not plan.repeats <= max_seeds <= REPEATS_MAX:
+        raise UsageError(
+            f"--max-seeds {max_seeds}: allowed: from the sweep's {plan.repeats} seeds per grid point to {REPEATS_MAX}"
+        )
+    if budget_s is not None and not budget_s > 0:
+        raise UsageError(f"--budget {budget_s:g} s: allowed: a wall time above 0, e.g. 30m")
+    return Settle(source, overrides, name, max_seeds, budget_s)
+
+
 def execute_plan(
     plan: SweepPlan,
     storage: str | os.PathLike | StoragePath = "runs",
@@ -136,6 +215,7 @@ def execute_plan(
     command: str | None = None,
     print_line: Callable[[str], None] = print,
     stream: TextIO | None = None,
+    until_settled: Settle | None = None,
 ) -> StoragePath:
     """Run every trial of `plan` into storage/<plan name>; returns that folder. What `cifar-ray train` and `sweep`
     run once their arguments are parsed. Refused before Ray starts and before anything is written: a bad max_concurrent
@@ -147,12 +227,16 @@ def execute_plan(
     `print_line` gets the progress lines, `stream` is where it prints them (a terminal gets a live progress
     bar instead). `estimate`: time the sweep's distinct steps here before Ray starts; the
     sweep's header repeats the estimate (sweep --estimate). `profile`: torch.profiler over a few steps of one epoch
-    per trial (--profile; a trace in each trial folder)."""
+    per trial (--profile; a trace in each trial folder). `until_settled` (settle_options): then rounds of added seeds
+    until the comparisons are settled (_settle_rounds), on the same Ray; with a budget, the grid's estimate must fit
+    it (refused before Ray starts)."""
     from .cluster import orchestrate, session  # these import Ray inside their functions only
 
     check_max_concurrent(max_concurrent)
     max_concurrent = max_concurrent or plan.max_concurrent
     run_dir = StoragePath.of(storage) / plan.name
+    if until_settled:
+        until_settled = _settle_resolved(until_settled, plan, run_dir, resume)
     unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
     if unwritable:
         raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
@@ -171,29 +255,88 @@ def execute_plan(
             check_local_gpus(plan)  # a refusal before the data download writes anything
             ensure_local_data(plan)
         estimate_s = None
-        if estimate:
+        budget = until_settled.budget_s if until_settled else None
+        local = session.cluster_address(address) is None
+        if estimate or (budget is not None and not resume and local):
             from .cluster.estimate import estimate_plan
 
             estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
+            if budget is not None and estimate_s > budget:
+                raise UsageError(
+                    f"--budget {rough_duration(budget)} cannot fit the first round: its {len(plan.trials)} trials "
+                    f"are estimated at ~{rough_duration(estimate_s)} here (sweep --estimate); allowed: a budget above "
+                    "that, or fewer or shorter trials"
+                )
         owns_ray = session.init_ray(address=address, verbose=verbose)
         try:
-            return orchestrate.run_plan(
-                plan,
+            run = functools.partial(
+                orchestrate.run_plan,
                 storage=storage,
                 max_concurrent=max_concurrent,
-                resume=resume,
                 warm=not isolate,
-                command=command,
-                estimate_s=estimate_s,
                 profile=profile,
                 print_line=print_line,
                 stream=stream,
             )
+            run_dir = run(plan, resume=resume, command=command, estimate_s=estimate_s)
+            if until_settled:
+                _settle_rounds(plan, until_settled, run_dir, run, print_line)
+            return run_dir
         finally:
             if owns_ray:
                 import ray
 
                 ray.shutdown()
+
+
+def _settle_rounds(
+    plan: SweepPlan, settle: Settle, run_dir: StoragePath, run: Callable[..., StoragePath], print_line: Callable
+) -> None:
+    """--until-settled after the grid has run: look (report/settle.py), record the look in sweep.json, then run the
+    round it plans (the new seeds' trials, `run` resuming the run), until a look stops. Each look is recorded before
+    its trials are added, so a run killed at any point resumes the same rounds (core.sweep.resumed_plan replays
+    them): a look whose trials are not all final is not taken again, they are trained first."""
+    from .core.status import SETTLE_KEY, settle_text
+    from .core.sweep import build_plan, extended_plan, read_sweep_file
+    from .report import build_report
+    from .report.settle import comparisons, look, settle_record
+
+    sweep_file = run_dir / runlog.SWEEP_FILE
+    recorded = runlog.read_json(sweep_file).get(SETTLE_KEY)
+    if not recorded:
+        built = build_report(run_dir)
+        count = len(comparisons({k: built.grid[k] for k in built.factors}, built.baseline))
+        recorded = settle_record(plan.repeats, settle.max_seeds, settle.budget_s, count)
+    recorded["budget_s"] = settle.budget_s
+    runlog.update_json(sweep_file, **{SETTLE_KEY: recorded})
+    data = dict(settle.source) if isinstance(settle.source, Mapping) else read_sweep_file(settle.source)
+    source = DICT_SOURCE if isinstance(settle.source, Mapping) else str(settle.source)
+    overrides = _override_values(settle.overrides)
+    while not (recorded["rounds"] and recorded["rounds"][-1]["stop"]):
+        built = build_report(run_dir)
+        if not built.trials["status"].isin(runlog.FINAL_STATUSES).all():  # stopped (a Ray Client's Ctrl-C): resume
+            return
+        taken = look(built, recorded)
+        recorded["rounds"].append(taken.record())
+        runlog.update_json(sweep_file, **{SETTLE_KEY: recorded})
+        settled = len(taken.verdicts) - len(taken.open)
+        print_line(
+            f"until settled, look {taken.round}: {settled} of {len(taken.verdicts)} comparisons settled"
+            + (f"; open: {', '.join(taken.open)}" if taken.open else "")
+        )
+        if taken.stop:
+            print_line(f"until settled: {settle_text(recorded)}")
+            return
+        had = len(plan.trials)
+        plan = extended_plan(plan, build_plan(data, overrides, source, settle.name, taken.seeds), taken.points)
+        recorded["rounds"][-1]["added"] = [t.name for t in plan.trials[had:]]  # the next round's trials, in order
+        runlog.update_json(sweep_file, **{SETTLE_KEY: recorded})
+        estimate = f", ~{rough_duration(taken.estimate_s)} estimated" if taken.estimate_s is not None else ""
+        print_line(
+            f"until settled, round {taken.round + 1}: {taken.trials} trials, to {taken.seeds} seeds at "
+            f"{len(taken.points)} configurations{estimate}"
+        )
+        run(plan, resume=True)
 
 
 def sweep(
@@ -210,15 +353,29 @@ def sweep(
     verbose: bool = False,
     profile: bool = False,
     print_line: Callable[[str], None] = print,
+    until_settled: bool = False,
+    max_seeds: int | None = None,
+    budget_s: float | None = None,
 ) -> Run:
     """Run a sweep file, or a sweep given as a dict, with `overrides` on every trial (`cifar-ray sweep`); returns
     the run folder loaded (Run). `resume`: finish an interrupted run of the same sweep, overrides and name;
     `repeats`: seeds per grid point instead of the file's (with `resume`, more than the run has adds the new seeds'
-    trials to it); `profile`: a torch.profiler trace of a few steps of each trial (`--profile`)."""
+    trials to it); `profile`: a torch.profiler trace of a few steps of each trial (`--profile`). `until_settled`:
+    then add seeds, round by round, where comparisons are open, up to `max_seeds` per configuration and within
+    `budget_s` seconds of wall time (docs/settle.md)."""
     plan = (
         resumed_sweep_plan(source, overrides, name, repeats, storage)
         if resume
         else sweep_plan(source, overrides, name, repeats)
+    )
+    settle = settle_options(
+        plan,
+        source,
+        overrides,
+        name=name,
+        until_settled=until_settled,
+        max_seeds=max_seeds,
+        budget_s=budget_s,
     )
     run_dir = execute_plan(
         plan,
@@ -230,6 +387,7 @@ def sweep(
         verbose=verbose,
         profile=profile,
         print_line=print_line,
+        until_settled=settle,
     )
     return load(run_dir)
 

@@ -51,6 +51,14 @@ def pytest_configure(config) -> None:
     os.environ.setdefault(SESSION_MARKER, f"{os.getpid()}-{time.time_ns()}")
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """A test on the session's real Ray (the `ray_cluster` fixture) is in the slow tier, marked or not: the fast
+    tier (`-m "not slow"`) never starts Ray in this process."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def session_processes() -> list[psutil.Process]:
     """The live processes this session started (its marker in their environment), this one and its parents aside,
     and multiprocessing's resource tracker (it ends with this process)."""

@@ -2,9 +2,9 @@
 command must succeed), each `console` block command by command (`$ COMMAND`, then the lines it must print, in
 order; `...` matches anything), in a scratch folder holding `sweeps/`, `docs/` and the demo's committed logs, with
 this checkout's `cifar-ray` on PATH. A block is marked by an HTML comment on the line before its fence:
-`<!-- docs-test: slow -->` (it trains: the slow tier) or `<!-- docs-test: skip (REASON) -->` (it needs what a test
-machine lacks: a cluster, a GPU, S3, the network; or it runs the whole suite), and is then reported as skipped with
-that reason."""
+`<!-- docs-test: slow -->` (it trains: the slow tier), `<!-- docs-test: long -->` (it trains for minutes: run with
+CIFAR_RAY_LONG_TESTS=1) or `<!-- docs-test: skip (REASON) -->` (it needs what a test machine lacks: a cluster, a GPU,
+S3, the network; or it runs the whole suite), and is then reported as skipped with that reason."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import pytest
 ROOT = Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = ("bash", "sh", "console")
-MARK = re.compile(r"^<!-- docs-test: (slow|skip \((?P<reason>[^)]+)\)) -->$")
+MARK = re.compile(r"^<!-- docs-test: (slow|long|skip \((?P<reason>[^)]+)\)) -->$")
 SKIP_REASONS = ("cluster", "GPU", "S3", "network", "runs the whole suite")  # what may keep a command from running
-FAST_TIMEOUT_S, SLOW_TIMEOUT_S = 120, 600
+FAST_TIMEOUT_S, SLOW_TIMEOUT_S, LONG_TIMEOUT_S = 120, 600, 1800
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Block:
     line: int  # of the opening fence, 1-based
     lang: str
     text: str
-    mark: str  # "", "slow" or "skip"
+    mark: str  # "", "slow", "long" or "skip"
     reason: str = ""
 
     @property
@@ -151,6 +151,13 @@ def test_a_documented_command_runs_as_written(block, tmp_path):
 @pytest.mark.parametrize("block", [p for p in params("slow") if p.values[0].mark == "slow"])
 def test_a_documented_command_that_trains_runs_as_written(block, tmp_path):
     check(block, tmp_path, SLOW_TIMEOUT_S)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("CIFAR_RAY_LONG_TESTS"), reason="trains for minutes; set CIFAR_RAY_LONG_TESTS=1")
+@pytest.mark.parametrize("block", [p for p in params("long") if p.values[0].mark == "long"])
+def test_a_documented_command_that_trains_for_minutes_runs_as_written(block, tmp_path):
+    check(block, tmp_path, LONG_TIMEOUT_S)
 
 
 def test_every_skip_says_why_in_one_of_the_allowed_reasons():

@@ -233,6 +233,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
             command=rerun_command(args.argv),
             print_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
             stream=sys.stderr if args.json else sys.stdout,
+            until_settled=getattr(args, "settle", None),  # sweep --until-settled
         )
     except KeyboardInterrupt:  # Ctrl-C: the trials are marked and Ray is stopped; say where the run stands
         run_dir = StoragePath.of(args.storage) / plan.name
@@ -275,6 +276,8 @@ def resume_command(args: argparse.Namespace) -> str:
         parts += ["--address", shlex.quote(args.address)]
     if args.repeats is not None:
         parts += [REPEATS_OPTION, str(args.repeats)]
+    if getattr(args, "until_settled", False):  # the looks go on; the run keeps its --max-seeds
+        parts += ["--until-settled"] + (["--budget", f"{args.budget:g}s"] if args.budget is not None else [])
     if args.set:
         parts += [SET_OPTION, *map(shlex.quote, args.set)]
     return " ".join(parts)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import TYPE_CHECKING
 
+from ..api import DEFAULT_MAX_SEEDS
 from ..core.errors import UsageError
 from .common import REPEATS_OPTION, RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
 
@@ -13,6 +15,7 @@ if TYPE_CHECKING:
     from ..core.sweep import SweepPlan
 
 ESTIMATE_OPTION = "--estimate"
+UNTIL_SETTLED_OPTION = "--until-settled"
 
 HELP = "run a sweep file (a grid of trials) through Ray Tune"
 EXAMPLES = (
@@ -52,12 +55,41 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "the rest continue from their checkpoints",
     )
     sweep.add_argument(
+        UNTIL_SETTLED_OPTION,
+        action="store_true",
+        help="after the grid, add seeds round by round to the configurations of the comparisons still open, until "
+        "each is settled (a real effect, or equivalent within the margin), with tests valid under these repeated "
+        "looks (docs/settle.md)",
+    )
+    sweep.add_argument(
+        "--max-seeds",
+        type=int,
+        metavar="N",
+        help=f"with {UNTIL_SETTLED_OPTION}: at most N seeds per configuration (default: the larger of "
+        f"{DEFAULT_MAX_SEEDS} and the file's repeats; a resumed run's own); it fixes how strict each look's tests are",
+    )
+    sweep.add_argument(
+        "--budget",
+        type=parse_budget,
+        metavar="TIME",
+        help=f"with {UNTIL_SETTLED_OPTION}: no round starts that this run's trial times say would take the sweep's "
+        "wall time past TIME (90s, 30m, 2h; the grid's own estimate must fit it)",
+    )
+    sweep.add_argument(
         REPEATS_OPTION,
         type=int,
         metavar="N",
         help="seeds per grid point, instead of the file's repeats; with --resume, more than the run has adds the "
         "new seeds' trials to it (finished trials are kept as they are)",
     )
+
+
+def parse_budget(text: str) -> float:
+    """`30m` -> 1800.0: a number of seconds (s, or none), minutes (m) or hours (h)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a wall time; allowed: a number with s, m or h, e.g. 30m")
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
 
 
 def estimate_refusal(args: argparse.Namespace) -> str | None:
@@ -77,7 +109,7 @@ def estimate_refusal(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import check_max_concurrent, resumed_sweep_plan, sweep_plan
+    from ..api import check_max_concurrent, default_max_seeds, resumed_sweep_plan, settle_options, sweep_plan
     from ..core.sweep import trial_table, work_summary
 
     if args.resume:  # the run's trials as it planned them, and new seeds' where --repeats asks for more
@@ -88,17 +120,40 @@ def run(args: argparse.Namespace) -> int:
     if refusal:
         raise UsageError(refusal)
     check_max_concurrent(args.max_concurrent)
+    args.settle = settle_options(
+        plan,
+        args.file,
+        args.set,
+        name=args.name,
+        until_settled=args.until_settled,
+        max_seeds=args.max_seeds,
+        budget_s=args.budget,
+    )
     if not args.dry_run:
         return run_plan_command(plan, args)
     print(f"{plan.name}: {plan.description}".rstrip(": "))
     rows = trial_table(plan)
     print(rows_table(rows, list(rows[0])))
     print(work_summary(plan))
+    if args.settle:
+        print(settle_plan_line(plan, args.settle.max_seeds or default_max_seeds(plan)))
     if args.estimate:
         print_estimate(plan, args)
     if args.json:
         print(json.dumps([t.as_dict() for t in plan.trials]))
     return 0
+
+
+def settle_plan_line(plan: SweepPlan, max_seeds: int) -> str:
+    """What --until-settled will do after the grid, for the dry run."""
+    from ..report.sequential import describe, max_looks
+    from ..report.settle import comparisons
+
+    count = len(comparisons(plan.grid, {key: values[0] for key, values in plan.grid.items()}))
+    return (
+        f"{UNTIL_SETTLED_OPTION}: then seeds added where a comparison is open, up to {max_seeds} per configuration; "
+        f"{describe(count, max_looks(plan.repeats, max_seeds))}"
+    )
 
 
 def print_estimate(plan: SweepPlan, args: argparse.Namespace) -> None:

@@ -35,7 +35,7 @@ from . import lease, runlog
 from .errors import RunFolderError
 from .shapes import TrialShape, trial_shape
 from .storage import StoragePath
-from .text import rough_duration, text_table
+from .text import counted, rough_duration, text_table
 
 STALE_EPOCHS = 3
 STALE_MIN_S = 600.0
@@ -82,6 +82,7 @@ class SweepState:
     eta: str  # the ETA in words, or why there is none; "" when nothing is left
     stopped: bool  # trials are left but none progresses: the sweep's driver stopped (--resume continues it)
     driver_gone: str | None = None  # why the run has no live driver (lease absent or stale), read while trials run
+    settled: str = ""  # sweep --until-settled: where its looks stand (settle_text); "" for another sweep
 
 
 def _unix(iso: str | None) -> float | None:
@@ -225,7 +226,41 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
         eta=eta,
         stopped=stopped,
         driver_gone=driver_gone,
+        settled=settle_text(sweep.get(SETTLE_KEY) or {}),
     )
+
+
+SETTLE_KEY = "settle"  # sweep.json's record of sweep --until-settled's looks (report/settle.py writes them)
+SETTLED, MAX_SEEDS, BUDGET, TESTSET = "settled", "max-seeds", "budget", "test set"  # why its rounds ended
+
+
+def settle_text(settle: dict) -> str:
+    """sweep --until-settled's looks in one line, for status, the terminal and the report: `settled after 5 seeds
+    (3 looks)`, `stopped at the budget with 2 comparisons open (...)`, or while a round runs, what the last look
+    settled and what is open; "" before the first look."""
+    looks = settle.get("rounds") or []
+    if not looks:
+        return ""
+    last = looks[-1]
+    seeds = max((v["seeds"] for v in last["verdicts"].values()), default=settle["first_seeds"])
+    n_looks = counted(len(looks), "look")
+    still = len(last["open"])
+    open_text = f"with {counted(still, 'comparison')} open"
+    if last["stop"] is None:
+        return (
+            f"until settled: look {len(looks)} settled {len(last['verdicts']) - still} of {len(last['verdicts'])} "
+            f"comparisons (open: {', '.join(last['open'])}); round {len(looks) + 1} adds {last['trials']} trials, "
+            f"to {last['seeds']} seeds"
+        )
+    estimate = f"~{rough_duration(last['estimate_s'])}" if last["estimate_s"] is not None else "unknown"
+    return {
+        SETTLED: f"settled after {counted(seeds, 'seed')} ({n_looks})",
+        MAX_SEEDS: f"stopped at --max-seeds {settle['max_seeds']} {open_text} ({n_looks})",
+        BUDGET: f"stopped at the budget {open_text} ({counted(seeds, 'seed')}, {n_looks}; the next round's "
+        f"estimate {estimate} would pass it)",
+        TESTSET: f"stopped {open_text} that the shared test set's noise keeps open whatever the seeds "
+        f"({counted(seeds, 'seed')}, {n_looks})",
+    }[last["stop"]]
 
 
 def totals_line(state: SweepState, explain: bool = False, elapsed: str = "elapsed") -> str:
@@ -311,6 +346,7 @@ def state_table(state: SweepState) -> str:
     lines = [f"{state.name}: {len(state.trials)} trial{'s' * (len(state.trials) != 1)}{since}"]
     lines += text_table(rows, pad_last=False).splitlines()
     lines.append(totals_line(state, explain=True))
+    lines += [state.settled] if state.settled else []
     return "\n".join(lines)
 
 

@@ -296,15 +296,24 @@ def _grid_point_and_seed(trial: TrialSpec) -> tuple:
     return tuple((k, repr(v)) for k, v in trial.swept.items() if k != "seed"), trial.config.seed
 
 
-def extended_plan(plan: SweepPlan, more: SweepPlan) -> SweepPlan:
+def extended_plan(plan: SweepPlan, more: SweepPlan, points: list[dict[str, Any]] | None = None) -> SweepPlan:
     """`plan` extended by the trials of `more` (the same sweep at more repeats) that it lacks: its own trials keep
-    their names and numbers, the new seeds follow them, numbered on (so no name is taken twice)."""
+    their names and numbers, the new seeds follow them, numbered on (so no name is taken twice). `points`: only at
+    these grid points (factor -> label), in their order (a round of --until-settled; the repeat counts stay)."""
     had = {_grid_point_and_seed(t) for t in plan.trials}
+    new = [t for t in more.trials if _grid_point_and_seed(t) not in had]
+    if points is not None:
+        order = {tuple((k, repr(v)) for k, v in point.items()): i for i, point in enumerate(points)}
+        new = sorted(
+            (t for t in new if _grid_point_and_seed(t)[0] in order), key=lambda t: order[_grid_point_and_seed(t)[0]]
+        )
     trials = list(plan.trials)
-    for trial in more.trials:
-        if _grid_point_and_seed(trial) not in had:
-            trials.append(TrialSpec(len(trials), trial_name(len(trials), trial.swept), trial.swept, trial.config))
-    return dataclasses.replace(more, trials=trials, repeat_counts=(*plan.repeat_counts, more.repeats))
+    for trial in new:
+        trials.append(TrialSpec(len(trials), trial_name(len(trials), trial.swept), trial.swept, trial.config))
+    counts = plan.repeat_counts if points is not None else (*plan.repeat_counts, more.repeats)
+    return dataclasses.replace(
+        more, trials=trials, repeats=plan.repeats if points is not None else more.repeats, repeat_counts=counts
+    )
 
 
 def resumed_plan(
@@ -333,6 +342,9 @@ def resumed_plan(
     plan = build_plan(data, overrides, source, name, counts[0])
     for count in [*counts[1:], *more]:
         plan = extended_plan(plan, build_plan(data, overrides, source, name, count))
+    for past in (recorded.get("settle") or {}).get("rounds", []):  # --until-settled's rounds, each as it added
+        if past.get("seeds") and not past.get("stop"):
+            plan = extended_plan(plan, build_plan(data, overrides, source, name, past["seeds"]), past["points"])
     return plan
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 from ..core import provenance, runlog
 from ..core.config import KEYS, TrainConfig
 from ..core.runlog import RunLog
+from ..core.status import SETTLE_KEY, settle_text
 from ..core.text import counted
 from .build import Report
 from .compare import RUN_FACTOR, RUN_MATCH_RULE, RunSource
@@ -18,6 +19,7 @@ from .format import best_phrase, fmt_date, fmt_duration, fmt_value, same_value
 from .load import config_value
 from .metrics import INCOMPLETE
 from .stats import OVERFIT_RULE
+from .verdicts import OPEN
 
 DEFAULTS = {key: TrainConfig.model_fields[key].default for key in KEYS}
 
@@ -208,8 +210,26 @@ def _run_header(report: Report) -> list[Block]:
         ("Wall time", info["wall_time"]),
         ("Fixed settings (not default)", _fixed_text(report)),
         ("Best means", info["best"]),
+        *([("Until settled", settle_line(report))] if settle_line(report) else []),
     )
     return [Heading(report.name, 1), *_answer(report, str(info["description"])), Table(("", ""), rows, name="setup")]
+
+
+def settle_line(report: Report) -> str:
+    """How the rounds of `sweep --until-settled` ended and under which procedure (report/settle.py), with each
+    comparison's verdict at the look that settled it; "" for a run without rounds."""
+    record = report.run.sweep.get(SETTLE_KEY)
+    if not record or not record.get("rounds"):
+        return ""
+    verdicts = record["rounds"][-1]["verdicts"]
+    each = "; ".join(
+        f"{label}: {v['verdict']}" + (f" at {v['seeds']} seeds (look {v['round']})" if v["verdict"] != OPEN else "")
+        for label, v in verdicts.items()
+    )
+    return (
+        f"{settle_text(record)}. {each}. {record['procedure']}. After these repeated looks, these verdicts hold, "
+        "not the single-look tests of all the seeds below"
+    )
 
 
 def run_level_text(report: Report) -> str:

@@ -1,0 +1,347 @@
+"""`sweep --until-settled`: the sequential procedure (report/sequential.py) proven by simulation, the rounds planned
+from hand-made run folders (report/settle.py), the per-configuration extension of a plan and its replay on resume
+(core/sweep.py), the refusals before Ray starts, and one real run of two rounds."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+from helpers import factorial_epochs, ranked_correct, trial_name, write_correct, write_sweep, write_trial
+
+from cifar_ray import api
+from cifar_ray.cli import main
+from cifar_ray.core import runlog
+from cifar_ray.core.errors import UsageError
+from cifar_ray.core.status import BUDGET, MAX_SEEDS, SETTLED, render, settle_text
+from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
+from cifar_ray.report import build_report
+from cifar_ray.report.header import settle_line
+from cifar_ray.report.sequential import look_level, look_verdict, max_looks
+from cifar_ray.report.settle import look, settle_record
+from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, pairs_needed
+
+# The simulation: paired differences (value − baseline) over seeds, in units of their spread; looks from 3 seeds
+# to 10, one pair per seed, stopping at the first verdict.
+FIRST, MOST, RUNS = 3, 10, 4000
+
+
+def stop_verdicts(truth: float, margin: float, level: float, seed: int) -> tuple[list[str], list[int]]:
+    """Each simulated comparison's verdict where it stopped (or "" at MOST seeds still open) and its seeds then."""
+    rng = random.Random(seed)
+    verdicts, stopped = [], []
+    for _ in range(RUNS):
+        diffs = [rng.gauss(truth, 1.0) for _ in range(MOST)]
+        verdict, n = "", MOST
+        for n in range(FIRST, MOST + 1):
+            sample = diffs[:n]
+            mean = sum(sample) / n
+            se = (sum((d - mean) ** 2 for d in sample) / (n - 1) / n) ** 0.5
+            judged = look_verdict(mean, se, n, margin, level)
+            if judged in (DIFFERS, EQUIVALENT):
+                verdict = judged
+                break
+        verdicts.append(verdict)
+        stopped.append(n)
+    return verdicts, stopped
+
+
+def test_repeated_looks_keep_false_real_effects_at_alpha_where_naive_looks_do_not():
+    looks = max_looks(FIRST, MOST)
+    assert looks == 8
+    level = look_level(1, looks)
+    sequential, _ = stop_verdicts(0.0, 0.25, level, seed=1)
+    naive, _ = stop_verdicts(0.0, 0.25, ALPHA, seed=1)  # the same data, every look at the full α
+    # 4000 null comparisons: the binomial standard error at 5 % is 0.34 pp
+    assert sequential.count(DIFFERS) / RUNS <= ALPHA
+    assert naive.count(DIFFERS) / RUNS > ALPHA + 0.03  # about 0.15: what the procedure exists to prevent
+
+
+def test_the_equivalence_test_spends_its_alpha_too():
+    """A true effect exactly at the margin: "equivalent" is a false claim, at most α of the time over the looks."""
+    looks = max_looks(FIRST, MOST)
+    sequential, _ = stop_verdicts(1.0, 1.0, look_level(1, looks), seed=2)
+    naive, _ = stop_verdicts(1.0, 1.0, ALPHA, seed=2)
+    assert sequential.count(EQUIVALENT) / RUNS <= ALPHA
+    assert naive.count(EQUIVALENT) / RUNS > ALPHA + 0.03
+
+
+def test_a_clear_effect_stops_at_the_first_look():
+    """40 times the seed spread: with 3 pairs (2 degrees of freedom) at α / 8, no sample of seeds leaves it open."""
+    verdicts, stopped = stop_verdicts(40.0, 0.25, look_level(1, max_looks(FIRST, MOST)), seed=3)
+    assert set(verdicts) == {DIFFERS} and set(stopped) == {FIRST}
+
+
+# Hand-made runs: batch 64 (baseline), 128, 512 x workers 1, 2 over seeds; final accuracies from `accuracy`.
+GRID = {"batch_size": [64, 128, 512], "workers": [1, 2]}
+
+
+def settle_run(run_dir: Path, accuracy, seeds: int, status=None, wall_s: float = 100.0) -> Path:
+    """A finished run of GRID at `seeds` seeds: `accuracy(swept)` its final test accuracy (whole images of 10,000),
+    `status(swept)` a status other than finished; each trial 30 s, two at once."""
+    combos = [
+        dict(zip(GRID, values)) | {"seed": s} for values in itertools.product(*GRID.values()) for s in range(seeds)
+    ]
+    write_sweep(run_dir, [trial_name(i) for i in range(len(combos))], grid=GRID, repeats=seeds, wall_time_s=wall_s)
+    for i, swept in enumerate(combos):
+        acc = round(accuracy(swept), 4)
+        state = (status or (lambda s: "finished"))(swept)
+        write_trial(run_dir, i, swept, state, factorial_epochs(acc, 1 - acc, 10.0), gpus=False, planned=3)
+        write_correct(run_dir, i, ranked_correct(acc, 10_000), 3)
+        folder = run_dir / trial_name(i)
+        start = 1000.0 + 30.0 * (i // 2)
+        meta = json.loads((folder / runlog.TRIAL_FILE).read_text())
+        (folder / runlog.TRIAL_FILE).write_text(json.dumps(meta | {"started_unix": start}))
+        rows = [json.loads(line) for line in (folder / runlog.EPOCHS_FILE).read_text().splitlines()]
+        lines = [json.dumps(r | {"end_unix": start + 10.0 * (e + 1)}) for e, r in enumerate(rows)]
+        (folder / runlog.EPOCHS_FILE).write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
+def noisy(effects: dict, noise: float = 0.01, seed: int = 0, workers: float = 0.10):
+    """accuracy(swept): 0.60 + effects[batch_size] + `workers` for workers=2 (by default 10 pp: a clear effect,
+    settled at the first look) + per-trial noise (`noise` std), drawn once per trial."""
+    rng = random.Random(seed)
+    drawn = {}
+
+    def accuracy(swept: dict) -> float:
+        key = tuple(swept.values())
+        drawn.setdefault(key, rng.gauss(0.0, noise))
+        return 0.60 + effects[swept["batch_size"]] + workers * (swept["workers"] == 2) + drawn[key]
+
+    return accuracy
+
+
+def test_a_look_settles_the_clear_comparison_and_adds_seeds_only_where_one_is_open(tmp_path):
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.01}), seeds=3)
+    record = settle_record(3, 10, None, 3)
+    taken = look(build_report(run), record)
+    assert taken.verdicts["batch_size=128 vs 64"]["verdict"] == DIFFERS
+    assert taken.open == ["batch_size=512 vs 64"] and taken.stop is None
+    assert {p["batch_size"] for p in taken.points} == {64, 512}  # batch 128's configurations get no seeds
+    assert 3 < taken.seeds <= 10 and taken.trials == 4 * (taken.seeds - 3)
+    assert taken.estimate_s == pytest.approx(taken.trials * 30.0 / 2)  # this run's trial times, two at once
+
+
+def test_the_configurations_in_the_most_open_comparisons_run_first(tmp_path):
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.01}, workers=-0.01), seeds=3)
+    taken = look(build_report(run), settle_record(3, 10, None, 3))
+    assert taken.open == ["batch_size=512 vs 64", "workers=2 vs 1"]
+    # batch 64 and 512 are in both open comparisons, batch 128 only in the workers one: last, not in grid order
+    assert [p["batch_size"] for p in taken.points] == [64, 64, 512, 512, 128, 128]
+
+
+def test_failed_trials_count_as_losses_in_the_next_round(tmp_path):
+    accuracy = noisy({64: 0.0, 128: -0.15, 512: -0.03})
+    whole = look(build_report(settle_run(tmp_path / "a", accuracy, seeds=3)), settle_record(3, 100, None, 3))
+    report = build_report(
+        settle_run(
+            tmp_path / "b",
+            accuracy,
+            seeds=3,
+            status=lambda s: "diverged" if s["batch_size"] == 512 and s["seed"] == 0 else "finished",
+        )
+    )
+    lossy = look(report, settle_record(3, 100, None, 3))
+    assert lossy.verdicts["batch_size=512 vs 64"]["n_pairs"] == 4
+    assert lossy.seeds > whole.seeds
+    # Enough pairs once the new seeds lose pairs at the rate so far (4 of 6 kept), not just once they all pair.
+    row = report.effects["batch_size"]["final_test_acc"].iloc[1]
+    needed = pairs_needed(row["mean_diff"], row["std_diff"] ** 2, report.margin, look_level(3, 98), row["testset_var"])
+    assert 4 + (lossy.seeds - 3) * 2 * 4 / 6 >= needed > 4 + (lossy.seeds - 4) * 2 * 4 / 6
+
+
+def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
+    settled = settle_run(tmp_path / "s", noisy({64: 0.0, 128: -0.15, 512: 0.2}), seeds=3)
+    record = settle_record(3, 10, None, 3)
+    record["rounds"].append(look(build_report(settled), record).record())
+    assert record["rounds"][-1]["stop"] == SETTLED
+    assert settle_text(record) == "settled after 3 seeds (1 look)"
+    runlog.update_json(settled / runlog.SWEEP_FILE, settle=record)
+    assert render(settled).splitlines()[-1] == "settled after 3 seeds (1 look)"  # cifar-ray status
+    assert json.loads(render(settled, as_json=True))["settled"] == "settled after 3 seeds (1 look)"
+    run = build_report(settle_run(tmp_path / "o", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3, wall_s=100.0))
+    at_max = settle_record(3, 3, None, 3)
+    at_max["rounds"].append(look(run, at_max).record())
+    assert at_max["rounds"][-1]["stop"] == MAX_SEEDS
+    assert settle_text(at_max) == "stopped at --max-seeds 3 with 2 comparisons open (1 look)"
+    budget = settle_record(3, 10, 150.0, 3)  # 100 s spent; the next round's 6+ trials at 15 s each pass 150 s
+    budget["rounds"].append(look(run, budget).record())
+    assert budget["rounds"][-1]["stop"] == BUDGET
+    assert budget["rounds"][-1]["seeds"] is None and budget["rounds"][-1]["points"] == []  # nothing for a resume
+    assert settle_text(budget).startswith("stopped at the budget with 2 comparisons open (3 seeds, 1 look;")
+
+
+def test_a_verdict_once_reached_is_kept_not_judged_again(tmp_path):
+    run = build_report(settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3))
+    record = settle_record(3, 10, None, 3)
+    kept = {"verdict": EQUIVALENT, "mean_diff": 0.0, "n_pairs": 6, "seeds": 3, "round": 1}
+    record["rounds"].append({"verdicts": {"batch_size=128 vs 64": kept}, "open": [], "stop": None})
+    taken = look(run, record)
+    assert taken.round == 2 and taken.verdicts["batch_size=128 vs 64"] == kept
+    assert taken.open == ["batch_size=512 vs 64"] and {p["batch_size"] for p in taken.points} == {64, 512}
+
+
+SWEEP = {"name": "settle", "grid": {"batch_size": [64, 128, 512], "workers": [1, 2]}, "repeats": 2}
+
+
+def test_a_round_adds_seeds_at_its_configurations_in_their_order_and_a_resume_replays_it(tmp_path):
+    points = [{"batch_size": 512, "workers": 2}, {"batch_size": 64, "workers": 1}]
+    plan = extended_plan(build_plan(SWEEP), build_plan(SWEEP, repeats=4), points)
+    assert [t.name for t in plan.trials[6 * 2 :]] == [
+        "t012-batch_size=512-workers=2-seed=2",
+        "t013-batch_size=512-workers=2-seed=3",
+        "t014-batch_size=64-workers=1-seed=2",
+        "t015-batch_size=64-workers=1-seed=3",
+    ]
+    assert (plan.repeats, plan.repeat_counts) == (2, (2,))  # the grid's repeats: no seed for the others
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(SWEEP))
+    recorded = plan.summary() | {"settle": {"rounds": [{"seeds": 4, "points": points}, {"seeds": None}]}}
+    assert resumed_plan(path, {}, None, None, recorded).trials == plan.trials
+
+
+LOOP = {"name": "loop", "grid": {"batch_size": [64, 128, 512]}, "repeats": 3}
+LOOP_EFFECTS = {64: 0.0, 128: -0.25, 512: -0.04}  # 128: clear at the first look; 512: open there
+
+
+def fake_run(run_dir: Path, stop_after: int | None = None):
+    """What execute_plan's run does to the run folder, without Ray: sweep.json lists the plan's trials, each new one
+    finishes at 0.60 + LOOP_EFFECTS + 0.5 pp of noise drawn from its batch and seed; `stop_after`: Ctrl-C after that
+    many new trials."""
+
+    def run(plan, resume: bool = False, **_) -> Path:
+        kept = runlog.read_json(run_dir / runlog.SWEEP_FILE) if run_dir.exists() else {}  # as add_trials keeps it
+        write_sweep(run_dir, [t.name for t in plan.trials], grid=plan.grid, repeats=plan.repeats, name=plan.name)
+        runlog.update_json(run_dir / runlog.SWEEP_FILE, **{k: v for k, v in kept.items() if k == "settle"})
+        new = [t for t in plan.trials if not (run_dir / t.name).exists()]
+        for count, trial in enumerate(new):
+            if count == stop_after:
+                raise KeyboardInterrupt
+            batch, seed = trial.config.batch_size, trial.config.seed
+            acc = round(0.60 + LOOP_EFFECTS[batch] + random.Random(f"{batch}-{seed}").gauss(0.0, 0.005), 4)
+            swept = trial.swept | {"seed": seed}
+            write_trial(run_dir, 0, swept, "finished", factorial_epochs(acc, 1 - acc, 10.0), gpus=False, planned=3)
+            (run_dir / trial_name(0)).rename(run_dir / trial.name)
+            meta = json.loads((run_dir / trial.name / runlog.TRIAL_FILE).read_text())
+            (run_dir / trial.name / runlog.TRIAL_FILE).write_text(json.dumps(meta | {"name": trial.name}))
+        return run_dir
+
+    return run
+
+
+def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(tmp_path):
+    run_dir = tmp_path / "loop"
+    settle = api.Settle(LOOP, None, None, 6, None)
+    plan = api.sweep_plan(LOOP)
+    fake_run(run_dir)(plan)
+    with pytest.raises(KeyboardInterrupt):  # killed two trials into the second round
+        api._settle_rounds(plan, settle, run_dir, fake_run(run_dir, stop_after=2), print_line=lambda line: None)
+    first = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
+    assert [r["round"] for r in first] == [1] and first[0]["open"] == ["batch_size=512 vs 64"]
+    assert first[0]["verdicts"]["batch_size=128 vs 64"]["verdict"] == DIFFERS
+    added = first[0]["added"]
+    assert {n.split("-")[1] for n in added} == {"batch_size=64", "batch_size=512"}  # none at batch 128
+    assert len(added) == 2 * (first[0]["seeds"] - 3)
+    # The resume: the plan replays the round's trials, the run finishes them, the looks go on from look 2.
+    resumed = api.resumed_sweep_plan(LOOP, storage=tmp_path)
+    assert [t.name for t in resumed.trials[9:]] == added
+    fake_run(run_dir)(resumed, resume=True)
+    api._settle_rounds(resumed, settle, run_dir, fake_run(run_dir), print_line=lambda line: None)
+    rounds = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
+    assert rounds[0] == first[0] and [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
+    assert rounds[-1]["stop"] in (SETTLED, MAX_SEEDS) and len(rounds) >= 2
+    assert rounds[-1]["verdicts"]["batch_size=128 vs 64"] == first[0]["verdicts"]["batch_size=128 vs 64"]
+    with pytest.raises(UsageError, match=r"^--max-seeds 7: this run settles with --max-seeds 6, which fixed its"):
+        api.sweep(LOOP, storage=tmp_path, resume=True, until_settled=True, max_seeds=7)  # refused before Ray
+
+
+TINY = {
+    "name": "tiny",
+    "base": {
+        "dataset": "synthetic",
+        "train_subset": 256,
+        "test_subset": 64,
+        "width": 4,
+        "depth": 2,
+        "epochs": 1,
+        "batch_size": 32,
+    },
+    "grid": {"lr": [0.05, 0.5]},
+}
+
+
+@pytest.mark.parametrize(
+    ("sweep", "options", "refusal"),
+    [
+        (TINY, {"max_seeds": 3}, "--max-seeds bound the rounds of --until-settled; add --until-settled"),
+        (TINY, {"budget_s": 60.0}, "--budget bound the rounds of --until-settled; add --until-settled"),
+        (
+            TINY | {"grid": {"lr": [0.05]}},
+            {"until_settled": True},
+            "--until-settled adds seeds until the grid's comparisons are settled, but this grid compares nothing; "
+            "allowed: a grid with a factor of two values or more",
+        ),
+        (
+            TINY | {"repeats": 3},
+            {"until_settled": True, "max_seeds": 2},
+            "--max-seeds 2: allowed: from the sweep's 3 seeds per grid point to 100",
+        ),
+        (
+            TINY | {"metric": "epoch_time_s", "mode": "min"},
+            {"until_settled": True},
+            "--until-settled settles the report's accuracy comparisons, but the sweep's metric is epoch_time_s; "
+            "allowed: metric: test_acc",
+        ),
+    ],
+)
+def test_bad_options_are_refused_in_one_line_before_ray(tmp_path, sweep, options, refusal):
+    with pytest.raises(UsageError) as error:
+        api.sweep(sweep, storage=tmp_path, **options)
+    assert str(error.value) == refusal
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_a_budget_that_cannot_fit_the_grid_is_refused_with_its_estimate(tmp_path, capsys):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps(TINY))
+    assert main(["sweep", str(path), "--until-settled", "--budget", "1s", "--storage", str(tmp_path)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("cifar-ray: error: --budget 1 s cannot fit the first round: its 2 trials are estimated at ~")
+    assert not (tmp_path / "tiny" / runlog.SWEEP_FILE).exists()
+
+
+@pytest.mark.slow
+def test_two_rounds_run_and_sweep_json_records_them(tmp_path, ray_cluster):
+    """1 seed: a pair per look, too few for a verdict; --max-seeds 2: round 2 adds seed 1, then the rounds stop."""
+    run = api.sweep(TINY, storage=tmp_path, until_settled=True, max_seeds=2, print_line=lambda line: None)
+    assert sorted(run.trials["trial"]) == ["t000-lr=0.05", "t001-lr=0.5", "t002-lr=0.05-seed=1", "t003-lr=0.5-seed=1"]
+    settle = runlog.read_json(tmp_path / "tiny" / runlog.SWEEP_FILE)["settle"]
+    assert [(r["round"], r["seeds"], r["trials"], r["stop"]) for r in settle["rounds"]] == [
+        (1, 2, 2, None),
+        (2, None, 0, MAX_SEEDS),
+    ]
+    assert settle["rounds"][1]["verdicts"]["lr=0.5 vs 0.05"]["seeds"] == 2
+    assert settle_line(build_report(tmp_path / "tiny")).startswith("stopped at --max-seeds 2 with 1 comparison open")
+
+
+def test_the_dry_run_says_what_the_rounds_will_do(tmp_path, capsys):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps(TINY))
+    assert main(["sweep", str(path), "--until-settled", "--max-seeds", "4", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "--until-settled: then seeds added where a comparison is open, up to 4 per configuration; Bonferroni "
+        "alpha-spending over looks and comparisons: at most 4 looks at 1 comparison, each test at α = 0.05 / 4 = "
+        "0.0125, so the chance of any false real effect (or any false equivalence) in the sweep stays at most 0.05"
+    )
+
+
+def test_the_resume_command_after_an_interrupt_goes_on_settling():
+    from cifar_ray.cli import build_parser
+    from cifar_ray.commands.common import resume_command
+
+    args = build_parser().parse_args(["sweep", "s.yaml", "--until-settled", "--max-seeds", "6", "--budget", "20m"])
+    assert resume_command(args) == "cifar-ray sweep s.yaml --resume --storage runs --until-settled --budget 1200s"
