@@ -232,7 +232,8 @@ def _run_held(
         write_provenance(run_dir, session)
         started_slots = pool.start_slots(slot_plan)  # started last, inside the try: every way out stops them
         view = SweepProgress(run_dir, slot_plan.specs, print_line, started, stream)
-        with follow(dispatcher_events(started_slots.dispatcher), view):  # before the slots stop: all is printed
+        dispatcher = started_slots.dispatcher
+        with follow(dispatcher_events(dispatcher), view, dispatcher.end_events.remote):  # all printed before stop
             with ctrl_c_interrupts_tune():
                 tuner.fit()
             if _all_final(run_dir, plan):  # else Tune stopped early (SIGINT, SIGTERM): the slots are stopped

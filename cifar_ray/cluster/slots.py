@@ -429,7 +429,7 @@ def thin_trial(tune_config: dict) -> None:
     from ray.tune.result import TIMESTEPS_TOTAL
 
     spec = tune_run_trial(tune_config)
-    dispatcher = ray.get_actor(dispatcher_name(spec.run_dir.name))
+    dispatcher = find_dispatcher(spec.run_dir.name)
     # Every epoch from the first: a short trial can end in its slot before Tune starts this, and is still reported.
     seen = 0
     while True:
@@ -448,6 +448,19 @@ def thin_trial(tune_config: dict) -> None:
                 raise TrialFailed(event["failed"])
             else:
                 return
+
+
+def find_dispatcher(run_name: str):
+    """The Dispatcher of the run: its named actor, else the one a warm pool of this job started for it
+    (cluster/pool.py: a pool starts each sweep's Dispatcher before the sweep, so it cannot be named after it)."""
+    import ray
+
+    try:
+        return ray.get_actor(dispatcher_name(run_name))
+    except ValueError:
+        from .pool import broker_name
+
+        return ray.get(ray.get_actor(broker_name()).dispatcher_of.remote(run_name))
 
 
 def thin_trainable() -> Callable[[dict], None]:
