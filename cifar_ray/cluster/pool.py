@@ -230,7 +230,7 @@ class WarmPool:
             return slot_plan.start()
         key = (shapes[0], source_hash())
         self._retire([name for name, slot in self.slots.items() if slot.key != key])
-        reused = list(self.slots)[: len(slot_plan.launches)]
+        reused = list(self.slots)  # all of the shape serve: a slot the Dispatcher does not know could take a trial
         launches = slot_plan.launches[len(reused) :]
         plan = dataclasses.replace(slot_plan, slots={key[0]: reused + [launch.slot for launch in launches]})
         dispatcher, self.spare = self.spare, self._new_dispatcher()
