@@ -10,7 +10,9 @@ package's files, read again at each sweep); any other slot is retired (ended, it
 sweep's own slots start. A sweep with several shapes, --isolate or a concurrency limit runs its own slots as outside
 a pool, after the pool's slots are retired (they would hold the cores its slots wait for). A sweep that does not
 finish (Ctrl-C, an error) ends the slots that were training its trials; the idle ones stay. The pool ends every slot
-when it closes (the context's exit, or at the interpreter's exit); Ray ending ends them too.
+when it closes (the context's exit, or at the interpreter's exit); Ray ending ends them too. A pool's slot keeps
+the worker-group restarts its first sweep gave it (every attempt of that sweep's trials): a slot that uses them up
+fails as outside a pool (its trial goes to another slot or fails), and the next sweep starts a fresh one.
 """
 
 from __future__ import annotations
