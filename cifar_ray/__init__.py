@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import Run, load, sweep, sweep_plan, train, train_plan
+    from .api import Run, load, pool, sweep, sweep_plan, train, train_plan
 
-__all__ = ["Run", "load", "sweep", "sweep_plan", "train", "train_plan"]
+__all__ = ["Run", "load", "pool", "sweep", "sweep_plan", "train", "train_plan"]
 
 
 def __getattr__(name: str) -> Any:

@@ -4,6 +4,7 @@
     run = cifar_ray.sweep("sweeps/quickstart.yaml", {"epochs": 1})  # a sweep file or a dict -> Run
     run = cifar_ray.train({"dataset": "synthetic", "epochs": 1})    # one configuration -> Run
     run = cifar_ray.load("runs/quickstart")                          # a run folder -> Run
+    with cifar_ray.pool(): cifar_ray.sweep(...); cifar_ray.sweep(...)  # the second reuses the first's warm slots
     run.trials, run.epochs                                           # pandas frames, as the report reads them
     run.report()                                                     # runs/quickstart/report/README.md, ...
 
@@ -16,11 +17,12 @@ through it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -390,6 +392,26 @@ def sweep(
         until_settled=settle,
     )
     return load(run_dir)
+
+
+@contextlib.contextmanager
+def pool(address: str | None = None, verbose: bool = False) -> Iterator[None]:
+    """Warm slots that outlive a sweep: inside `with cifar_ray.pool():`, a sweep of the same trial shape as the
+    one before reuses its worker slots (no Ray Train start-up); a change of shape or of cifar_ray's code gets fresh
+    ones (cluster/pool.py). Uses a running Ray (ray.init() first) and leaves it running, else starts one (or
+    connects to `address`) and shuts it down at the end; every slot ends with the context."""
+    from .cluster import session
+    from .cluster.pool import activate
+
+    owns_ray = session.init_ray(address=address, verbose=verbose)
+    try:
+        with activate():
+            yield
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
 
 
 def train(

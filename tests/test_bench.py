@@ -38,6 +38,9 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
             0 < trial["training_s"] < trial["wall_s"] and trial["worker_start_s"] > 0 and 0 <= trial["data_share"] < 1
         )
     assert "sweep" not in record  # the 8-trial sweep is skipped with --quick
+    assert len(record["pool"]) == 3
+    for sweep in record["pool"]:
+        assert 0 < sweep["training_s"] < sweep["wall_s"]
     warm = record["warm"]
     few, more = warm["runs"]
     assert [few["trials"], more["trials"]] == [2, 4] and 1 <= more["slots"] <= 2

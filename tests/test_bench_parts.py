@@ -10,7 +10,7 @@ import time
 
 from cifar_ray.cluster.bench import GOALS, ProcessCpu, handoff_gaps
 from cifar_ray.core import runlog
-from cifar_ray.report.bench import _warm_details
+from cifar_ray.report.bench import _pool_lines, _warm_details
 
 
 def write_trial(run_dir, name: str, slot: str, started: float, finished: float) -> None:
@@ -57,3 +57,15 @@ def test_the_page_shows_the_gap_the_cpu_per_added_trial_and_the_start_up():
     assert "| `ray::RayTrainWorker` | 4.00 | 4.00 | 1.25 |" in text
     assert "| its first epoch ended | 9.0 |" in text and "0.25 s per trial beyond its training" in text
     assert _warm_details({"runs": [run, run]}, None, GOALS) == []  # a record from before these were measured
+
+
+def test_the_page_shows_what_the_later_sweeps_of_a_pool_cost_beyond_their_training():
+    pooled = [
+        {"wall_s": 40.0, "training_s": 2.0, "beyond_training_s": 38.0},
+        {"wall_s": 3.5, "training_s": 2.1, "beyond_training_s": 1.4},
+        {"wall_s": 3.9, "training_s": 2.0, "beyond_training_s": 1.9},
+    ]
+    text = "\n".join(_pool_lines(pooled, GOALS))
+    assert "| 1 | 40.0 | 2.0 | 38.0 |" in text
+    assert "cost at most 1.9 s beyond their training: NOT met (goal ≤ 1.5)" in text  # the worst later sweep
+    assert _pool_lines(None, GOALS) == []  # a record from before pools were measured

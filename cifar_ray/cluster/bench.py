@@ -9,7 +9,8 @@ the record, commands/bench.py writes both).
 3. our tensor-resident data path vs a torchvision DataLoader with per-sample PIL transforms;
 4. scaling on the cores at hand: 1 worker x 2 threads vs 2 workers x 1 thread;
 5. images/s, model GFLOP/s and MFU vs batch size for both models (our loop in this process), with the step-time
-   breakdown.
+   breakdown;
+6. a warm pool (`cifar_ray.pool()`): what a sweep costs beyond its training in the slots of the sweep before.
 Numbers are medians over epochs after the first (warm-up); every record states the machine.
 """
 
@@ -43,6 +44,7 @@ GOALS = {
     "warm_overhead_s": 1.0,
     "warm_marginal_ratio": 1.10,
     "handoff_gap_s": 0.15,
+    "pool_beyond_training_s": 1.5,
 }
 
 
@@ -405,6 +407,26 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
     }
 
 
+def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], None]) -> list[dict]:
+    """The same sweep of identical-shape 1-worker trials three times in one warm pool (cluster/pool.py): the first
+    starts the slots, the others train in them. Per sweep: its wall, its training (the busiest slot's epochs) and
+    the wall beyond that training."""
+    from .pool import activate
+
+    sweeps = []
+    with activate():
+        for i in range(3):
+            run_dir, wall = run_sweep(
+                f"bench-pool-{i + 1}", base | {"workers": 1}, {"seed": list(range(trials))}, storage, None, say, True
+            )
+            per_slot: dict[str, float] = collections.defaultdict(float)
+            for trial in runlog.load_run(run_dir).trials:
+                per_slot[trial.meta.get("slot")] += sum(row["epoch_time_s"] for row in trial.epochs)
+            training = max(per_slot.values())
+            sweeps.append({"wall_s": wall, "training_s": training, "beyond_training_s": wall - training})
+    return sweeps
+
+
 def loop_peer(base: dict, trials: int) -> dict:
     """The lower bound: the same trials (seeds) one after another in this process, trained by our loop with no
     Ray (training/loop.run_trial, as a slot's worker runs it, 1 thread): wall per trial vs its training."""
@@ -461,7 +483,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
     record["ray_init_s"] = (time.perf_counter() - t0) if owns_ray else None
     try:
         record["cluster"] = cluster_capacity()
-        say("bench 1/6: batch-size scan of our loop without Ray, both models (1 thread)")
+        say("bench 1/7: batch-size scan of our loop without Ray, both models (1 thread)")
         sizes = [32, 128] if quick else [16, 32, 64, 128, 256]
         record["batch_sizes"] = [
             {**model, "batch_size": b, **bare_loop(bench_config(quick, **model, batch_size=b, epochs=2))}
@@ -469,7 +491,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
             for b in sizes
         ]
 
-        say("bench 2/6: data path, ours vs torchvision DataLoader + PIL transforms")
+        say("bench 2/7: data path, ours vs torchvision DataLoader + PIL transforms")
         record["data_path"] = loader_comparison(base_cfg, batches=8 if quick else 32)
 
         base = {
@@ -478,7 +500,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         }
         rounds = 1 if quick else 3
         say(
-            f"bench 3/6: {rounds} round(s) of bare PyTorch loops (contiguous, channels_last), our loop without Ray, "
+            f"bench 3/7: {rounds} round(s) of bare PyTorch loops (contiguous, channels_last), our loop without Ray, "
             "then our loop in a 1-worker warm slot (1 thread each)"
         )
         record["loop_rounds"], record["trials"] = [], []
@@ -498,13 +520,13 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
             if i == 0:
                 record["bare_loop"] = ours
 
-        say("bench 4/6: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
+        say("bench 4/7: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
         layouts = [{"workers": 2, "cpus_per_worker": 1}, {"workers": 1, "cpus_per_worker": 2}]
         run_dir, _ = run_sweep("bench-trials", base, {"layout": layouts}, storage, 1, say)
         record["trials"] += trial_overheads(run_dir)
 
         if not quick:  # 8 more trials: too long for a first look
-            say("bench 5/6: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
+            say("bench 5/7: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
             run_dir, wall = run_sweep(
                 "bench-sweep", base | {"workers": 1}, {"seed": list(range(8))}, storage, None, say
             )
@@ -527,9 +549,11 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         # The issue-36 grid: one-epoch trials of about a second (width 8), few and more of them.
         short = base | {"epochs": 1, "width": 8}
         sizes = (2, 4) if quick else (6, 18)
-        say(f"bench 6/6: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the same in one process")
+        say(f"bench 6/7: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the same in one process")
         record["warm"] = warm_sweeps(short, sizes, storage, say)
         record["loop_peer"] = loop_peer(short, sizes[0])
+        say(f"bench 7/7: a warm pool: the same {sizes[0]}-trial sweep three times, the later ones in its slots")
+        record["pool"] = pooled_sweeps(short, sizes[0], storage, say)
     finally:
         if owns_ray:
             import ray

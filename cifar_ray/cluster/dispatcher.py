@@ -77,6 +77,7 @@ class Dispatcher:
         self.news: dict[str, list[dict]] = collections.defaultdict(list)
         self.log: list[tuple[str, dict]] = []  # every trial's news, in the order it came (the driver prints it)
         self.changed: asyncio.Condition | None = None  # made in the actor's event loop, on first use
+        self.followed = True  # false once the driver stops printing events: a read waiting for some returns
 
     def _condition(self) -> asyncio.Condition:
         if self.changed is None:
@@ -98,12 +99,20 @@ class Dispatcher:
             return self.news[trial][since:]
 
     async def events(self, since: int, wait_s: float) -> list[tuple[str, dict]]:
-        """Every trial's news from index `since` of the log, as (trial, event), waiting up to wait_s for some."""
+        """Every trial's news from index `since` of the log, as (trial, event), waiting up to wait_s for some (not
+        once end_events was called)."""
         async with self._condition():
-            if len(self.log) <= since:
+            if len(self.log) <= since and self.followed:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._condition().wait_for(lambda: len(self.log) > since), wait_s)
+                    news = self._condition().wait_for(lambda: len(self.log) > since or not self.followed)
+                    await asyncio.wait_for(news, wait_s)
             return self.log[since:]
+
+    async def end_events(self) -> None:
+        """The driver stops following the events: its waiting read returns now, not up to a second later."""
+        async with self._condition():
+            self.followed = False
+            self._condition().notify_all()
 
     async def take(self, shape: str, slot: str) -> RunTrial | None:
         """The slot's next trial: the one it was running, if its worker group was restarted (continued

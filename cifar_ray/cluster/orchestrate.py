@@ -23,7 +23,7 @@ from ..core import lease, runlog, sysinfo
 from ..core.errors import ConfigError
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, TrialSpec
-from . import slots
+from . import pool, slots
 from .dispatcher import tune_trial
 from .live_view import live_tensorboard
 from .placement import check_fits, cluster_capacity, resolve_plan
@@ -230,9 +230,10 @@ def _run_held(
     session = open_session(run_dir, started)
     try:
         write_provenance(run_dir, session)
-        started_slots = slot_plan.start()  # started last, inside the try: every way out stops them
+        started_slots = pool.start_slots(slot_plan)  # started last, inside the try: every way out stops them
         view = SweepProgress(run_dir, slot_plan.specs, print_line, started, stream)
-        with follow(dispatcher_events(started_slots.dispatcher), view):  # before the slots stop: all is printed
+        dispatcher = started_slots.dispatcher
+        with follow(dispatcher_events(dispatcher), view, dispatcher.end_events.remote):  # all printed before stop
             with ctrl_c_interrupts_tune():
                 tuner.fit()
             if _all_final(run_dir, plan):  # else Tune stopped early (SIGINT, SIGTERM): the slots are stopped

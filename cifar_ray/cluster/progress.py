@@ -179,11 +179,13 @@ FOLLOW_WAIT_S = 1.0  # the longest one read of the Dispatcher's events waits; th
 
 
 @contextlib.contextmanager
-def follow(read: Callable[[int, float], list], view: SweepProgress) -> Iterator[None]:
+def follow(
+    read: Callable[[int, float], list], view: SweepProgress, wake: Callable[[], Any] | None = None
+) -> Iterator[None]:
     """Prints the sweep's events while the body runs: a thread here reads them as they come, `read(since, wait_s)`
     giving the (trial, event) pairs from index `since` on (waiting up to wait_s for one), and hands each to `view` in
-    that order; on the way out it prints what is left. Through Ray Client too: the thread runs in the client, and the
-    Dispatcher it reads lives on the cluster."""
+    that order; on the way out it prints what is left (`wake`: ends the thread's waiting read at once). Through Ray
+    Client too: the thread runs in the client, and the Dispatcher it reads lives on the cluster."""
     import threading
 
     stop = threading.Event()
@@ -209,6 +211,8 @@ def follow(read: Callable[[int, float], list], view: SweepProgress) -> Iterator[
         yield
     finally:
         stop.set()
+        if wake is not None:
+            wake()
         thread.join(timeout=10)
         view.close()
 

@@ -96,6 +96,19 @@ def next_trial(dispatcher, shape: str, slot: str) -> RunTrial | None:
         return None
 
 
+def next_pooled(broker, shape: str, slot: str) -> tuple[Any, RunTrial] | None:
+    """A pool's slot's next trial and the Dispatcher of its sweep (cluster/pool.py: SlotBroker.take waits for
+    the next sweep of the slot's shape); None when the pool closes or retires the slot, or its broker is gone."""
+    import os
+
+    import ray
+
+    try:
+        return ray.get(broker.take.remote(shape, slot, os.getpid()))
+    except ray.exceptions.ActorDiedError:
+        return None
+
+
 def keep_out_of_collections() -> None:
     """Moves every object this process holds now (the imports of torch, Ray and ours: ~300,000 of them) out of
     the garbage collector's reach, so that release_trial's collection after each trial examines only what trials
@@ -116,15 +129,23 @@ def slot_loop(loop_config: dict) -> None:
     from ..training.memory import GpuOutOfMemoryError, release_trial
     from ..training.state import NoCheckpointLoads
 
-    dispatcher, shape, slot = loop_config["dispatcher"], loop_config["shape"], loop_config["slot"]
+    source, broker = loop_config["dispatcher"], loop_config.get("broker")
+    shape, slot = loop_config["shape"], loop_config["slot"]
     launched = loop_config["launched_unix"]  # a one-trial slot's: its trial's wall includes the slot's start
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     worker, system = None, None
     while True:
-        spec: RunTrial | None = broadcast_from_rank_zero(next_trial(dispatcher, shape, slot) if rank == 0 else None)
-        if spec is None:
+        handed = None
+        if rank == 0 and broker is not None:  # a pool's slot serves one sweep's Dispatcher after another
+            handed = next_pooled(broker, shape, slot)
+        elif rank == 0:
+            spec = next_trial(source, shape, slot)
+            handed = None if spec is None else (source, spec)
+        handed = broadcast_from_rank_zero(handed)
+        if handed is None:
             return
+        dispatcher, spec = handed
         taken = time.time()
         cfg = spec.config
         if worker is None:  # the first trial sets the worker up; every trial of the shape shares it
@@ -139,10 +160,10 @@ def slot_loop(loop_config: dict) -> None:
             where = {"system": system, "slot": slot, "driver": sysinfo.worker_placement()}
             ray.get(dispatcher.record.remote(spec.name, running | {"started_unix": launched or taken} | where))
 
-        def ready(timeline: dict, name: str = spec.name) -> None:
+        def ready(timeline: dict, name: str = spec.name, dispatcher=dispatcher) -> None:
             ray.get(dispatcher.record.remote(name, {"timeline": timeline}))
 
-        def note(line: str, name: str = spec.name) -> None:  # a checkpoint passed over: the trial's log says so
+        def note(line: str, name: str = spec.name, dispatcher=dispatcher) -> None:  # a checkpoint passed over
             if rank == 0:
                 ray.get(dispatcher.note.remote(name, line))
 
@@ -162,7 +183,8 @@ def slot_loop(loop_config: dict) -> None:
 
 
 def worker_deaths(dispatcher, slot: str):
-    """A Ray Train callback (run on the slot's controller) that tells the Dispatcher when a worker of the slot
+    """A Ray Train callback (run on the slot's controller) that tells the Dispatcher (a pool's slot: its broker,
+    which tells the Dispatcher of the sweep the slot serves) when a worker of the slot
     died: no rank lives to say why, and the restarted group's rank 0 only gets the trial back. A local class:
     slots.py imports no Ray at import time, and cloudpickle sends it to the controller by value."""
     from ray.train import UserCallback
@@ -179,19 +201,40 @@ def worker_deaths(dispatcher, slot: str):
 
 
 def run_slot(
-    shape_cfg: TrainConfig, shape: str, slot: str, dispatcher, storage: StoragePath, restarts: int, one_trial: bool
+    shape_cfg: TrainConfig,
+    shape: str,
+    slot: str,
+    dispatcher,
+    storage: StoragePath,
+    restarts: int,
+    one_trial: bool,
+    broker=None,
 ) -> None:
     """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left, or, one_trial,
-    their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails)."""
+    their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails). With a `broker` (a
+    pool's slot, cluster/pool.py; `dispatcher` None) it takes trials of one sweep after another until the pool
+    retires it."""
     loop_config = {
         "dispatcher": dispatcher,
+        "broker": broker,
         "shape": shape,
         "slot": slot,
         "launched_unix": time.time() if one_trial else None,
     }
-    callbacks = [worker_deaths(dispatcher, slot)]
+    callbacks = [worker_deaths(broker or dispatcher, slot)]
     trainer = torch_trainer(slot_loop, loop_config, shape_cfg, slot, storage, restarts, callbacks)
     trainer.fit()
+
+
+def report_slot_failure(dispatcher, task, slot: SlotLaunch) -> None:
+    """The ended slot task's error, if it ended with one, told to the Dispatcher of its sweep."""
+    import ray
+
+    try:
+        ray.get(task)
+    except Exception as error:  # a task error, a worker crash, a lost node: any way a slot can end badly
+        with contextlib.suppress(ray.exceptions.RayError):  # a stopped run's Dispatcher is gone: nothing waits
+            ray.get(dispatcher.slot_failed.remote(slot.slot, slot.shape, failure_status(error), error_line(error)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,16 +285,7 @@ class StartedSlots:
                     running.append(self._start_next())
 
     def _report_failure(self, task) -> None:
-        import ray
-
-        try:
-            ray.get(task)
-        except Exception as error:  # a task error, a worker crash, a lost node: any way a slot can end badly
-            slot = self.slot_of[task]
-            with contextlib.suppress(ray.exceptions.RayError):  # a stopped run's Dispatcher is gone: nothing waits
-                ray.get(
-                    self.dispatcher.slot_failed.remote(slot.slot, slot.shape, failure_status(error), error_line(error))
-                )
+        report_slot_failure(self.dispatcher, task, self.slot_of[task])
 
     def wait(self) -> None:
         """Until every slot has ended (each ends when its shape has no trial left) and its failure is told."""
@@ -289,22 +323,23 @@ class SlotPlan:
         """Slots running at once at most."""
         return min(len(self.launches), self.limit or len(self.launches))
 
-    def start(self) -> StartedSlots:
-        """The Dispatcher (named per run, on this driver's node: it writes the run's trial.json files, which
-        must outlive any other node) and the slots."""
+    def start_dispatcher(self):
+        """The run's Dispatcher: named per run, on this driver's node (it writes the run's trial.json files, which
+        must outlive any other node)."""
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        dispatcher = (
+        return (
             ray.remote(num_cpus=0)(Dispatcher)
-            .options(name=dispatcher_name(self.run_name), scheduling_strategy=here)
+            .options(name=dispatcher_name(self.run_name), scheduling_strategy=driver_node())
             .remote(self.specs, self.slots, self.one_trial)
         )
-        # On this node too: a slot task hosts its Ray Train controller (which follows the task's node), so only
-        # workers live on other nodes. No retry: a slot lost all the same is reported to the Dispatcher.
-        task = ray.remote(num_cpus=0, max_retries=0)(run_slot).options(scheduling_strategy=here)
-        storage = self.run_dir / ".slots"
+
+    def start(self) -> StartedSlots:
+        """The Dispatcher and the slots."""
+        import ray
+
+        dispatcher = self.start_dispatcher()
+        task, storage = slot_task(), self.run_dir / ".slots"
 
         def launch(slot: SlotLaunch):
             return task.remote(
@@ -316,6 +351,23 @@ class SlotPlan:
         except BaseException:
             ray.kill(dispatcher)  # slots already launched end at their next question to it
             raise
+
+
+def driver_node():
+    """A scheduling strategy: on this driver's node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def slot_task():
+    """run_slot as a Ray task on this driver's node: a slot task hosts its Ray Train controller (which follows the
+    task's node), so only workers live on other nodes. No retry: a slot lost all the same is reported to the
+    Dispatcher."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_retries=0)(run_slot).options(scheduling_strategy=driver_node())
 
 
 def plan_slots(
@@ -377,7 +429,7 @@ def thin_trial(tune_config: dict) -> None:
     from ray.tune.result import TIMESTEPS_TOTAL
 
     spec = tune_run_trial(tune_config)
-    dispatcher = ray.get_actor(dispatcher_name(spec.run_dir.name))
+    dispatcher = find_dispatcher(spec.run_dir.name)
     # Every epoch from the first: a short trial can end in its slot before Tune starts this, and is still reported.
     seen = 0
     while True:
@@ -396,6 +448,19 @@ def thin_trial(tune_config: dict) -> None:
                 raise TrialFailed(event["failed"])
             else:
                 return
+
+
+def find_dispatcher(run_name: str):
+    """The Dispatcher of the run: its named actor, else the one a warm pool of this job started for it
+    (cluster/pool.py: a pool starts each sweep's Dispatcher before the sweep, so it cannot be named after it)."""
+    import ray
+
+    try:
+        return ray.get_actor(dispatcher_name(run_name))
+    except ValueError:
+        from .pool import broker_name
+
+        return ray.get(ray.get_actor(broker_name()).dispatcher_of.remote(run_name))
 
 
 def thin_trainable() -> Callable[[dict], None]:

@@ -24,9 +24,18 @@ def torch_trainer(
     under `storage`, its worker group restarted up to `restarts` times."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+
+    class NoDatasetsTrainer(TorchTrainer):
+        """Without Ray Train's DatasetsCallback: it starts a DatasetManager actor, a process, for every worker group
+        (each slot's start, each restart) even when no Ray Dataset is given; our workers load their own data."""
+
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            return [callback for callback in callbacks if self.datasets or not isinstance(callback, DatasetsCallback)]
 
     shape = trial_shape(cfg)
-    return TorchTrainer(
+    return NoDatasetsTrainer(
         train_loop,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend=shape.backend),

@@ -55,6 +55,29 @@ def _warm_details(warm: dict, peer: dict | None, goals: dict) -> list[str]:
     return lines
 
 
+def _pool_lines(pooled: list[dict] | None, goals: dict) -> list[str]:
+    """Section 2c: the same sweep three times in a warm pool; none in a record from before it was measured."""
+    if not pooled:
+        return []
+    later = max(sweep["beyond_training_s"] for sweep in pooled[1:])
+    return [
+        "",
+        "## 2c. A warm pool: sweeps that reuse the slots of the sweep before (`cifar_ray.pool()`)",
+        "",
+        markdown_table(
+            ["sweep in the pool", "wall (s)", "training, busiest slot (s)", "wall beyond that training (s)"],
+            [
+                [i + 1, f"{s['wall_s']:.1f}", f"{s['training_s']:.1f}", f"{s['beyond_training_s']:.1f}"]
+                for i, s in enumerate(pooled)
+            ],
+            "rrrr",
+        ),
+        "",
+        f"The later sweeps, in the first one's slots, cost at most {later:.1f} s beyond their training: "
+        f"{_goal(later, goals['pool_beyond_training_s'], higher_is_better=False)}.",
+    ]
+
+
 def render(record: dict) -> str:
     host, versions, goals = record["host"], record["versions"], record["goals"]
     workload = ", ".join(f"{k}={v}" for k, v in record["workload"].items())
@@ -197,6 +220,7 @@ def render(record: dict) -> str:
             f"{_goal(warm['median_overhead_s'], goals['warm_overhead_s'], higher_is_better=False)}.",
         ]
         lines += _warm_details(warm, record.get("loop_peer"), goals)
+    lines += _pool_lines(record.get("pool"), goals)
     lines += [
         "",
         "## 3. Data path",
