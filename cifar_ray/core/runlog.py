@@ -102,8 +102,8 @@ EPOCH_METRICS = {
     "peak_mem_reserved_mb": "on GPUs, the largest peak of memory torch's caching allocator reserved on one GPU "
     "(allocations and cached blocks, without the CUDA context: nvidia-smi shows more) (MB); null on CPU",
     "peak_mem_above_start_mb": "the largest rise of one worker's peak memory (as peak_mem_mb measures it) over its "
-    "resident level when the trial started: what the trial itself needed, without what earlier trials of a warm "
-    "slot left resident (MB)",
+    "resident level with the trial's data loaded, after freed memory went back to the system: what the model, "
+    "optimizer, activations and evaluation needed, the same in a warm slot's first trial and its later ones (MB)",
     "lr_last": "the learning rate of the epoch's last optimizer step",
     "lr_max": "the highest learning rate of the epoch's optimizer steps (above lr_last while warm-up or onecycle's "
     "rise lifts it)",

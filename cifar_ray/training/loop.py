@@ -30,7 +30,13 @@ from . import comm, gpu
 from .data import Split, iterate_train, loaded_splits, normalise, test_shard
 from .distributed import Worker, all_reduce, barrier, broadcast_buffers, rank_seed, reduce_train_totals
 from .flops import Peak, throughput, training_flops_per_image, trial_peak
-from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_memory, resident_memory_mb
+from .memory import (
+    gpu_out_of_memory_is_final,
+    reduce_peak_memory,
+    release_trial,
+    reset_peak_memory,
+    resident_memory_mb,
+)
 from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .profile import profiled_steps
@@ -252,10 +258,14 @@ def run_trial(
     (tests/test_train_eval.py). `profile` (--profile): rank 0 profiles a few steps of the first epoch it trains
     (training/profile.py)."""
     rank, world, devices, device = worker.rank, worker.world, worker.devices, worker.device
-    at_start = resident_memory_mb(devices)  # what earlier trials of a warm slot left resident is not this trial's
     gpu.check_amp_supported(cfg, device)  # bf16 before Ampere: one line, not a cuDNN failure mid-epoch
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     train, test = (split.to(device) for split in loaded_splits(cfg))
+    peak = trial_peak(cfg, devices)  # probes a worker's first trial only: before the seed and the memory baseline
+    # The trial's memory is measured from here, so that it does not depend on its place in a warm slot: what earlier
+    # trials left is freed, and what only a process's first trial pays (loading the data, the probes) is below it.
+    release_trial(devices)
+    at_start = resident_memory_mb(devices)
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
     train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
     raw_model = build_model(cfg).to(device, memory_format=MEMORY_FORMAT)
@@ -263,7 +273,7 @@ def run_trial(
         network = describe_network(raw_model, cfg, MEMORY_FORMAT)
         runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
-    flops_per_image, peak = training_flops_per_image(raw_model), trial_peak(cfg, devices)
+    flops_per_image = training_flops_per_image(raw_model)
     training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
 
     last_done = 0

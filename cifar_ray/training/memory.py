@@ -5,8 +5,11 @@ process and GPU that torch does not allocate): nvidia-smi shows more."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import gc
 import resource
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -99,7 +102,7 @@ def reduce_peak_memory(devices: list[torch.device], at_start: list[float]) -> tu
     """(per worker, total, reserved, above start) over all ranks: the largest peak of any one device of any worker,
     the sum of the peaks of every device of every worker (what the whole run occupies), the largest
     peak_reserved_mb of any one GPU (None on CPU), and the largest rise of one device's peak over its level
-    `at_start` (resident_memory_mb when the trial started: a warm slot's earlier trials leave memory resident)."""
+    `at_start` (resident_memory_mb after run_trial's release_trial: what a warm slot's earlier trials left aside)."""
     peaks = peak_memory_per_device_mb(devices)
     reserved = peak_reserved_mb(devices)
     above_start = max(max(0.0, peak - start) for peak, start in zip(peaks, at_start))
@@ -128,10 +131,36 @@ def gpu_out_of_memory_is_final():
 
 
 def release_trial(devices: list[torch.device]) -> None:
-    """Call after each trial in a warm slot (and after dropping a failed trial's exception, whose traceback holds
-    its tensors): collect what the finished trial left in reference cycles, then hand the CUDA caching
-    allocator's unused blocks back to the driver, where a neighbour on a shared GPU can have them (the next trial
-    allocates its own again)."""
+    """Call before each trial (run_trial: its memory is measured from the level this leaves) and after each in a
+    warm slot (and after dropping a failed trial's exception, whose traceback holds its tensors): collect what a
+    finished trial left in reference cycles, hand the CUDA caching allocator's unused blocks back to the driver
+    (where a neighbour on a shared GPU can have them; the next trial allocates its own again) and start its peaks
+    anew, and return the C heap's free pages to the system (trim_host_heap). Without the trim a warm slot's RSS
+    grew by up to 90 MB a trial (measured on CPU)."""
     gc.collect()  # first: the tensors it frees go back to the cache that empty_cache then releases
-    if any(device.type == "cuda" for device in devices):
-        torch.cuda.empty_cache()
+    gpus = [device for device in devices if device.type == "cuda"]
+    if gpus:  # not yet run on a GPU (tests/test_device_state.py records the calls)
+        torch.cuda.empty_cache()  # every GPU's cache
+    for device in gpus:
+        torch.cuda.reset_peak_memory_stats(device)
+    trim_host_heap()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the symbols this process loaded, the C library's among them
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_host_heap() -> bool:
+    """Return the free pages of every malloc arena to the system (glibc's malloc_trim(0)): what a finished
+    trial's tensors freed stays resident otherwise, and counts in the next trial's RSS. False where there is
+    no malloc_trim (the RSS then keeps what the allocator keeps)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
