@@ -30,6 +30,7 @@ from ..core.config import TrainConfig, parse_config
 from ..core.storage import StoragePath
 from ..core.sweep import build_plan
 from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits, normalise
+from ..training.distributed import versions
 from ..training.flops import device_peak, throughput, training_flops_per_image
 from ..training.loop import MEMORY_FORMAT, build_training, torch_threads, train_epoch
 from ..training.models import build_model
@@ -445,7 +446,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         "date": runlog.now_iso(),
         "git_revision": sysinfo.git_revision(Path(__file__).parent),
         "host": sysinfo.host_info(),
-        "versions": sysinfo.versions(),
+        "versions": versions(),
         "goals": GOALS,
     }
     base_cfg = bench_config(quick)

@@ -204,6 +204,8 @@ def _run_held(
         refusal = runlog.existing_run_refusal(run_dir, plan.name)
         if refusal:
             raise ConfigError(refusal)
+        from ..training.distributed import versions  # imports torch: not on the refusals' fast path
+
         run_dir.mkdir()
         runlog.write_json(
             sweep_file,
@@ -212,7 +214,7 @@ def _run_held(
                 "started_at": runlog.now_iso(),
                 "git_revision": sysinfo.git_revision(sysinfo.PACKAGE_DIR),
                 "host": sysinfo.host_info(),
-                "versions": sysinfo.versions(),
+                "versions": versions(),
                 "cluster": capacity,
                 "command": command,
                 "estimate_s": estimate_s,

@@ -48,14 +48,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core import runlog, sysinfo
+from ..core import runlog
 from ..core.checkpoints import store_checkpoint
 from ..core.config import TrainConfig
 from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from .dispatcher import Dispatcher, RunTrial, dispatcher_name, tune_run_trial
-from .placement import thin_trial_bundles, trials_that_fit
+from .placement import thin_trial_bundles, trials_that_fit, worker_placement
 from .session import error_line, failure_status
 from .trainer import torch_trainer
 
@@ -130,13 +130,13 @@ def slot_loop(loop_config: dict) -> None:
         if worker is None:  # the first trial sets the worker up; every trial of the shape shares it
             torch.set_num_threads(cfg.cpus_per_worker)
             worker = Worker(rank, world, select_devices(cfg))
-            system = worker_system(worker, trial_shape(cfg).gpus)  # GPUs per Ray worker, dp's all
+            system = worker_system(worker, trial_shape(cfg).gpus, worker_placement())  # GPUs per Ray worker, dp's all
             keep_out_of_collections()
         if cfg.compile:  # dynamo's caches hold the previous trial's model: past 8 recompiles it runs eager
             torch._dynamo.reset()
         if rank == 0:
             running = {"status": "running", "error": None, "started_at": runlog.now_iso()}
-            where = {"system": system, "slot": slot, "driver": sysinfo.worker_placement()}
+            where = {"system": system, "slot": slot, "driver": worker_placement()}
             ray.get(dispatcher.record.remote(spec.name, running | {"started_unix": launched or taken} | where))
 
         def ready(timeline: dict, name: str = spec.name) -> None:

@@ -16,7 +16,6 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ from .memory import gpu_out_of_memory_is_final, reduce_peak_memory, reset_peak_m
 from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .profile import profiled_steps
-from .state import resume_newest, rng_state, save_checkpoint
+from .state import Training, resume_newest, rng_state, save_checkpoint
 from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown, sample_allreduce_every_epoch
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -91,19 +90,6 @@ def torch_threads(count: int):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@dataclass
-class Training:
-    """What trains a model: as built (`raw_model`, for state and evaluation) and as run (`model`:
-    wrapped for DDP/DP, compiled), with its optimizer, schedule, scaler and loss."""
-
-    raw_model: nn.Module
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    criterion: nn.Module
 
 
 def build_training(

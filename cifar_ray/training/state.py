@@ -1,5 +1,6 @@
-"""A trial's state between epochs: checkpoints (model, optimizer, schedule, scaler, PowerSGD) and each rank's
-random state, saved so that a resumed trial continues as if it had never stopped."""
+"""A trial's state between epochs: what trains the model (Training) and its checkpoints (model, optimizer,
+schedule, scaler, PowerSGD) with each rank's random state, saved so that a resumed trial continues
+as if it had never stopped."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import logging
 import pickle
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from ..core import runlog
 from ..core.checkpoints import CHECKPOINT_FILE, complete_checkpoints, epoch_folder, fetch_checkpoint
@@ -18,10 +20,20 @@ from ..core.storage import StoragePath
 from . import comm
 from .distributed import rank_seed
 
-if TYPE_CHECKING:
-    from .loop import Training
-
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Training:
+    """What trains a model: as built (`raw_model`, for state and evaluation) and as run (`model`:
+    wrapped for DDP/DP, compiled), with its optimizer, schedule, scaler and loss."""
+
+    raw_model: nn.Module
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    criterion: nn.Module
 
 
 class CheckpointError(RuntimeError):

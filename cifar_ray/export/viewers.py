@@ -38,10 +38,10 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from .core import runlog
-from .core.errors import ViewerError
-from .core.storage import URI, local_write_refusal, redact
-from .core.text import counted
+from ..core import runlog
+from ..core.errors import ViewerError
+from ..core.storage import URI, local_write_refusal, redact
+from ..core.text import counted
 
 TARGETS = ("tensorboard", "mlflow")
 TRIAL_TAG = "cifar_ray.trial"
