@@ -16,6 +16,7 @@ through it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,8 +25,9 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .core import lease, runlog
+from .core import lease
 from .core.errors import ConfigError, RunInUseError, StorageError, UsageError
+from .core.run import RunFolder, RunOptions
 from .core.storage import StoragePath, local_write_refusal
 
 if TYPE_CHECKING:
@@ -81,7 +83,7 @@ def resumed_sweep_plan(
     from .core.sweep import resumed_plan
 
     plan = sweep_plan(source, overrides, name, repeats)
-    recorded = runlog.read_json(StoragePath.of(storage) / plan.name / runlog.SWEEP_FILE)
+    recorded = RunFolder(StoragePath.of(storage) / plan.name).sweep()
     if not recorded:
         return plan
     label = DICT_SOURCE if isinstance(source, Mapping) else None
@@ -151,49 +153,53 @@ def execute_plan(
     from .cluster import orchestrate, session  # these import Ray inside their functions only
 
     check_max_concurrent(max_concurrent)
-    max_concurrent = max_concurrent or plan.max_concurrent
-    run_dir = StoragePath.of(storage) / plan.name
-    unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
-    if unwritable:
-        raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
-    # A live driver first: the refusals below would advise --resume on a run that another driver is training.
-    refusal = lease.live_driver_refusal(run_dir)
-    if refusal:
-        raise RunInUseError(refusal)
-    if resume:
-        refusal = orchestrate.resume_refusal(plan, run_dir)
-    else:
-        refusal = runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
-    if refusal:
-        raise ConfigError(refusal)
-    with lease.hold(run_dir, print_line):  # before anything is written; run_plan holds it again, re-entrantly
+    options = RunOptions(
+        storage=storage,
+        resume=resume,
+        max_concurrent=max_concurrent or plan.max_concurrent,
+        isolate=isolate,
+        address=address,
+        profile=profile,
+        command=command,
+        print_line=print_line,
+        stream=stream,
+    )
+    run = RunFolder(options.run_dir(plan.name))
+    _refuse_before_ray(run, plan, options, resumable)
+    with lease.hold(run.path, print_line):  # before anything is written; run_plan holds it again, re-entrantly
         if session.cluster_address(address) is None:
             check_local_gpus(plan)  # a refusal before the data download writes anything
             ensure_local_data(plan)
-        estimate_s = None
         if estimate:
             from .cluster.estimate import estimate_plan
 
-            estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
+            wall_s = estimate_plan(plan, options.max_concurrent, isolate, print_line).sweep.wall_s
+            options = dataclasses.replace(options, estimate_s=wall_s)
         owns_ray = session.init_ray(address=address, verbose=verbose)
         try:
-            return orchestrate.run_plan(
-                plan,
-                storage=storage,
-                max_concurrent=max_concurrent,
-                resume=resume,
-                warm=not isolate,
-                command=command,
-                estimate_s=estimate_s,
-                profile=profile,
-                print_line=print_line,
-                stream=stream,
-            )
+            return orchestrate.run_plan(plan, options)
         finally:
             if owns_ray:
                 import ray
 
                 ray.shutdown()
+
+
+def _refuse_before_ray(run: RunFolder, plan: SweepPlan, options: RunOptions, resumable: bool) -> None:
+    """execute_plan's refusals, before Ray starts and before anything is written: storage that cannot be written, a
+    live driver (first: the others would advise --resume on a run that another driver is training), a folder that
+    holds a run (a new run) or none of this plan's (a resume)."""
+    unwritable = local_write_refusal(run.path.path) if run.path.is_local else None  # a URI: the proof on Ray
+    if unwritable:
+        raise StorageError(
+            f"--storage {options.storage} cannot be written: {unwritable}; allowed: a folder you can write"
+        )
+    refusal = lease.live_driver_refusal(run.path)
+    if refusal:
+        raise RunInUseError(refusal)
+    refusal = run.resume_refusal(plan) if options.resume else run.new_run_refusal(plan.name, resumable=resumable)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def sweep(

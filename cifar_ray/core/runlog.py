@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoints import CHECKPOINTS
-from .errors import RunFolderError, StorageError
+from .errors import RunFolderError
 from .storage import StoragePath, read_retrying
 
 Where = str | os.PathLike | StoragePath
@@ -361,64 +361,6 @@ def trial_folders(run_dir: Where) -> list[str]:
         for name in run_dir.subfolders()
         if any((run_dir / name / held).exists() for held in (TRIAL_FILE, EPOCHS_FILE, CHECKPOINTS))
     ]
-
-
-def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True) -> str | None:
-    """Why a new run of `plan_name` may not start in `run_dir`, in one line; None when the folder holds no run:
-    no sweep.json and no trial folder. A sweep.json that cannot be read is not "no run": a new run would adopt the
-    old one's trials and checkpoints. A finished run is not offered --resume: it has nothing left; nor is a run
-    that cannot be resumed (`cifar-ray train` has no --resume)."""
-    import shlex
-
-    run_dir = StoragePath.of(run_dir)
-    options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
-    try:
-        sweep = read_json(run_dir / SWEEP_FILE)
-    except StorageError as error:
-        return f"{error}; {run_dir} may hold a run: {options} to start another, or move the folder away"
-    if not sweep:
-        trials = trial_folders(run_dir)
-        if not trials:
-            return None
-        shown = ", ".join(trials[:3]) + (f" and {len(trials) - 3} more" if len(trials) > 3 else "")
-        return (
-            f"{run_dir} holds trial folders ({shown}) but no {SWEEP_FILE}: pass --name NEW to start another run, "
-            "or move the folder away"
-        )
-    names = list(sweep.get("trials", []))
-    if (
-        "finished_at" in sweep
-        or names
-        and all(read_json(run_dir / name / TRIAL_FILE).get("status") in FINAL_STATUSES for name in names)
-    ):
-        trials = f"{len(names)} trial{'s' * (len(names) != 1)}"
-        return (
-            f"{run_dir} already holds a finished run of '{plan_name}' ({trials}): see it with `cifar-ray report "
-            f"{shlex.quote(str(run_dir))}`; pass --name NEW to start another, or delete the folder"
-        )
-    return (
-        f"{run_dir} already holds an unfinished run of '{plan_name}': {options} to start another, or delete the folder"
-    )
-
-
-def record_outcome(trial_dir: Where) -> None:
-    """Mark a trial whose training has ended finished or diverged (from its logged epochs), once. The
-    Dispatcher calls it when a slot tells it the last (or a diverged) epoch ended, logged and checkpointed, and
-    again when the slot is done with the trial: a sweep interrupted in between keeps the trial finished."""
-    trial_dir = StoragePath.of(trial_dir)
-    trial_file = trial_dir / TRIAL_FILE
-    if read_json(trial_file).get("status") in TRAINED_STATUSES:
-        return
-    epochs = read_epochs(trial_dir)
-    diverged = [row["epoch"] for row in epochs if row.get("diverged")]
-    status = "diverged" if diverged else "finished"
-    update_json(
-        trial_file,
-        status=status,
-        diverged_epoch=diverged[0] if diverged else None,
-        finished_at=now_iso(),
-        finished_unix=time.time(),
-    )
 
 
 # Options of a run's first command that a resume refuses (--estimate times a whole sweep before it starts) or replaces.
