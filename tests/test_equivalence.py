@@ -30,6 +30,7 @@ from cifar_ray.training import check_runs
 from cifar_ray.training import checks as check
 from cifar_ray.training.check_runs import cached_splits
 from cifar_ray.training.data import iterate_train
+from cifar_ray.training.distributed import Worker
 from cifar_ray.training.loop import build_training, train_epoch, wrap_model
 from cifar_ray.training.models import build_model
 
@@ -131,12 +132,12 @@ def test_train_steps_hands_dp_devices_to_dataparallel(monkeypatch):
     real_build = build_training
 
     def recording_build(*args, **kwargs):
-        seen.append(args[7] if len(args) > 7 else kwargs.get("devices"))
+        seen.append(args[3].devices)  # the worker's
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(check_runs, "build_training", recording_build)
     cfg = check.make_config(norm="group", batch_size=32)
-    trained = check.train_steps(cfg, 1, CPU, devices=(CPU,))
+    trained = check.train_steps(cfg, 1, Worker(0, 1, [CPU]))
     assert seen == [[CPU]]
     assert trained.wrapper == "SimpleCNN" and trained.device_ids == ()  # what check_dp refuses as a dp run
 
@@ -252,7 +253,7 @@ def test_grad_scaler_count_over_an_epoch_with_two_bad_steps():
     train, _ = cached_splits(cfg)
     steps = list(iterate_train(train, cfg, 1, 0, 1))[:4]
     scaler = torch.amp.GradScaler("cpu", enabled=True, init_scale=1024.0)
-    training = build_training(cfg, model, len(steps), CPU, 1, scaler)
+    training = build_training(cfg, model, len(steps), Worker.single(CPU), scaler)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model: one thread is fastest on a busy machine
     try:
@@ -277,7 +278,7 @@ def test_ddp_two_workers_equals_single_process(ddp_results):
     assert params.values["update_rel_diff"] < check.TOL_FLOAT64
     # The comparison is sensitive: rank 0 training alone on its half of each batch is far off.
     ddp_cfg, single_cfg = ddp_checks.ddp_configs(2, CPU, 4)
-    alone = check.train_steps(single_cfg, 4, CPU, torch.float64, rank=0, world=2)  # rank 0's shard, no all-reduce
+    alone = check.train_steps(single_cfg, 4, Worker(0, 2, [CPU]), torch.float64)  # rank 0's shard, no all-reduce
     assert alone.totals[2].item() == 4 * 2 * 16
     names = [name for name, _ in build_model(single_cfg).named_parameters()]
     ddp_final = torch.cat([saved["state"][name].double().flatten() for name in names])

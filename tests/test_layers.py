@@ -186,3 +186,32 @@ def test_no_import_circle():
 
     circles = sorted(name for name in graph if reaches(name, name))
     assert not circles, f"modules in an import circle: {circles}"
+
+
+MAX_PARAMETERS = 6  # beyond this a function takes an options object (core/run.py: RunOptions; training/loop.py: ...)
+
+
+def public_api_functions() -> set[str]:
+    """api.py's public functions: they keep their keyword-only options, as pandas' do (docs/api.md)."""
+    tree = ast.parse((PACKAGE_ROOT / "api.py").read_text())
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
+
+
+def test_no_internal_function_takes_more_than_six_parameters():
+    """Options travel as one object (RunOptions from api.execute_plan to run_plan; TrialOptions into run_trial; a
+    Worker instead of its rank, world and devices): a function with a long list of parameters is one whose callers
+    pass them one by one, through every layer."""
+    exempt = {("api.py", name) for name in public_api_functions()}
+    assert ("api.py", "execute_plan") in exempt
+    long = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        module = str(path.relative_to(PACKAGE_ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (module, node.name) in exempt:
+                continue
+            args = node.args
+            named = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+            count = sum(1 for arg in named if arg is not None and arg.arg not in ("self", "cls"))
+            if count > MAX_PARAMETERS:
+                long.append(f"{module}:{node.lineno} {node.name} ({count})")
+    assert not long, f"functions with more than {MAX_PARAMETERS} parameters: {long}"

@@ -57,7 +57,7 @@ from ..core.sweep import SweepPlan
 from .dispatcher import Dispatcher, RunTrial, dispatcher_name, tune_run_trial
 from .placement import thin_trial_bundles, trials_that_fit, worker_placement
 from .session import error_line, failure_status
-from .trainer import torch_trainer
+from .trainer import TrainRun, torch_trainer
 
 LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
@@ -112,7 +112,7 @@ def slot_loop(loop_config: dict) -> None:
     from ray.train.collective import broadcast_from_rank_zero
 
     from ..training.distributed import Worker, select_devices, worker_system
-    from ..training.loop import run_trial
+    from ..training.loop import TrialOptions, run_trial
     from ..training.memory import GpuOutOfMemoryError, release_trial
     from ..training.state import NoCheckpointLoads
 
@@ -148,7 +148,7 @@ def slot_loop(loop_config: dict) -> None:
 
         report = epoch_reporter(dispatcher, spec.name, spec.trial_dir, cfg.keep_checkpoints, rank)
         try:
-            run_trial(cfg, spec.trial_dir, worker, report, True, taken, ready, spec.profile, note)
+            run_trial(cfg, spec.trial_dir, worker, report, TrialOptions(True, taken, ready, spec.profile, note))
         except Exception as error:
             trace = "".join(traceback.format_exception(error)) if rank == 0 else None
             # Out of memory, it would run out again; with no checkpoint that loads, it would find the same files.
@@ -178,20 +178,17 @@ def worker_deaths(dispatcher, slot: str):
     return WorkerDeaths()
 
 
-def run_slot(
-    shape_cfg: TrainConfig, shape: str, slot: str, dispatcher, storage: StoragePath, restarts: int, one_trial: bool
-) -> None:
+def run_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bool) -> None:
     """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left, or, one_trial,
     their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails)."""
     loop_config = {
         "dispatcher": dispatcher,
-        "shape": shape,
-        "slot": slot,
+        "shape": launch.shape,
+        "slot": launch.slot,
         "launched_unix": time.time() if one_trial else None,
     }
-    callbacks = [worker_deaths(dispatcher, slot)]
-    trainer = torch_trainer(slot_loop, loop_config, shape_cfg, slot, storage, restarts, callbacks)
-    trainer.fit()
+    run = TrainRun(launch.slot, storage, launch.restarts, [worker_deaths(dispatcher, launch.slot)])
+    torch_trainer(slot_loop, loop_config, launch.shape_cfg, run).fit()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,9 +304,7 @@ class SlotPlan:
         storage = self.run_dir / ".slots"
 
         def launch(slot: SlotLaunch):
-            return task.remote(
-                slot.shape_cfg, slot.shape, slot.slot, dispatcher, storage, slot.restarts, self.one_trial
-            )
+            return task.remote(slot, dispatcher, storage, self.one_trial)
 
         try:
             return StartedSlots(dispatcher, launch, self.launches, self.limit)

@@ -327,31 +327,39 @@ def has_ended(state: SweepState) -> bool:
     return state.stopped or not any(state.counts[name] for name in UNFINISHED)
 
 
+@dataclass(frozen=True)
+class Clock:
+    """What `watch` reads the time with and waits with; None: time.time and time.sleep, looked up at the call (tests
+    replace them, or give a fake clock)."""
+
+    now: Callable[[], float] | None = None
+    sleep: Callable[[float], None] | None = None
+
+
 def watch(
     run_dir: runlog.Where,
     interval_s: float,
     write: Callable[[str], None],
     in_place: bool,
-    clock: Callable[[], float] | None = None,
-    sleep: Callable[[float], None] | None = None,
+    clock: Clock = Clock(),
     wait_s: float = WATCH_WAIT_S,
 ) -> SweepState:
     """`cifar-ray status --watch`: the status read again every `interval_s` seconds until the sweep ends; returns its
     last state. A folder that holds no run yet is waited for, up to `wait_s` seconds (saying so), then refused.
     `in_place` (a terminal): each table replaces the last. Else plain appended lines, for a log: the table
     once, then per refresh in which something changed a line per changed trial and the totals, each after the time."""
-    pause, clock = sleep or time.sleep, clock or time.time  # looked up at the call: tests replace both
+    pause, now_of = clock.sleep or time.sleep, clock.now or time.time
     run_dir = StoragePath.of(run_dir)
     if not holds_run(run_dir):
         write(f"waiting up to {wait_s:g} s for {run_dir} to hold a run (its {runlog.SWEEP_FILE}); Ctrl-C stops\n")
-        deadline = clock() + wait_s
+        deadline = now_of() + wait_s
         while not holds_run(run_dir):
-            if clock() >= deadline:
+            if now_of() >= deadline:
                 raise RunFolderError(no_run_message(run_dir, wait_s))
-            pause(min(WAIT_POLL_S, interval_s, deadline - clock()))
+            pause(min(WAIT_POLL_S, interval_s, deadline - now_of()))
     shown: dict[str, str] = {}
     while True:
-        now = clock()
+        now = now_of()
         state = load_state(run_dir, now)
         stamp = time.strftime("%H:%M:%S", time.localtime(now))
         rows = {t.trial: f"{_state_text(t)}, {_epochs_text(t)}" for t in state.trials}

@@ -23,6 +23,11 @@ class Worker:
     world: int
     devices: list[torch.device]
 
+    @classmethod
+    def single(cls, device: torch.device) -> Worker:
+        """One process alone on one device (rank 0 of 1): `cifar-ray check`, bench, step timing, tests."""
+        return cls(0, 1, [device])
+
     @property
     def device(self) -> torch.device:
         return self.devices[0]

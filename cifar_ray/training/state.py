@@ -18,7 +18,7 @@ from ..core import runlog
 from ..core.checkpoints import CHECKPOINT_FILE, complete_checkpoints, epoch_folder, fetch_checkpoint
 from ..core.storage import StoragePath
 from . import comm
-from .distributed import rank_seed
+from .distributed import Worker, rank_seed
 
 logger = logging.getLogger(__name__)
 
@@ -116,18 +116,10 @@ def with_built_implementation(saved: dict, optimizer: torch.optim.Optimizer) -> 
     return saved | {"param_groups": groups}
 
 
-def load_checkpoint(
-    folder: Path,
-    training: Training,
-    device: torch.device,
-    rank: int = 0,
-    world: int = 1,
-    seed: int = 0,
-    devices: list[torch.device] | None = None,
-) -> int:
-    """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one);
-    returns the last finished epoch. `devices`: all of the worker's devices, `device` first (a dp worker's
-    GPUs each have a random state); default [device]. weights_only: a checkpoint in shared storage is data, never code
+def load_checkpoint(folder: Path, training: Training, worker: Worker, seed: int = 0) -> int:
+    """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one) on
+    `worker` (its rank's random state, on each of its devices: a dp worker's GPUs each have one); returns the last
+    finished epoch. weights_only: a checkpoint in shared storage is data, never code
     (torch refuses anything but tensors and plain containers). Loaded to the CPU: the random states (the
     generators' ByteTensors, PowerSGD's numpy keys) must stay there, and each load_state_dict below moves
     its own tensors to where the model lives (parameters, optimizer state, PowerSGD memories)."""
@@ -144,19 +136,18 @@ def load_checkpoint(
     match_parameter_layouts(training.optimizer)
     training.scheduler.load_state_dict(state["scheduler"])
     training.scaler.load_state_dict(state["scaler"])
-    comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
-    restore_rng_state(state.get("rng"), rank, world, seed, devices or [device])
+    comm.restore_hook_state(
+        comm.hook_state(training.model), state.get("comm"), worker.rank, worker.world, worker.device
+    )
+    restore_rng_state(state.get("rng"), worker.rank, worker.world, seed, worker.devices)
     return state["epoch"]
 
 
 def resume_newest(
     trial_dir: StoragePath,
     training: Training,
-    device: torch.device,
-    rank: int = 0,
-    world: int = 1,
+    worker: Worker,
     seed: int = 0,
-    devices: list[torch.device] | None = None,
     note: Callable[[str], None] | None = None,
 ) -> int:
     """Restore the trial's newest stored checkpoint that loads into `training`; returns its epoch, 0 when the trial
@@ -170,7 +161,7 @@ def resume_newest(
         with tempfile.TemporaryDirectory() as scratch:
             try:
                 folder = fetch_checkpoint(trial_dir, Path(scratch), epoch)
-                done = load_checkpoint(folder, training, device, rank, world, seed, devices)
+                done = load_checkpoint(folder, training, worker, seed)
             except torch.OutOfMemoryError:
                 raise  # the device's trouble, not the file's
             except Exception as error:  # any way this file fails to load: the one before may load
