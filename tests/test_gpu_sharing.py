@@ -54,7 +54,7 @@ def test_worker_system_on_cpu_keeps_its_keys():
 
 def gpu_trial(name: str, uuid: str, share: float, start: float, end: float) -> TrialLog:
     system = {"device_type": "cuda", "gpu_uuids": [[uuid]], "gpu_share": share}
-    return TrialLog(name, {"system": system, "started_unix": start, "finished_unix": end})
+    return TrialLog.of(name, {"system": system, "started_unix": start, "finished_unix": end})
 
 
 def test_shared_trials_by_share_and_by_overlap_on_one_uuid():
@@ -64,7 +64,7 @@ def test_shared_trials_by_share_and_by_overlap_on_one_uuid():
         gpu_trial("t2", "GPU-b", 1.0, 12, 20),
         gpu_trial("t3", "GPU-b", 1.0, 20, 30),  # starts as t2 finishes: no overlap
         gpu_trial("t4", "GPU-c", 1.0, 0, 30),  # alone on its GPU
-        TrialLog("t5", {"system": {"device_type": "cpu", "num_gpus": 0}, "started_unix": 0, "finished_unix": 30}),
+        TrialLog.of("t5", {"system": {"device_type": "cpu", "num_gpus": 0}, "started_unix": 0, "finished_unix": 30}),
     ]
     assert shared_trials(trials) == {
         "t0": "gpu_share 0.5",

@@ -51,6 +51,7 @@ from typing import Any
 from ..core import runlog
 from ..core.checkpoints import store_checkpoint
 from ..core.config import TrainConfig
+from ..core.run import RunFolder
 from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
@@ -347,8 +348,8 @@ def plan_slots(
 
 def _to_train(trial_dir: StoragePath) -> bool:
     """Not trained to its end, or marked finished with an epoch's line lost (runlog.incomplete)."""
-    meta = runlog.read_json(trial_dir / runlog.TRIAL_FILE)
-    status, planned = meta.get("status"), (meta.get("config") or {}).get("epochs")
+    record = RunFolder(trial_dir.parent).trial(trial_dir.name)
+    status, planned = record.status, (record.config or {}).get("epochs")
     if status not in runlog.TRAINED_STATUSES:
         return True
     return runlog.incomplete(status, len(runlog.read_epochs(trial_dir)), planned)

@@ -226,7 +226,7 @@ class RunFolder:
         times = []
         for trial in runlog.load_run(self.path).trials:
             times += [row.get("end_unix") for row in trial.epochs]
-            times += [trial.meta.get("started_unix"), trial.meta.get("finished_unix")]
+            times += [trial.record.started_unix, trial.record.finished_unix]
         return max((t for t in times if isinstance(t, (int, float)) and t >= since), default=since)
 
     def record_provenance(self, session: int, git: dict, diff: str, packages: dict, gpu: dict) -> None:

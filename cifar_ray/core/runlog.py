@@ -45,6 +45,7 @@ from typing import Any
 
 from .checkpoints import CHECKPOINTS
 from .errors import RunFolderError
+from .record import TrialRecord
 from .storage import StoragePath, read_retrying
 
 Where = str | os.PathLike | StoragePath
@@ -300,22 +301,36 @@ def read_correct_images(trial_dir: Where) -> CorrectImages | None:
 
 @dataclass
 class TrialLog:
+    """A trial as its folder holds it: its trial.json as a typed record (core/record.py), its epochs in epoch order
+    and, for the report, which test images its final evaluation got right. Status, the report's loader, export and
+    the end-of-run summary all read this one record."""
+
     name: str
-    meta: dict
+    record: TrialRecord
     epochs: list[dict] = field(default_factory=list)
     correct: CorrectImages | None = None  # read only for the report (load_run's per_image)
 
+    @classmethod
+    def of(cls, name: str, meta: dict, epochs: list[dict] | None = None) -> TrialLog:
+        """A trial from its trial.json's object `meta` (hand-made logs: tests, a compared run's relabelled trial)."""
+        return cls(name, TrialRecord.from_json(name, meta), epochs or [])
+
+    @property
+    def meta(self) -> dict:
+        """trial.json's object, as read (the keys it holds, nothing added)."""
+        return self.record.to_json()
+
     @property
     def status(self) -> str:
-        return self.meta.get("status", "pending")
+        return self.record.status
 
     @property
     def swept(self) -> dict:
-        return self.meta.get("swept", {})
+        return self.record.swept
 
     @property
     def config(self) -> dict:
-        return self.meta.get("config", {})
+        return self.record.config
 
     @property
     def incomplete(self) -> bool:
@@ -344,7 +359,7 @@ def load_run(run_dir: Where, per_image: bool = False) -> RunLog:
     trials = [
         TrialLog(
             n,
-            read_json(run_dir / n / TRIAL_FILE),
+            TrialRecord.from_json(n, read_json(run_dir / n / TRIAL_FILE)),
             read_epochs(run_dir / n),
             read_correct_images(run_dir / n) if per_image else None,
         )

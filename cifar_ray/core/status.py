@@ -33,6 +33,7 @@ from datetime import datetime
 
 from . import lease, runlog
 from .errors import RunFolderError
+from .run import RunFolder
 from .shapes import TrialShape, trial_shape
 from .storage import StoragePath
 from .text import rough_duration, text_table
@@ -93,7 +94,7 @@ def _unix(iso: str | None) -> float | None:
 
 def _epochs_since_start(trial: runlog.TrialLog) -> list[dict]:
     """The epochs that ended in the trial's latest attempt (a resumed trial starts again, after its earlier epochs)."""
-    started = trial.meta.get("started_unix")
+    started = trial.record.started_unix
     if started is None:
         return []
     return [row for row in trial.epochs if isinstance(row.get("end_unix"), (int, float)) and row["end_unix"] >= started]
@@ -101,13 +102,13 @@ def _epochs_since_start(trial: runlog.TrialLog) -> list[dict]:
 
 def _epoch_wall(trials: list[runlog.TrialLog]) -> float | None:
     spans = [
-        (rows[-1]["end_unix"] - t.meta["started_unix"], len(rows)) for t in trials if (rows := _epochs_since_start(t))
+        (rows[-1]["end_unix"] - t.record.started_unix, len(rows)) for t in trials if (rows := _epochs_since_start(t))
     ]
     return sum(span for span, _ in spans) / sum(n for _, n in spans) if spans else None
 
 
 def _last_activity(trial: runlog.TrialLog) -> float | None:
-    times = [trial.meta.get("started_unix"), *(row.get("end_unix") for row in trial.epochs)]
+    times = [trial.record.started_unix, *(row.get("end_unix") for row in trial.epochs)]
     times = [t for t in times if isinstance(t, (int, float))]
     return max(times) if times else None
 
@@ -117,7 +118,7 @@ def _most_at_once(trials: list[runlog.TrialLog], states: list[str], now: float) 
     takes its next trial before the driver records the last one finished), a live one to now."""
     events = []
     for trial, state in zip(trials, states):
-        start = trial.meta.get("started_unix")
+        start = trial.record.started_unix
         end = now if state == "running" else _last_activity(trial)
         if start is not None and end is not None and end > start:
             events += [(start, 1), (end, -1)]
@@ -131,8 +132,8 @@ def _most_at_once(trials: list[runlog.TrialLog], states: list[str], now: float) 
 def trial_times(run: runlog.RunLog) -> tuple[float, int] | None:
     """The mean wall time of `run`'s finished trials (each from its latest start to its last epoch's end) and the
     most of them that ran at once: what more trials like them would take; None when none recorded its times."""
-    done = [t for t in run.trials if t.status == "finished" and t.meta.get("started_unix") is not None]
-    walls = [_last_activity(t) - t.meta["started_unix"] for t in done]
+    done = [t for t in run.trials if t.status == "finished" and t.record.started_unix is not None]
+    walls = [_last_activity(t) - t.record.started_unix for t in done]
     if not walls or not max(walls) > 0:
         return None
     return sum(walls) / len(walls), max(_most_at_once(done, [t.status for t in done], 0.0), 1)
@@ -174,7 +175,7 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
         if trial.status == "running":
             last = _last_activity(trial)
             idle = None if last is None else now - last
-            gone = driver_gone is not None or ended is not None and ended > trial.meta.get("started_unix", 0)
+            gone = driver_gone is not None or ended is not None and ended > (trial.record.started_unix or 0)
             state = "stalled" if gone or _stale(idle, _epoch_wall([trial]) or epoch_wall) else "running"
         elif trial.incomplete:
             state = "incomplete"
@@ -186,8 +187,8 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
                 state=state,
                 epochs_done=len(trial.epochs),
                 epochs=trial.config.get("epochs"),
-                error=_first_line(trial.meta.get("error")) if trial.status in ("failed", "oom") else None,
-                diverged_epoch=trial.meta.get("diverged_epoch"),
+                error=_first_line(trial.record.error) if trial.status in ("failed", "oom") else None,
+                diverged_epoch=trial.record.diverged_epoch,
                 idle_s=idle,
             )
         )
@@ -272,7 +273,7 @@ def _state_text(trial: TrialState) -> str:
 
 
 def holds_run(run_dir: StoragePath) -> bool:
-    return bool(runlog.read_json(run_dir / runlog.SWEEP_FILE))
+    return RunFolder(run_dir).holds_run()
 
 
 def no_run_message(run_dir: StoragePath, waited_s: float | None = None) -> str:
