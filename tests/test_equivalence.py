@@ -106,8 +106,8 @@ def test_dp_check_on_gpus_trains_dp_over_its_devices_and_requires_dataparallel(m
     (the bare model, as before the fix) FAILs even when its numbers equal the single run's."""
     calls = []
 
-    def recording(cfg, n_steps, device, dtype=torch.float32, devices=(), **kwargs):
-        calls.append((cfg.strategy, cfg.workers, devices, dtype))
+    def recording(cfg, n_steps, worker, dtype=torch.float32, **kwargs):
+        calls.append((cfg.strategy, cfg.workers, tuple(worker.devices), dtype))
         ran_as = {"wrapper": "DataParallel", "device_ids": (0, 1)} if cfg.strategy == "dp" else {}
         return fake_trained(**ran_as)
 
@@ -116,7 +116,7 @@ def test_dp_check_on_gpus_trains_dp_over_its_devices_and_requires_dataparallel(m
     result = check.check_dp(cuda, workers=2, gpu_count=4)
     assert result.passed, result.line()
     assert calls == [
-        ("single", 1, (), torch.float64),
+        ("single", 1, (torch.device("cuda", 0),), torch.float64),  # the one device it was given
         ("dp", 2, (torch.device("cuda", 0), torch.device("cuda", 1)), torch.float64),
     ]
     plan = check.dp_plan(cuda, workers=3, gpu_count=4)
@@ -196,8 +196,8 @@ def test_checkpoint_round_trip_check_sees_a_lost_random_state(monkeypatch):
     """Control: a load that drops the saved random state (dropout masks then differ) FAILs the check."""
     real_load = check.load_checkpoint
 
-    def load_without_rng(folder, training, device, *args, **kwargs):
-        epoch = real_load(folder, training, device, *args, **kwargs)
+    def load_without_rng(folder, training, worker, *args, **kwargs):
+        epoch = real_load(folder, training, worker, *args, **kwargs)
         torch.manual_seed(12345)
         return epoch
 
