@@ -89,3 +89,34 @@ def test_status_and_the_report_load_the_fixture():
     built = build_report(FIXTURE)
     assert list(built.trials["trial"]) == TRIALS and set(built.trials["status"]) == {"finished"}
     assert len(built.epochs) == 4 * 3  # three epochs each (the base's epochs)
+
+
+def test_the_run_folder_owner_is_the_only_writer_of_sweep_and_trial_json():
+    """No module but core/run.py updates a run's JSON records or writes sweep.json, trial.json or a session's
+    provenance (core/runlog.py defines the writes; others write their own files: network.json, profile.json)."""
+    import ast
+
+    import cifar_ray
+
+    root = Path(cifar_ray.__file__).parent
+    owners = {"core/runlog.py", "core/run.py"}
+    wrong = []
+    for path in sorted(root.rglob("*.py")):
+        module = str(path.relative_to(root))
+        if module in owners:
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            text = ast.get_source_segment(source, node) or ""
+            records = "sweep_file" in text.lower() or "trial_file" in text.lower()  # the names, or a path to one
+            if (
+                name == "update_json"
+                or name == "write_session"
+                and module != "core/provenance.py"
+                or (name == "write_json" and records)
+            ):
+                wrong.append(f"{module}:{node.lineno} {name}")
+    assert not wrong, f"write the run folder's records through core.run.RunFolder: {wrong}"
