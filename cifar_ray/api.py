@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,8 +27,10 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .core import lease, runlog
+from .core import lease
 from .core.errors import ConfigError, RunInUseError, StorageError, UsageError
+from .core.run import RunFolder, RunOptions
+from .core.runlog import FINAL_STATUSES
 from .core.storage import StoragePath, local_write_refusal
 from .core.text import rough_duration
 
@@ -86,7 +87,7 @@ def resumed_sweep_plan(
     from .core.sweep import resumed_plan
 
     plan = sweep_plan(source, overrides, name, repeats)
-    recorded = runlog.read_json(StoragePath.of(storage) / plan.name / runlog.SWEEP_FILE)
+    recorded = RunFolder(StoragePath.of(storage) / plan.name).sweep()
     if not recorded:
         return plan
     label = DICT_SOURCE if isinstance(source, Mapping) else None
@@ -145,12 +146,12 @@ def default_max_seeds(plan: SweepPlan) -> int:
     return max(DEFAULT_MAX_SEEDS, plan.repeats)
 
 
-def _settle_resolved(settle: Settle, plan: SweepPlan, run_dir: StoragePath, resume: bool) -> Settle:
+def _settle_resolved(settle: Settle, plan: SweepPlan, run: RunFolder, resume: bool) -> Settle:
     """`settle` with its max_seeds: a resumed run's recorded one (its tests' levels depend on it: another is
     refused, before Ray starts), else the one given or default_max_seeds."""
     from .core.status import SETTLE_KEY
 
-    recorded = (runlog.read_json(run_dir / runlog.SWEEP_FILE).get(SETTLE_KEY) or {}) if resume else {}
+    recorded = (run.sweep().get(SETTLE_KEY) or {}) if resume else {}
     if recorded and settle.max_seeds not in (None, recorded["max_seeds"]):
         raise UsageError(
             f"--max-seeds {settle.max_seeds}: this run settles with --max-seeds {recorded['max_seeds']}, which fixed "
@@ -235,54 +236,35 @@ def execute_plan(
     from .cluster import orchestrate, session  # these import Ray inside their functions only
 
     check_max_concurrent(max_concurrent)
-    max_concurrent = max_concurrent or plan.max_concurrent
-    run_dir = StoragePath.of(storage) / plan.name
+    options = RunOptions(
+        storage=storage,
+        resume=resume,
+        max_concurrent=max_concurrent or plan.max_concurrent,
+        isolate=isolate,
+        address=address,
+        profile=profile,
+        command=command,
+        print_line=print_line,
+        stream=stream,
+    )
+    run = RunFolder(options.run_dir(plan.name))
     if until_settled:
-        until_settled = _settle_resolved(until_settled, plan, run_dir, resume)
-    unwritable = local_write_refusal(run_dir.path) if run_dir.is_local else None  # a URI: the proof on Ray
-    if unwritable:
-        raise StorageError(f"--storage {storage} cannot be written: {unwritable}; allowed: a folder you can write")
-    # A live driver first: the refusals below would advise --resume on a run that another driver is training.
-    refusal = lease.live_driver_refusal(run_dir)
-    if refusal:
-        raise RunInUseError(refusal)
-    if resume:
-        refusal = orchestrate.resume_refusal(plan, run_dir)
-    else:
-        refusal = runlog.existing_run_refusal(run_dir, plan.name, resumable=resumable)
-    if refusal:
-        raise ConfigError(refusal)
-    with lease.hold(run_dir, print_line):  # before anything is written; run_plan holds it again, re-entrantly
-        if session.cluster_address(address) is None:
+        until_settled = _settle_resolved(until_settled, plan, run, resume)
+    _refuse_before_ray(run, plan, options, resumable)
+    with lease.hold(run.path, print_line):  # before anything is written; run_plan holds it again, re-entrantly
+        local = session.cluster_address(address) is None
+        if local:
             check_local_gpus(plan)  # a refusal before the data download writes anything
             ensure_local_data(plan)
-        estimate_s = None
         budget = until_settled.budget_s if until_settled else None
-        local = session.cluster_address(address) is None
         if estimate or (budget is not None and not resume and local):
-            from .cluster.estimate import estimate_plan
-
-            estimate_s = estimate_plan(plan, max_concurrent, isolate, print_line).sweep.wall_s
-            if budget is not None and estimate_s > budget:
-                raise UsageError(
-                    f"--budget {rough_duration(budget)} cannot fit the first round: its {len(plan.trials)} trials "
-                    f"are estimated at ~{rough_duration(estimate_s)} here (sweep --estimate); allowed: a budget above "
-                    "that, or fewer or shorter trials"
-                )
+            options = dataclasses.replace(options, estimate_s=_estimate_within(plan, options, budget))
         owns_ray = session.init_ray(address=address, verbose=verbose)
         try:
-            run = functools.partial(
-                orchestrate.run_plan,
-                storage=storage,
-                max_concurrent=max_concurrent,
-                warm=not isolate,
-                profile=profile,
-                print_line=print_line,
-                stream=stream,
-            )
-            run_dir = run(plan, resume=resume, command=command, estimate_s=estimate_s)
+            run_dir = orchestrate.run_plan(plan, options)
             if until_settled:
-                _settle_rounds(plan, until_settled, run_dir, run, print_line)
+                resumed = dataclasses.replace(options, resume=True, estimate_s=None)
+                _settle_rounds(plan, until_settled, run, lambda more: orchestrate.run_plan(more, resumed), print_line)
             return run_dir
         finally:
             if owns_ray:
@@ -292,35 +274,35 @@ def execute_plan(
 
 
 def _settle_rounds(
-    plan: SweepPlan, settle: Settle, run_dir: StoragePath, run: Callable[..., StoragePath], print_line: Callable
+    plan: SweepPlan, settle: Settle, run: RunFolder, train: Callable[[SweepPlan], object], print_line: Callable
 ) -> None:
-    """--until-settled after the grid has run: look (report/settle.py), record the look in sweep.json, then run the
-    round it plans (the new seeds' trials, `run` resuming the run), until a look stops. Each look is recorded before
-    its trials are added, so a run killed at any point resumes the same rounds (core.sweep.resumed_plan replays
-    them): a look whose trials are not all final is not taken again, they are trained first."""
+    """--until-settled after the grid has run: look (report/settle.py), record the look in sweep.json, then `train`
+    the round it plans (the plan with the new seeds' trials, resuming the run), until a look stops. Each look
+    is recorded before its trials are added, so a run killed at any point resumes the same rounds
+    (core.sweep.resumed_plan replays them): a look whose trials are not all final is not taken again, they are
+    trained first."""
     from .core.status import SETTLE_KEY, settle_text
     from .core.sweep import build_plan, extended_plan, read_sweep_file
     from .report import build_report
     from .report.settle import comparisons, look, settle_record
 
-    sweep_file = run_dir / runlog.SWEEP_FILE
-    recorded = runlog.read_json(sweep_file).get(SETTLE_KEY)
+    recorded = run.sweep().get(SETTLE_KEY)
     if not recorded:
-        built = build_report(run_dir)
+        built = build_report(run.path)
         count = len(comparisons({k: built.grid[k] for k in built.factors}, built.baseline))
         recorded = settle_record(plan.repeats, settle.max_seeds, settle.budget_s, count)
     recorded["budget_s"] = settle.budget_s
-    runlog.update_json(sweep_file, **{SETTLE_KEY: recorded})
+    run.update_sweep(**{SETTLE_KEY: recorded})
     data = dict(settle.source) if isinstance(settle.source, Mapping) else read_sweep_file(settle.source)
     source = DICT_SOURCE if isinstance(settle.source, Mapping) else str(settle.source)
     overrides = _override_values(settle.overrides)
     while not (recorded["rounds"] and recorded["rounds"][-1]["stop"]):
-        built = build_report(run_dir)
-        if not built.trials["status"].isin(runlog.FINAL_STATUSES).all():  # stopped (a Ray Client's Ctrl-C): resume
+        built = build_report(run.path)
+        if not built.trials["status"].isin(FINAL_STATUSES).all():  # stopped (a Ray Client's Ctrl-C): resume
             return
         taken = look(built, recorded)
         recorded["rounds"].append(taken.record())
-        runlog.update_json(sweep_file, **{SETTLE_KEY: recorded})
+        run.update_sweep(**{SETTLE_KEY: recorded})
         settled = len(taken.verdicts) - len(taken.open)
         print_line(
             f"until settled, look {taken.round}: {settled} of {len(taken.verdicts)} comparisons settled"
@@ -332,13 +314,45 @@ def _settle_rounds(
         had = len(plan.trials)
         plan = extended_plan(plan, build_plan(data, overrides, source, settle.name, taken.seeds), taken.points)
         recorded["rounds"][-1]["added"] = [t.name for t in plan.trials[had:]]  # the next round's trials, in order
-        runlog.update_json(sweep_file, **{SETTLE_KEY: recorded})
+        run.update_sweep(**{SETTLE_KEY: recorded})
         estimate = f", ~{rough_duration(taken.estimate_s)} estimated" if taken.estimate_s is not None else ""
         print_line(
             f"until settled, round {taken.round + 1}: {taken.trials} trials, to {taken.seeds} seeds at "
             f"{len(taken.points)} configurations{estimate}"
         )
-        run(plan, resume=True)
+        train(plan)
+
+
+def _estimate_within(plan: SweepPlan, options: RunOptions, budget_s: float | None) -> float:
+    """The sweep's expected wall time (sweep --estimate), timed here before Ray starts; refused when it cannot fit
+    --until-settled's `budget_s`."""
+    from .cluster.estimate import estimate_plan
+
+    wall_s = estimate_plan(plan, options.max_concurrent, options.isolate, options.print_line).sweep.wall_s
+    if budget_s is not None and wall_s > budget_s:
+        raise UsageError(
+            f"--budget {rough_duration(budget_s)} cannot fit the first round: its {len(plan.trials)} trials are "
+            f"estimated at ~{rough_duration(wall_s)} here (sweep --estimate); allowed: a budget above that, or fewer "
+            "or shorter trials"
+        )
+    return wall_s
+
+
+def _refuse_before_ray(run: RunFolder, plan: SweepPlan, options: RunOptions, resumable: bool) -> None:
+    """execute_plan's refusals, before Ray starts and before anything is written: storage that cannot be written, a
+    live driver (first: the others would advise --resume on a run that another driver is training), a folder that
+    holds a run (a new run) or none of this plan's (a resume)."""
+    unwritable = local_write_refusal(run.path.path) if run.path.is_local else None  # a URI: the proof on Ray
+    if unwritable:
+        raise StorageError(
+            f"--storage {options.storage} cannot be written: {unwritable}; allowed: a folder you can write"
+        )
+    refusal = lease.live_driver_refusal(run.path)
+    if refusal:
+        raise RunInUseError(refusal)
+    refusal = run.resume_refusal(plan) if options.resume else run.new_run_refusal(plan.name, resumable=resumable)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def sweep(

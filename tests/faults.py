@@ -3,7 +3,7 @@ own files fail, mostly for a while, a few for good.
 
     handler = FaultyFiles(log_dir=tmp_path / "faults", seed=1, share=0.2, permanent=0.05)
     storage = faulty_storage(tmp_path / "runs", handler)    # a StoragePath, scheme "faulty" (not local)
-    run_plan(plan, storage=storage, ...)                    # or runlog.append_epoch(storage / "t", ...)
+    run_plan(plan, RunOptions(storage, ...))                # or runlog.append_epoch(storage / "t", ...)
     failures(tmp_path / "faults")                           # what was injected, by every process
 
 Only files named in RUN_FILES fail (matched by basename, so Ray Tune's own files go through untouched); every

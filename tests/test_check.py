@@ -12,6 +12,7 @@ from cifar_ray.cli import main
 from cifar_ray.cluster import checks as ddp_checks
 from cifar_ray.training import checks as check
 from cifar_ray.training import gpu
+from cifar_ray.training.distributed import Worker
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -235,7 +236,7 @@ def test_compare_params_tolerance_start_and_skipped_steps():
     """The comparison every DDP plan ends in, on a real single-process run and a made-up ddp result."""
     cpu = torch.device("cpu")
     ddp_cfg, single_cfg = ddp_checks.ddp_configs(2, cpu, 2)
-    single = check.train_steps(single_cfg, 2, cpu, torch.float32)
+    single = check.train_steps(single_cfg, 2, Worker.single(cpu), torch.float32)
     names = [name for name, _ in ddp_checks.build_model(single_cfg).named_parameters()]
     move = single.final - single.initial
 

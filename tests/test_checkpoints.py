@@ -103,11 +103,12 @@ def trained_checkpoints(trial_dir: StoragePath, tmp_path: Path, epochs: int):
 
     from cifar_ray.training import loop
     from cifar_ray.training.check_runs import make_config
+    from cifar_ray.training.distributed import Worker
     from cifar_ray.training.models import build_model
     from cifar_ray.training.state import save_checkpoint
 
     cfg, weights = make_config(), {}
-    training = loop.build_training(cfg, build_model(cfg), 4, torch.device("cpu"), 1)
+    training = loop.build_training(cfg, build_model(cfg), 4, Worker.single(torch.device("cpu")))
     for epoch in range(1, epochs + 1):
         with torch.no_grad():
             for parameter in training.raw_model.parameters():
@@ -131,6 +132,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loadi
     import torch
 
     from cifar_ray.training import loop
+    from cifar_ray.training.distributed import Worker
     from cifar_ray.training.models import build_model
     from cifar_ray.training.state import NoCheckpointLoads, resume_newest
 
@@ -138,13 +140,13 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loadi
     cpu, notes = torch.device("cpu"), []
 
     def fresh():
-        return loop.build_training(cfg, build_model(cfg), 4, cpu, 1)
+        return loop.build_training(cfg, build_model(cfg), 4, Worker.single(cpu))
 
     training = fresh()
-    assert resume_newest(trial_dir, training, cpu, note=notes.append) == 3 and notes == []
+    assert resume_newest(trial_dir, training, Worker.single(cpu), note=notes.append) == 3 and notes == []
     cut_in_half(trial_dir, 3)
     training = fresh()
-    assert resume_newest(trial_dir, training, cpu, note=notes.append) == 2
+    assert resume_newest(trial_dir, training, Worker.single(cpu), note=notes.append) == 2
     assert all(torch.equal(a, b) for a, b in zip(training.raw_model.parameters(), weights[2]))
     [line] = notes
     assert line.startswith("checkpoint epoch-0003 (RuntimeError: ") and line.endswith(
@@ -152,7 +154,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loadi
     )
     cut_in_half(trial_dir, 2)
     with pytest.raises(NoCheckpointLoads) as failed:
-        resume_newest(trial_dir, fresh(), cpu, note=notes.append)
+        resume_newest(trial_dir, fresh(), Worker.single(cpu), note=notes.append)
     message = str(failed.value)
     assert "\n" not in message and message.startswith("no checkpoint of t000 loads: epoch-0003 (RuntimeError: ")
     assert "; epoch-0002 (RuntimeError: " in message and len(notes) == 1
@@ -164,6 +166,7 @@ def test_a_checkpoint_after_the_last_logged_epoch_is_not_resumed_from(trial_dir,
     import torch
 
     from cifar_ray.training import loop
+    from cifar_ray.training.distributed import Worker
     from cifar_ray.training.models import build_model
     from cifar_ray.training.state import resume_newest
 
@@ -172,7 +175,10 @@ def test_a_checkpoint_after_the_last_logged_epoch_is_not_resumed_from(trial_dir,
     log.write_text(log.read_text()[:-5])  # the last line cut short
     assert [row["epoch"] for row in runlog.read_epochs(trial_dir)] == [1, 2]
     cpu = torch.device("cpu")
-    assert resume_newest(trial_dir, loop.build_training(cfg, build_model(cfg), 4, cpu, 1), cpu) == 2
+    assert (
+        resume_newest(trial_dir, loop.build_training(cfg, build_model(cfg), 4, Worker.single(cpu)), Worker.single(cpu))
+        == 2
+    )
 
 
 def test_resume_trains_again_a_finished_trial_that_lost_an_epochs_line_and_no_other_finished_one(tmp_path):

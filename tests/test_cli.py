@@ -24,6 +24,7 @@ from cifar_ray.commands.common import rerun_command
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig, parse_overrides
 from cifar_ray.core.keys import key_rows, markdown_keys_table
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.strict_yaml import parse_value
 from cifar_ray.core.sweep import build_plan, load_sweep, single_run_plan
 from cifar_ray.training import data
@@ -198,14 +199,14 @@ def test_a_resume_of_no_run_or_of_another_is_refused_before_ray_starts(tmp_path,
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
 
 
-def test_existing_run_refusal_is_none_without_a_run(tmp_path):
-    assert runlog.existing_run_refusal(tmp_path / "nothing", "x") is None
+def test_new_run_refusal_is_none_without_a_run(tmp_path):
+    assert RunFolder(tmp_path / "nothing").new_run_refusal("x") is None
     (tmp_path / "empty").mkdir()
-    assert runlog.existing_run_refusal(tmp_path / "empty", "x") is None
+    assert RunFolder(tmp_path / "empty").new_run_refusal("x") is None
     run_dir = write_run(tmp_path, "one", ["oom"])
-    assert f"finished run of 'x' (1 trial): see it with `cifar-ray report {run_dir}`" in runlog.existing_run_refusal(
-        run_dir, "x"
-    )
+    assert f"finished run of 'x' (1 trial): see it with `cifar-ray report {run_dir}`" in RunFolder(
+        run_dir
+    ).new_run_refusal("x")
 
 
 def test_bare_command_prints_the_usage_and_errors_name_the_subcommand_once(capsys):
@@ -366,8 +367,8 @@ def test_the_recorded_command_reruns_the_sweep_as_typed(tmp_path, monkeypatch):
 
     recorded = []
 
-    def run_plan(plan, **options):
-        recorded.append(options["command"])
+    def run_plan(plan, options):
+        recorded.append(options.command)
         raise RayStarted
 
     monkeypatch.setattr(ray_session, "init_ray", lambda **options: False)  # Ray "already up", not ours to stop

@@ -51,7 +51,7 @@ def seeded_bits(rank: int, world: int) -> list[int]:
     model, cfg = build_model(config(1)).to(memory_format=train.MEMORY_FORMAT), config(1)
     test = load_splits(cfg)[1]
     correct = torch.zeros(len(test), dtype=torch.uint8)
-    train.evaluate(model, test, cfg, CPU, rank, world, correct)
+    train.evaluate(model, test, cfg, Worker(rank, world, [CPU]), correct)
     return all_reduce(correct).tolist()
 
 

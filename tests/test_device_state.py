@@ -45,13 +45,16 @@ def test_a_powersgd_checkpoint_resumes_on_another_device(tmp_path, monkeypatch):
     expected_draw = np.random.RandomState(0)
     expected_draw.set_state(saved_state.rng.get_state())
     save_checkpoint(
-        tmp_path, 2, train.build_training(cfg, build_model(cfg), 4, cpu, 1), [comm.hook_state_dict(saved_state)]
+        tmp_path,
+        2,
+        train.build_training(cfg, build_model(cfg), 4, Worker.single(cpu)),
+        [comm.hook_state_dict(saved_state)],
     )
 
     resumed_state = comm.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
     monkeypatch.setattr(comm, "hook_state", lambda model: resumed_state)  # the resumed DDP model's hook
-    on_device = train.build_training(cfg, build_model(cfg).to(META), 4, META, 1)
-    assert load_checkpoint(tmp_path, on_device, META) == 2
+    on_device = train.build_training(cfg, build_model(cfg).to(META), 4, Worker.single(META))
+    assert load_checkpoint(tmp_path, on_device, Worker.single(META)) == 2
     assert resumed_state.iter == 9 and resumed_state.error_dict[0].device == META  # memories go to the device
     assert resumed_state.rng.randint(10**9) == expected_draw.randint(10**9)
 
@@ -61,15 +64,15 @@ def test_optimizer_state_takes_the_layout_of_its_parameters(tmp_path):
     after load_checkpoint every state tensor has its parameter's strides, as fused optimizer kernels require."""
     cfg = make_config(optimizer="adam")
     cpu = torch.device("cpu")
-    saved = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
+    saved = train.build_training(cfg, build_model(cfg), 4, Worker.single(cpu))
     for param in saved.raw_model.parameters():
         param.grad = torch.ones_like(param)
     saved.optimizer.step()  # Adam's exp_avg and exp_avg_sq, contiguous
     save_checkpoint(tmp_path, 1, saved)
 
     model = build_model(cfg).to(memory_format=torch.channels_last)
-    resumed = train.build_training(cfg, model, 4, cpu, 1)
-    load_checkpoint(tmp_path, resumed, cpu)
+    resumed = train.build_training(cfg, model, 4, Worker.single(cpu))
+    load_checkpoint(tmp_path, resumed, Worker.single(cpu))
     convolutions = [p for p in model.parameters() if p.ndim == 4]
     assert convolutions and all(not p.is_contiguous() for p in convolutions)  # the layout really differs
     buffers = [(p, v) for p in model.parameters() for v in resumed.optimizer.state[p].values() if v.shape == p.shape]
@@ -90,8 +93,10 @@ def test_every_gpu_of_a_dp_worker_keeps_its_random_state(tmp_path, monkeypatch):
 
     cfg = make_config()
     cpu = torch.device("cpu")
-    save_checkpoint(tmp_path, 1, train.build_training(cfg, build_model(cfg), 4, cpu, 1), rng_states=[rng_state(*gpus)])
-    load_checkpoint(tmp_path, train.build_training(cfg, build_model(cfg), 4, cpu, 1), gpus[0], devices=gpus)
+    save_checkpoint(
+        tmp_path, 1, train.build_training(cfg, build_model(cfg), 4, Worker.single(cpu)), rng_states=[rng_state(*gpus)]
+    )
+    load_checkpoint(tmp_path, train.build_training(cfg, build_model(cfg), 4, Worker.single(cpu)), Worker(0, 1, gpus))
     assert restored.keys() == set(gpus)
     assert all(torch.equal(restored[gpu], generators[gpu]) and restored[gpu].device == cpu for gpu in gpus)
 
@@ -102,7 +107,7 @@ def _fp16_epoch(overflow_steps: set[int], scaler_enabled: bool = True, steps: in
     cfg = make_config()
     cpu = torch.device("cpu")
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=scaler_enabled)
-    training = train.build_training(cfg, build_model(cfg), steps, cpu, 1, scaler)
+    training = train.build_training(cfg, build_model(cfg), steps, Worker.single(cpu), scaler)
     generator = torch.Generator().manual_seed(0)
     batches = []
     for step in range(steps):
@@ -115,9 +120,8 @@ def _fp16_epoch(overflow_steps: set[int], scaler_enabled: bool = True, steps: in
     totals = train.train_epoch(training, batches, cfg, cpu, timer)
     worker = Worker(0, 1, [cpu])
     peak = Peak(1e9, "a made-up peak")
-    record = train.epoch_record(
-        cfg, 1, training, worker, steps, totals, {}, timer.seconds(), started, 1.0, [0.0], 1e6, peak
-    )
+    trial = train.TrialParts(cfg, training, worker, steps, [0.0], 1e6, peak)
+    record = train.epoch_record(trial, 1, train.EpochTimes(totals, timer.seconds(), started, 1.0), {})
     return record, training
 
 

@@ -30,6 +30,7 @@ from cifar_ray.training import check_runs
 from cifar_ray.training import checks as check
 from cifar_ray.training.check_runs import cached_splits
 from cifar_ray.training.data import iterate_train
+from cifar_ray.training.distributed import Worker
 from cifar_ray.training.loop import build_training, train_epoch, wrap_model
 from cifar_ray.training.models import build_model
 
@@ -105,8 +106,8 @@ def test_dp_check_on_gpus_trains_dp_over_its_devices_and_requires_dataparallel(m
     (the bare model, as before the fix) FAILs even when its numbers equal the single run's."""
     calls = []
 
-    def recording(cfg, n_steps, device, dtype=torch.float32, devices=(), **kwargs):
-        calls.append((cfg.strategy, cfg.workers, devices, dtype))
+    def recording(cfg, n_steps, worker, dtype=torch.float32, **kwargs):
+        calls.append((cfg.strategy, cfg.workers, tuple(worker.devices), dtype))
         ran_as = {"wrapper": "DataParallel", "device_ids": (0, 1)} if cfg.strategy == "dp" else {}
         return fake_trained(**ran_as)
 
@@ -115,7 +116,7 @@ def test_dp_check_on_gpus_trains_dp_over_its_devices_and_requires_dataparallel(m
     result = check.check_dp(cuda, workers=2, gpu_count=4)
     assert result.passed, result.line()
     assert calls == [
-        ("single", 1, (), torch.float64),
+        ("single", 1, (torch.device("cuda", 0),), torch.float64),  # the one device it was given
         ("dp", 2, (torch.device("cuda", 0), torch.device("cuda", 1)), torch.float64),
     ]
     plan = check.dp_plan(cuda, workers=3, gpu_count=4)
@@ -131,12 +132,12 @@ def test_train_steps_hands_dp_devices_to_dataparallel(monkeypatch):
     real_build = build_training
 
     def recording_build(*args, **kwargs):
-        seen.append(args[7] if len(args) > 7 else kwargs.get("devices"))
+        seen.append(args[3].devices)  # the worker's
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(check_runs, "build_training", recording_build)
     cfg = check.make_config(norm="group", batch_size=32)
-    trained = check.train_steps(cfg, 1, CPU, devices=(CPU,))
+    trained = check.train_steps(cfg, 1, Worker(0, 1, [CPU]))
     assert seen == [[CPU]]
     assert trained.wrapper == "SimpleCNN" and trained.device_ids == ()  # what check_dp refuses as a dp run
 
@@ -195,8 +196,8 @@ def test_checkpoint_round_trip_check_sees_a_lost_random_state(monkeypatch):
     """Control: a load that drops the saved random state (dropout masks then differ) FAILs the check."""
     real_load = check.load_checkpoint
 
-    def load_without_rng(folder, training, device, *args, **kwargs):
-        epoch = real_load(folder, training, device, *args, **kwargs)
+    def load_without_rng(folder, training, worker, *args, **kwargs):
+        epoch = real_load(folder, training, worker, *args, **kwargs)
         torch.manual_seed(12345)
         return epoch
 
@@ -252,7 +253,7 @@ def test_grad_scaler_count_over_an_epoch_with_two_bad_steps():
     train, _ = cached_splits(cfg)
     steps = list(iterate_train(train, cfg, 1, 0, 1))[:4]
     scaler = torch.amp.GradScaler("cpu", enabled=True, init_scale=1024.0)
-    training = build_training(cfg, model, len(steps), CPU, 1, scaler)
+    training = build_training(cfg, model, len(steps), Worker.single(CPU), scaler)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model: one thread is fastest on a busy machine
     try:
@@ -277,7 +278,7 @@ def test_ddp_two_workers_equals_single_process(ddp_results):
     assert params.values["update_rel_diff"] < check.TOL_FLOAT64
     # The comparison is sensitive: rank 0 training alone on its half of each batch is far off.
     ddp_cfg, single_cfg = ddp_checks.ddp_configs(2, CPU, 4)
-    alone = check.train_steps(single_cfg, 4, CPU, torch.float64, rank=0, world=2)  # rank 0's shard, no all-reduce
+    alone = check.train_steps(single_cfg, 4, Worker(0, 2, [CPU]), torch.float64)  # rank 0's shard, no all-reduce
     assert alone.totals[2].item() == 4 * 2 * 16
     names = [name for name, _ in build_model(single_cfg).named_parameters()]
     ddp_final = torch.cat([saved["state"][name].double().flatten() for name in names])

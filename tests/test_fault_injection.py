@@ -37,12 +37,13 @@ import sys
 sys.path.insert(0, {tests!r})
 from faults import FaultyFiles, faulty_storage
 from cifar_ray.cluster.orchestrate import run_plan
+from cifar_ray.core.run import RunOptions
 from cifar_ray.cluster.session import init_ray
 from cifar_ray.core.sweep import load_sweep
 
 init_ray(num_cpus=2, num_gpus=0)
 handler = FaultyFiles({faults!r}, seed={seed}, share={share}, permanent=0.0, burst=2)
-run_plan(load_sweep({sweep!r}), storage=faulty_storage({runs!r}, handler), resume={resume}, print_line=print)
+run_plan(load_sweep({sweep!r}), RunOptions(faulty_storage({runs!r}, handler), resume={resume}))
 """
 
 

@@ -50,7 +50,7 @@ def test_cuda_numerics_are_set_deliberately_and_recorded_for_the_workers_own_gpu
     The record names the worker's GPU (cuda:1), not the process's current device (GPU 0)."""
     fake_gpus(monkeypatch, A100, T4)
     gpu.set_cuda_numerics()
-    info = sysinfo.device_info(torch.device("cuda", 1))
+    info = gpu.device_info(torch.device("cuda", 1))
     assert info == {
         "device_type": "cuda",
         "device_name": "Tesla T4",
@@ -63,6 +63,6 @@ def test_cuda_numerics_are_set_deliberately_and_recorded_for_the_workers_own_gpu
         },
     }
     assert torch.backends.cudnn.rnn.fp32_precision == "ieee"
-    cpu = sysinfo.device_info(torch.device("cpu"), 1)
+    cpu = gpu.device_info(torch.device("cpu"), 1)
     assert cpu == {"device_type": "cpu", "device_name": sysinfo.cpu_model(), "devices_per_worker": 1}
-    assert sysinfo.device_info("cuda")["device_name"] == "NVIDIA A100-SXM4-40GB"  # a bare type: the current one
+    assert gpu.device_info("cuda")["device_name"] == "NVIDIA A100-SXM4-40GB"  # a bare type: the current one

@@ -17,6 +17,8 @@ from cifar_ray.report.findings import shared_note
 from cifar_ray.report.sharing import shared_trials
 from cifar_ray.training.distributed import Worker, worker_system
 
+HERE = {"node_id": None, "hostname": "here"}  # where the rank runs: cluster.placement.worker_placement outside Ray
+
 
 @pytest.mark.parametrize(
     "uuids_per_rank, gpus_per_rank, num_gpus, share",
@@ -38,21 +40,21 @@ def test_worker_system_records_the_uuid_of_the_workers_own_gpu(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid=uuids[device.index])
     )
-    system = worker_system(Worker(0, 1, [torch.device("cuda:1")]), 0.25)
+    system = worker_system(Worker(0, 1, [torch.device("cuda:1")]), 0.25, HERE)
     assert (system["num_gpus"], system["gpu_uuids"], system["gpu_share"]) == (1, [["uuid-one"]], 0.25)
     assert system["device_name"] == "GPU one" and system["world_size"] == 1
 
 
 def test_worker_system_on_cpu_keeps_its_keys():
     """CPU trials' trial.json stays as it was (the committed quickstart logs render byte-identically)."""
-    system = worker_system(Worker(0, 1, [torch.device("cpu")]), 0.0)
+    system = worker_system(Worker(0, 1, [torch.device("cpu")]), 0.0, HERE)
     keys = ["device_type", "device_name", "devices_per_worker", "nodes", "hostnames", "world_size", "num_gpus"]
     assert list(system) == [*keys, "versions"] and system["num_gpus"] == 0
 
 
 def gpu_trial(name: str, uuid: str, share: float, start: float, end: float) -> TrialLog:
     system = {"device_type": "cuda", "gpu_uuids": [[uuid]], "gpu_share": share}
-    return TrialLog(name, {"system": system, "started_unix": start, "finished_unix": end})
+    return TrialLog.of(name, {"system": system, "started_unix": start, "finished_unix": end})
 
 
 def test_shared_trials_by_share_and_by_overlap_on_one_uuid():
@@ -62,7 +64,7 @@ def test_shared_trials_by_share_and_by_overlap_on_one_uuid():
         gpu_trial("t2", "GPU-b", 1.0, 12, 20),
         gpu_trial("t3", "GPU-b", 1.0, 20, 30),  # starts as t2 finishes: no overlap
         gpu_trial("t4", "GPU-c", 1.0, 0, 30),  # alone on its GPU
-        TrialLog("t5", {"system": {"device_type": "cpu", "num_gpus": 0}, "started_unix": 0, "finished_unix": 30}),
+        TrialLog.of("t5", {"system": {"device_type": "cpu", "num_gpus": 0}, "started_unix": 0, "finished_unix": 30}),
     ]
     assert shared_trials(trials) == {
         "t0": "gpu_share 0.5",

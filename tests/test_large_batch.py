@@ -14,6 +14,7 @@ from torch import nn
 
 from cifar_ray.core.config import ConfigError, TrainConfig, parse_config, parse_overrides
 from cifar_ray.training import comm
+from cifar_ray.training.distributed import Worker
 from cifar_ray.training.optim import LARS, build_optimizer, build_scheduler, lr_at_step, peak_lr, scaled_lr
 
 # --- learning rate: Goyal et al. scaling on top of warm-up and the schedule
@@ -225,7 +226,7 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
 
     def build(cfg: TrainConfig, seed: int) -> train.Training:
         torch.manual_seed(seed)
-        return train.build_training(cfg, build_model(cfg), 3, cpu, world, rank=rank)
+        return train.build_training(cfg, build_model(cfg), 3, Worker(rank, world, [cpu]))
 
     def run(training: train.Training, cfg: TrainConfig, steps: range) -> None:
         train.train_epoch(training, (_micro_batches(step, rank, cfg.accum_steps) for step in steps), cfg, cpu)
@@ -235,7 +236,7 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
     ) -> bool:
         """Steps 3-5 after resuming from `checkpoint` equal the uninterrupted run's."""
         training = build(cfg, seed=123)  # other initial weights: everything must come from the checkpoint
-        load_checkpoint(checkpoint, training, cpu, rank, world)
+        load_checkpoint(checkpoint, training, Worker(rank, world, [cpu]))
         if as_saved:  # no layout record: bucket memories are used as they are, like torch's own load
             comm.hook_state(training.model).layouts = {}
         run(training, cfg, range(3, 6))
@@ -285,7 +286,7 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
         continuous = [p.detach().clone() for p in first.raw_model.parameters()]
 
         resumed = build(cfg, seed=123)
-        epoch = load_checkpoint(full, resumed, cpu, rank, world)
+        epoch = load_checkpoint(full, resumed, Worker(rank, world, [cpu]))
         state = comm.hook_state(resumed.model)
         findings[f"resume_{bucket_cap_mb}"] = {
             "epoch": epoch,
@@ -504,7 +505,6 @@ def test_each_epoch_logs_its_last_and_highest_step_lr_as_the_optimizer_ran_them(
     an epoch, then onecycle's rise, so that an epoch's highest, first and last rates differ."""
     from cifar_ray.core.storage import StoragePath
     from cifar_ray.training import loop
-    from cifar_ray.training.distributed import Worker
 
     stepped: list[float] = []
     build_training = loop.build_training

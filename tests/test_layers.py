@@ -20,7 +20,8 @@ ALLOWED = {
     "training": {"core"},
     "cluster": {"core", "training"},
     "report": {"core"},
-    "commands": {"core", "training", "cluster", "report", "viewers", "api"},
+    "export": {"core"},
+    "commands": {"core", "training", "cluster", "report", "export", "api"},
 }
 # top-level module -> the packages of cifar_ray it may import
 TOP_LEVEL = {"api": {"core", "training", "cluster", "report"}}
@@ -53,6 +54,29 @@ def test_training_imports_torch_and_no_ray():
     modules = modules_of("training")
     assert "cifar_ray.training.loop" in modules
     assert imported_after(modules) == ["torch"]
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level names of the packages outside cifar_ray that `path` imports anywhere (function-local too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+    return found - {"cifar_ray"}
+
+
+@pytest.mark.parametrize("package", ["core", "report"])
+def test_core_and_report_hold_no_torch_or_ray_function(package):
+    """Not even inside a function: what needs torch or Ray lives in training/ or cluster/ (core/sysinfo.py's device,
+    version and placement probes once did)."""
+    wrong = {
+        path.name: sorted(used)
+        for path in sorted((PACKAGE_ROOT / package).glob("*.py"))
+        if (used := third_party_imports(path) & {"torch", "ray"})
+    }
+    assert not wrong, f"{package} reaches torch or Ray: {wrong}"
 
 
 def package_imports(path: Path, package: str | None) -> set[str]:
@@ -114,3 +138,80 @@ def test_no_test_module_imports_another():
     assert (tests / "helpers.py").is_file()
     wrong = {path.name: found for path in sorted(tests.glob("test_*.py")) if (found := imported_test_modules(path))}
     assert not wrong, f"import shared helpers from tests/helpers.py, not from test modules: {wrong}"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of cifar_ray -> the modules of cifar_ray it imports anywhere (function-local and TYPE_CHECKING
+    imports included), a package's name standing for its __init__.py."""
+    modules = {}
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        parts = ["cifar_ray", *path.relative_to(PACKAGE_ROOT).with_suffix("").parts]
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) + 1 - node.level] if node.level else []
+                full = ".".join(base + (node.module.split(".") if node.module else []))
+                found |= {known(f"{full}.{alias.name}") for alias in node.names if full.startswith("cifar_ray")}
+            elif isinstance(node, ast.Import):
+                found |= {known(alias.name) for alias in node.names if alias.name.startswith("cifar_ray.")}
+        graph[name] = found - {name}
+    return graph
+
+
+def test_no_import_circle():
+    """No module imports, through any chain, one that imports it (loop.py and state.py once did): each module can
+    be read knowing only the ones below it."""
+    graph = module_graph()
+    assert "cifar_ray.training.state" in graph["cifar_ray.training.loop"]
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                if nxt == goal:
+                    return True
+                seen.add(nxt)
+                todo.append(nxt)
+        return False
+
+    circles = sorted(name for name in graph if reaches(name, name))
+    assert not circles, f"modules in an import circle: {circles}"
+
+
+MAX_PARAMETERS = 6  # beyond this a function takes an options object (core/run.py: RunOptions; training/loop.py: ...)
+
+
+def public_api_functions() -> set[str]:
+    """api.py's public functions: they keep their keyword-only options, as pandas' do (docs/api.md)."""
+    tree = ast.parse((PACKAGE_ROOT / "api.py").read_text())
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
+
+
+def test_no_internal_function_takes_more_than_six_parameters():
+    """Options travel as one object (RunOptions from api.execute_plan to run_plan; TrialOptions into run_trial; a
+    Worker instead of its rank, world and devices): a function with a long list of parameters is one whose callers
+    pass them one by one, through every layer."""
+    exempt = {("api.py", name) for name in public_api_functions()}
+    assert ("api.py", "execute_plan") in exempt
+    long = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        module = str(path.relative_to(PACKAGE_ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (module, node.name) in exempt:
+                continue
+            args = node.args
+            named = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+            count = sum(1 for arg in named if arg is not None and arg.arg not in ("self", "cls"))
+            if count > MAX_PARAMETERS:
+                long.append(f"{module}:{node.lineno} {node.name} ({count})")
+    assert not long, f"functions with more than {MAX_PARAMETERS} parameters: {long}"

@@ -15,13 +15,14 @@ from conftest import write_cifar_fixture
 
 from cifar_ray.cluster import placement, progress
 from cifar_ray.cluster import session as ray_session
-from cifar_ray.cluster.placement import RESOURCE_CPU, RESOURCE_GPU
+from cifar_ray.cluster.placement import RESOURCE_CPU, RESOURCE_GPU, worker_placement
 from cifar_ray.core import sysinfo
 from cifar_ray.core.config import ConfigError, TrainConfig
 from cifar_ray.core.errors import ClusterError
 from cifar_ray.core.shapes import trial_shape
 from cifar_ray.core.sweep import build_plan
 from cifar_ray.training import data
+from cifar_ray.training.distributed import gather_ranks
 
 
 def plan_of(grid: dict, **base):
@@ -205,7 +206,7 @@ def test_runtime_env_leaves_the_jobs_own_settings_alone(monkeypatch):
 def test_placement_of_a_single_process():
     import ray
 
-    placement = sysinfo.placement_of(sysinfo.gather_ranks(sysinfo.worker_placement()))
+    placement = sysinfo.placement_of(gather_ranks(worker_placement()))
     # this process's node when an earlier test started the session's Ray, else none
     expected = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     assert placement["nodes"] == [expected] and len(placement["hostnames"]) == 1

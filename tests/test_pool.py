@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from cifar_ray import api
-from cifar_ray.cluster import pool
+from cifar_ray.cluster import dispatcher, pool
 from cifar_ray.core import runlog
 
 TINY = {
@@ -120,7 +120,7 @@ def test_a_pool_reuses_slots_of_the_same_shape_and_code_only_and_ends_them_all(t
         monkeypatch.setattr(pool, "source_hash", lambda: "edited")
         assert _sweep("p4", storage, cpus_per_worker=2) != other_shape  # the code changed: a fresh slot
         pids = pool.active().slot_pids()
-        name = pool.broker_name()
+        name = dispatcher.broker_name()
     assert set(pids) >= {first, other_shape}
     assert pool.active() is None
     with pytest.raises(ValueError):

@@ -11,6 +11,7 @@ from cifar_ray.cluster import progress
 from cifar_ray.cluster.dispatcher import Dispatcher, RunTrial
 from cifar_ray.core import runlog, status
 from cifar_ray.core.config import TrainConfig
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import TrialSpec
 
@@ -115,7 +116,7 @@ def test_lines_come_as_the_events_happen_in_their_order(tmp_path):
         assert printed(1) == ["t001-lr=0.2  continues after epoch 1/2  lr=0.2"]
         log.extend([(a.name, {"start": 0}), (a.name, {"epoch": epoch_row(1)}), (b.name, {"epoch": epoch_row(2)})])
         runlog.append_epoch(run_dir / a.name, epoch_row(1))  # what the Dispatcher logs before it tells the epoch
-        runlog.record_outcome(run_dir / a.name)
+        RunFolder(run_dir).record_outcome(a.name)
         log.append((a.name, {"done": True}))
         assert len(printed(5)) == 5
     assert [line.split("  ")[:2] for line in lines[1:4]] == [
@@ -136,7 +137,7 @@ def test_elapsed_is_this_sessions_running_time(tmp_path):
     runlog.update_json(a.trial_file, started_unix=now - 60)
     for epoch, end in ((1, now - 30), (2, now)):
         runlog.append_epoch(a.trial_dir, epoch_row(epoch) | {"end_unix": end})
-    runlog.record_outcome(a.trial_dir)
+    a.run.record_outcome(a.name)
     lines: list[str] = []
     view = progress.SweepProgress(run_dir, [a, b], lines.append, started=1000.0, clock=FakeClock(1125.0))
     view.event(a.name, {"done": True})

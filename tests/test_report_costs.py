@@ -178,7 +178,7 @@ def test_a_shared_trial_against_an_exclusive_one_is_flagged_not_judged(tmp_path)
 def test_cpu_trials_share_a_node_only_when_their_spans_overlap_in_different_slots():
     def cpu(name: str, start: float, end: float, slot: str, node: str = "n1") -> TrialLog:
         meta = {"system": {"device_type": "cpu", "nodes": [node]}, "started_unix": start, "finished_unix": end}
-        return TrialLog(name, meta | {"slot": slot})
+        return TrialLog.of(name, meta | {"slot": slot})
 
     trials = [
         cpu("t0", 0, 10, "s1"),

@@ -24,9 +24,9 @@ from helpers import (
 
 from cifar_ray.api import resumed_sweep_plan, sweep_plan
 from cifar_ray.cli import build_parser, main
-from cifar_ray.cluster.orchestrate import changed_configs_refusal, resume_refusal
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import ConfigError
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.sweep import REPEATS_MAX
 from cifar_ray.core.text import rough_duration
 from cifar_ray.report import build_report
@@ -196,7 +196,8 @@ def test_the_suggested_command_is_one_the_sweep_command_accepts(tmp_path, capsys
     args = build_parser().parse_args(words)
     assert (args.command, args.resume, args.estimate, args.file) == ("sweep", True, False, str(path))
     plan = resumed_sweep_plan(args.file, args.set, args.name, args.repeats, args.storage)
-    assert resume_refusal(plan, run_dir) is None and changed_configs_refusal(plan, run_dir) is None
+    run = RunFolder(run_dir)
+    assert run.resume_refusal(plan) is None and run.changed_configs_refusal(plan) is None
     assert args.repeats == report.seeds + int(row["more_seeds"]) and len(plan.trials) == 2 * args.repeats
     assert main([*words, "--dry-run"]) == 0
     capsys.readouterr()

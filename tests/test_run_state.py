@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from cifar_ray.cluster import orchestrate
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import SweepPlan, TrialSpec
 
@@ -19,11 +19,11 @@ def test_every_sessions_wall_time_is_kept_and_summed_an_interrupted_one_too(tmp_
     sweep_file = run_dir / runlog.SWEEP_FILE
     runlog.write_json(sweep_file, {"name": "s", "wall_time_s": 100.0})  # a run from before sessions were kept
     now = time.time()
-    orchestrate.open_session(run_dir, now - 30)
-    orchestrate.close_session(sweep_file, done=False)  # interrupted: no finished_at
+    RunFolder(run_dir).open_session(now - 30)
+    RunFolder(run_dir).close_session(done=False)  # interrupted: no finished_at
     assert "finished_at" not in runlog.read_json(sweep_file)
-    orchestrate.open_session(run_dir, now - 10)
-    orchestrate.close_session(sweep_file, done=True)
+    RunFolder(run_dir).open_session(now - 10)
+    RunFolder(run_dir).close_session(done=True)
     sweep = runlog.read_json(sweep_file)
     walls = [s["wall_s"] for s in sweep["sessions"]]
     assert walls[0] == 100.0 and walls[1] == pytest.approx(30, abs=1) and walls[2] == pytest.approx(10, abs=1)
@@ -37,11 +37,11 @@ def test_a_killed_drivers_session_ends_at_its_last_logged_epoch(tmp_path):
     sweep_file = run_dir / runlog.SWEEP_FILE
     runlog.write_json(sweep_file, {"name": "s", "trials": ["t000"]})
     killed_at = time.time() - 100
-    orchestrate.open_session(run_dir, killed_at - 60)  # killed 60 s in, after logging two epochs
+    RunFolder(run_dir).open_session(killed_at - 60)  # killed 60 s in, after logging two epochs
     runlog.write_json(run_dir / "t000" / runlog.TRIAL_FILE, {"status": "running", "started_unix": killed_at - 50})
     for epoch, end in ((1, killed_at - 30), (2, killed_at)):
         runlog.append_epoch(run_dir / "t000", {"epoch": epoch, "end_unix": end})
-    orchestrate.open_session(run_dir, time.time())
+    RunFolder(run_dir).open_session(time.time())
     first, second = runlog.read_json(sweep_file)["sessions"]
     assert first["wall_s"] == pytest.approx(60) and first["end"].startswith("killed") and "end_unix" not in second
     assert runlog.read_json(sweep_file)["wall_time_s"] == pytest.approx(60)
@@ -57,7 +57,7 @@ def test_trials_left_running_by_a_stopped_sweep_are_marked_interrupted(tmp_path)
     plan, run_dir = plan_of(tmp_path)
     for trial, status in zip(plan.trials, ("running", "finished")):
         runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": status})
-    orchestrate.mark_interrupted(run_dir, plan)
+    RunFolder(run_dir).mark_interrupted([t.name for t in plan.trials])
     statuses = [runlog.read_json(run_dir / t.name / runlog.TRIAL_FILE)["status"] for t in plan.trials]
     assert statuses == ["interrupted", "finished"]
 
@@ -66,7 +66,7 @@ def test_a_resume_compares_the_resolved_configs_with_the_recorded_ones(tmp_path)
     recorded, run_dir = plan_of(tmp_path, use_gpu="false")  # what use_gpu=auto resolved to when the run started
     for trial in recorded.trials:
         runlog.write_json(run_dir / trial.name / runlog.TRIAL_FILE, trial.as_dict() | {"status": "running"})
-    assert orchestrate.changed_configs_refusal(recorded, run_dir) is None
+    assert RunFolder(run_dir).changed_configs_refusal(recorded) is None
     changed, _ = plan_of(tmp_path, use_gpu="true", width=64)
-    refusal = orchestrate.changed_configs_refusal(changed, run_dir)
+    refusal = RunFolder(run_dir).changed_configs_refusal(changed)
     assert "t000 (width 32 -> 64, use_gpu 'false' -> 'true'); t001 (" in refusal, refusal

@@ -14,6 +14,7 @@ from cifar_ray.cluster import session as ray_session
 from cifar_ray.core import runlog, storage
 from cifar_ray.core.checkpoints import CHECKPOINTS
 from cifar_ray.core.errors import StorageError
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.storage import StoragePath
 
 
@@ -191,17 +192,17 @@ def test_an_unreadable_sweep_json_or_trial_folders_without_one_refuse_a_new_run(
     run_dir = tmp_path / "x"
     (run_dir / "t000").mkdir(parents=True)
     (run_dir / "notes").mkdir()  # a folder holding no trial's file is no trial
-    assert runlog.existing_run_refusal(run_dir, "x") is None
+    assert RunFolder(run_dir).new_run_refusal("x") is None
     for held in (runlog.EPOCHS_FILE, runlog.TRIAL_FILE, f"{CHECKPOINTS}/epoch-0001/x.tmp"):
         (run_dir / "t000" / held).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / "t000" / held).write_text("")
-        assert runlog.existing_run_refusal(run_dir, "x") == (
+        assert RunFolder(run_dir).new_run_refusal("x") == (
             f"{run_dir} holds trial folders (t000) but no {runlog.SWEEP_FILE}: pass --name NEW to start another run, "
             "or move the folder away"
         )
         (run_dir / "t000" / held).unlink()
     (run_dir / runlog.SWEEP_FILE).write_text('{"name": "x", "tria')
-    refusal = runlog.existing_run_refusal(run_dir, "x")
+    refusal = RunFolder(run_dir).new_run_refusal("x")
     assert refusal.startswith(f"cannot read {run_dir / runlog.SWEEP_FILE} ") and refusal.endswith(
         f"{run_dir} may hold a run: pass --resume to finish it, --name NEW to start another, or move the folder away"
     )

@@ -16,6 +16,7 @@ from cifar_ray import api
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import UsageError
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.status import BUDGET, MAX_SEEDS, SETTLED, render, settle_text
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
@@ -239,7 +240,9 @@ def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(
     plan = api.sweep_plan(LOOP)
     fake_run(run_dir)(plan)
     with pytest.raises(KeyboardInterrupt):  # killed two trials into the second round
-        api._settle_rounds(plan, settle, run_dir, fake_run(run_dir, stop_after=2), print_line=lambda line: None)
+        api._settle_rounds(
+            plan, settle, RunFolder(run_dir), fake_run(run_dir, stop_after=2), print_line=lambda line: None
+        )
     first = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
     assert [r["round"] for r in first] == [1] and first[0]["open"] == ["batch_size=512 vs 64"]
     assert first[0]["verdicts"]["batch_size=128 vs 64"]["verdict"] == DIFFERS
@@ -250,7 +253,7 @@ def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(
     resumed = api.resumed_sweep_plan(LOOP, storage=tmp_path)
     assert [t.name for t in resumed.trials[9:]] == added
     fake_run(run_dir)(resumed, resume=True)
-    api._settle_rounds(resumed, settle, run_dir, fake_run(run_dir), print_line=lambda line: None)
+    api._settle_rounds(resumed, settle, RunFolder(run_dir), fake_run(run_dir), print_line=lambda line: None)
     rounds = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
     assert rounds[0] == first[0] and [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
     assert rounds[-1]["stop"] in (SETTLED, MAX_SEEDS) and len(rounds) >= 2

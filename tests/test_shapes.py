@@ -79,10 +79,10 @@ def test_every_ray_train_run_is_built_by_the_one_builder():
 
 
 def test_the_builder_gives_a_config_its_shape_storage_and_restarts(tmp_path):
-    from cifar_ray.cluster.trainer import torch_trainer
+    from cifar_ray.cluster.trainer import TrainRun, torch_trainer
 
     cfg = TrainConfig(workers=2, cpus_per_worker=2, backend="gloo")
-    trainer = torch_trainer(print, {"a": 1}, cfg, "slot-x", StoragePath.of(tmp_path), restarts=3)
+    trainer = torch_trainer(print, {"a": 1}, cfg, TrainRun("slot-x", StoragePath.of(tmp_path), restarts=3))
     scaling, run = trainer.scaling_config, trainer.run_config
     assert (scaling.num_workers, scaling.use_gpu, scaling.resources_per_worker) == (2, False, {"CPU": 2.0})
     assert trainer.train_loop_config == {"a": 1}

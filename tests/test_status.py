@@ -375,7 +375,7 @@ def advancing_run(tmp_path: Path) -> SweepAdvancing:
 
 def test_watch_refreshes_in_place_until_the_sweep_ends(tmp_path):
     sweep, frames = advancing_run(tmp_path), []
-    last = status.watch(sweep.run_dir, 5.0, frames.append, in_place=True, clock=sweep.clock, sleep=sweep.sleep)
+    last = status.watch(sweep.run_dir, 5.0, frames.append, True, status.Clock(sweep.clock, sweep.sleep))
     assert sweep.pauses == [5.0] * 5 and not sweep.steps  # read once more after each step, then it ended
     assert len(frames) == 6 and all(frame.startswith(status.CLEAR_SCREEN) for frame in frames)
     assert "every 5 s until the sweep ends · Ctrl-C stops watching" in frames[0]
@@ -385,7 +385,7 @@ def test_watch_refreshes_in_place_until_the_sweep_ends(tmp_path):
 
 def test_watch_without_a_terminal_appends_plain_lines_for_what_changed(tmp_path):
     sweep, written = advancing_run(tmp_path), []
-    status.watch(sweep.run_dir, 2.5, written.append, in_place=False, clock=sweep.clock, sleep=sweep.sleep)
+    status.watch(sweep.run_dir, 2.5, written.append, False, status.Clock(sweep.clock, sweep.sleep))
     text = "".join(written)
     assert "\x1b" not in text and len(sweep.pauses) == 5
     lines = text.splitlines()
@@ -475,7 +475,7 @@ def test_watch_started_with_the_sweep_waits_for_its_run_saying_how_long(tmp_path
             target.parent.mkdir(exist_ok=True)
             finished.rename(target)
 
-    last = status.watch(target, 5.0, written.append, in_place=False, clock=lambda: now[0], sleep=sleep, wait_s=60)
+    last = status.watch(target, 5.0, written.append, False, status.Clock(lambda: now[0], sleep), wait_s=60)
     assert written[0] == f"waiting up to 60 s for {target} to hold a run (its sweep.json); Ctrl-C stops\n"
     assert written[1].startswith("hand: 1 trial") and status.has_ended(last) and now[0] == START + 3
 

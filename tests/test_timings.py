@@ -138,7 +138,8 @@ def test_a_trials_memory_above_its_start_leaves_out_what_was_resident_before(tmp
 def test_profile_writes_a_chrome_trace_and_its_top_operators_from_rank_0(tmp_path):
     torch.set_num_threads(1)
     trial_dir = StoragePath.of(tmp_path / "trial")
-    train.run_trial(TrainConfig(**TINY), trial_dir, Worker(0, 1, [torch.device("cpu")]), lambda *_: None, profile=True)
+    options = train.TrialOptions(profile=True)
+    train.run_trial(TrainConfig(**TINY), trial_dir, Worker(0, 1, [torch.device("cpu")]), lambda *_: None, options)
     trace = json.loads((tmp_path / "trial" / runlog.PROFILE_TRACE_FILE).read_text())
     assert any(event.get("name") == "aten::convolution" for event in trace["traceEvents"])
     summary = runlog.read_json(trial_dir / runlog.PROFILE_FILE)

@@ -15,6 +15,7 @@ from cifar_ray.core.config import TrainConfig
 from cifar_ray.report.testset import unpack
 from cifar_ray.training import loop as train
 from cifar_ray.training.data import load_splits, normalise
+from cifar_ray.training.distributed import Worker
 from cifar_ray.training.memory import peak_memory_mb, reset_peak_memory
 from cifar_ray.training.models import build_model
 
@@ -72,7 +73,7 @@ def test_train_eval_is_the_first_training_images_evaluated_like_the_test_set(tri
     assert len(trial.epochs) == 2
     for row in trial.epochs:
         model = checkpointed_model(trial_dir, row["epoch"], cfg)
-        loss_sum, correct, samples = train.evaluate(model, first, cfg, torch.device("cpu"), rank=0, world=1).tolist()
+        loss_sum, correct, samples = train.evaluate(model, first, cfg, Worker.single(torch.device("cpu"))).tolist()
         assert samples == TRAIN_EVAL_SIZE
         assert row["train_eval_acc"] == correct / samples  # both ranks' shards, all-reduced: every image once
         assert row["train_eval_loss"] == pytest.approx(loss_sum / samples, rel=1e-5)

@@ -63,7 +63,7 @@ def _powersgd_after_overflow(rank: int, world: int) -> dict:
             )
         )
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=True)
-    training = train.build_training(cfg, model, STEPS, cpu, world, scaler, rank)
+    training = train.build_training(cfg, model, STEPS, Worker(rank, world, [cpu]), scaler)
     moved, local = [], torch.zeros(4, dtype=torch.float64)
     for step in range(STEPS):
         before = _flat(model)
@@ -106,7 +106,7 @@ def _dropout_masks(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     runs = []
     for _ in range(2):  # the same seed twice
         masks = DropoutMasks()
-        train_steps(cfg, 2, torch.device("cpu"), rank=rank, world=world, prepare=masks)
+        train_steps(cfg, 2, Worker(rank, world, [torch.device("cpu")]), prepare=masks)
         runs.append(torch.stack(masks.masks))
     return runs[0], runs[1]
 
@@ -118,7 +118,7 @@ def _rank_rng_resume(rank: int, world: int, folder: Path) -> dict:
     cfg = make_config(workers=world, batch_size=16 * world)
     cpu = torch.device("cpu")
     model = build_model(cfg)
-    training = train.build_training(cfg, model, 4, cpu, world, rank=rank)
+    training = train.build_training(cfg, model, 4, Worker(rank, world, [cpu]))
     torch.rand(rank + 3)  # advance each rank's stream by a different amount
     states = comm.gather_on_rank0(rng_state(cpu))
     if rank == 0:
@@ -126,7 +126,7 @@ def _rank_rng_resume(rank: int, world: int, folder: Path) -> dict:
     dist.barrier()
     expected = torch.rand(4)
     torch.manual_seed(12345)  # lose the state
-    load_checkpoint(folder, training, cpu, rank=rank, world=world, seed=cfg.seed)
+    load_checkpoint(folder, training, Worker(rank, world, [cpu]), seed=cfg.seed)
     return {"resumed_draw_equals_own": torch.equal(torch.rand(4), expected), "draw": expected.tolist()}
 
 
@@ -302,7 +302,7 @@ def test_an_epoch_makes_no_host_sync_on_cuda():
     cfg = make_config(use_gpu="true", backend="nccl", augment="flip_crop_cutout", batch_size=32, dropout=0.1)
     split = data.synthetic_cifar(256, split_seed=1).to(device)
     model = build_model(cfg).to(device, memory_format=torch.channels_last)
-    training = train.build_training(cfg, model, 8, device, 1)
+    training = train.build_training(cfg, model, 8, Worker.single(device))
     list(data.iterate_train(split, cfg, 1, 0, 1, torch.channels_last))  # warm-up: constants, kernels
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -345,9 +345,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(tmp_path):
     torch.save({"epoch": 1, "model": _Exploit(marker)}, tmp_path / CHECKPOINT_FILE)
     cfg = make_config()
     model = build_model(cfg)
-    training = train.build_training(cfg, model, 4, torch.device("cpu"), 1)
+    training = train.build_training(cfg, model, 4, Worker.single(torch.device("cpu")))
     with pytest.raises(CheckpointError) as error:
-        load_checkpoint(tmp_path, training, torch.device("cpu"))
+        load_checkpoint(tmp_path, training, Worker.single(torch.device("cpu")))
     message = str(error.value)
     assert "\n" not in message and str(tmp_path / CHECKPOINT_FILE) in message
     assert not marker.exists(), "loading the checkpoint ran code"
@@ -357,11 +357,14 @@ def test_a_real_checkpoint_loads_with_weights_only(tmp_path):
     cfg = make_config(dropout=0.1)
     cpu = torch.device("cpu")
     model = build_model(cfg)
-    save_checkpoint(tmp_path, 3, train.build_training(cfg, model, 4, cpu, 1))
+    save_checkpoint(tmp_path, 3, train.build_training(cfg, model, 4, Worker.single(cpu)))
     expected = torch.rand(3)
     other_cfg = make_config(dropout=0.1, seed=5)
     other = build_model(other_cfg)
-    assert load_checkpoint(tmp_path, train.build_training(other_cfg, other, 4, cpu, 1), cpu) == 3
+    assert (
+        load_checkpoint(tmp_path, train.build_training(other_cfg, other, 4, Worker.single(cpu)), Worker.single(cpu))
+        == 3
+    )
     assert torch.equal(_flat(other), _flat(model)) and torch.equal(torch.rand(3), expected)
 
 
@@ -370,13 +373,13 @@ def test_a_checkpoint_resumed_on_other_hardware_keeps_the_optimizers_fused_kerne
     optimizer keeps running fused. Fused Adam runs on CPU too, which stands in for CUDA here."""
     cfg = make_config(optimizer="adam", lr=1e-3, batch_size=32)  # 2 steps an epoch of 64 images
     cpu = torch.device("cpu")
-    saved = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
+    saved = train.build_training(cfg, build_model(cfg), 4, Worker.single(cpu))
     train.train_epoch(saved, data.iterate_train(data.synthetic_cifar(64, 1), cfg, 1, 0, 1), cfg, cpu)
     save_checkpoint(tmp_path, 1, saved)
     assert not saved.optimizer.param_groups[0]["fused"]
     monkeypatch.setattr(train, "build_optimizer", lambda params, cfg: torch.optim.Adam(params, lr=cfg.lr, fused=True))
-    resumed = train.build_training(cfg, build_model(cfg), 4, cpu, 1)
-    load_checkpoint(tmp_path, resumed, cpu)
+    resumed = train.build_training(cfg, build_model(cfg), 4, Worker.single(cpu))
+    load_checkpoint(tmp_path, resumed, Worker.single(cpu))
     assert all(group["fused"] for group in resumed.optimizer.param_groups)
     assert resumed.optimizer.param_groups[0]["lr"] == saved.optimizer.param_groups[0]["lr"]  # the rest: saved
     steps = [state["step"] for state in resumed.optimizer.state.values()]

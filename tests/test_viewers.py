@@ -19,7 +19,7 @@ import pytest
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
-from cifar_ray.viewers import DEFAULT_OUT, EXPORT_MARK, RUN_STARTED_TAG, ViewerError, export_run
+from cifar_ray.export.viewers import DEFAULT_OUT, EXPORT_MARK, RUN_STARTED_TAG, ViewerError, export_run
 
 QUICKSTART_LOGS = Path(__file__).resolve().parent.parent / "reports" / "quickstart" / "logs"
 FAILED, PENDING = "t004-restarted-then-failed", "t005-pending"
@@ -443,7 +443,7 @@ def test_export_help_and_a_refusal_import_no_viewer_nor_torch_nor_ray(tmp_path):
 
 
 def test_the_summary_of_one_trial_of_one_epoch_is_in_the_singular(tmp_path):
-    from cifar_ray.viewers import _summary_counts
+    from cifar_ray.export.viewers import _summary_counts
 
-    run = runlog.RunLog(tmp_path, {}, [runlog.TrialLog("t0", {}, [{"epoch": 1}])])
+    run = runlog.RunLog(tmp_path, {}, [runlog.TrialLog.of("t0", {}, [{"epoch": 1}])])
     assert _summary_counts(run, 1) == "1 trial, 1 epoch, 1 metric value"

@@ -28,9 +28,11 @@ import torch
 
 from ..core import runlog, sysinfo
 from ..core.config import TrainConfig, parse_config
+from ..core.run import RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import build_plan
 from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits, normalise
+from ..training.distributed import Worker, versions
 from ..training.flops import device_peak, throughput, training_flops_per_image
 from ..training.loop import MEMORY_FORMAT, build_training, torch_threads, train_epoch
 from ..training.models import build_model
@@ -81,7 +83,7 @@ def bare_loop(cfg: TrainConfig) -> dict:
         train, _ = load_splits(cfg)
         model = build_model(cfg).to(memory_format=MEMORY_FORMAT)
         flops_per_image, peak = training_flops_per_image(model), device_peak(cpu, cfg.amp)
-        training = build_training(cfg, model, len(train) // cfg.effective_batch, cpu, world=1)
+        training = build_training(cfg, model, len(train) // cfg.effective_batch, Worker.single(cpu))
         rates, phases, times = [], [], []
         for epoch in range(1, cfg.epochs + 1):
             timer = PhaseTimer(cpu)
@@ -284,22 +286,14 @@ class ProcessCpu:
         return dict(sorted(((k, v) for k, v in totals.items() if v > 0.005), key=lambda kv: -kv[1]))
 
 
-def run_sweep(
-    name: str,
-    base: dict,
-    grid: dict,
-    storage: Path,
-    max_concurrent: int | None,
-    say: Callable[[str], None],
-    warm: bool = False,
-) -> tuple[StoragePath, float]:
-    """warm=False: each trial in a one-trial slot, a Ray Train run of its own (`--isolate`), whose start and stop
-    sections 2-5 measure."""
+def run_sweep(name: str, base: dict, grid: dict, options: RunOptions) -> tuple[StoragePath, float]:
+    """options.isolate: each trial in a one-trial slot, a Ray Train run of its own, whose start and stop sections 2-5
+    measure."""
     from .orchestrate import run_plan
 
     plan = build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})
     started = time.perf_counter()
-    run_dir = run_plan(plan, storage=storage, max_concurrent=max_concurrent, print_line=say, warm=warm)
+    run_dir = run_plan(plan, options)
     return run_dir, time.perf_counter() - started
 
 
@@ -372,9 +366,8 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
     for n in sizes:
         called = time.time()
         with ProcessCpu() as cpu:
-            run_dir, wall = run_sweep(
-                f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, storage, None, say, warm=True
-            )
+            options = RunOptions(storage, print_line=say)
+            run_dir, wall = run_sweep(f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, options)
         trials = runlog.load_run(run_dir).trials
         slots = len({t.meta.get("slot") for t in trials})
         runs.append(
@@ -416,8 +409,9 @@ def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], N
     sweeps = []
     with activate():
         for i in range(3):
+            options = RunOptions(storage, print_line=say)  # warm: the pool's slots
             run_dir, wall = run_sweep(
-                f"bench-pool-{i + 1}", base | {"workers": 1}, {"seed": list(range(trials))}, storage, None, say, True
+                f"bench-pool-{i + 1}", base | {"workers": 1}, {"seed": list(range(trials))}, options
             )
             per_slot: dict[str, float] = collections.defaultdict(float)
             for trial in runlog.load_run(run_dir).trials:
@@ -467,7 +461,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         "date": runlog.now_iso(),
         "git_revision": sysinfo.git_revision(Path(__file__).parent),
         "host": sysinfo.host_info(),
-        "versions": sysinfo.versions(),
+        "versions": versions(),
         "goals": GOALS,
     }
     base_cfg = bench_config(quick)
@@ -507,7 +501,8 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         for i in range(rounds):  # interleaved, so that a slow phase of the machine hits every side
             bare = {name: bare_pytorch_loop(base_cfg, layout) for name, layout in MEMORY_FORMATS.items()}
             ours = bare_loop(base_cfg)
-            run_dir, _ = run_sweep(f"bench-loop-{i + 1}", base, {"workers": [1]}, storage, 1, say, warm=True)
+            options = RunOptions(storage, max_concurrent=1, print_line=say)
+            run_dir, _ = run_sweep(f"bench-loop-{i + 1}", base, {"workers": [1]}, options)
             trial = trial_overheads(run_dir)[0]  # not in the overhead table: a warm slot's start is not the trial's
             record["loop_rounds"].append(
                 {
@@ -522,14 +517,14 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
 
         say("bench 4/7: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
         layouts = [{"workers": 2, "cpus_per_worker": 1}, {"workers": 1, "cpus_per_worker": 2}]
-        run_dir, _ = run_sweep("bench-trials", base, {"layout": layouts}, storage, 1, say)
+        options = RunOptions(storage, max_concurrent=1, isolate=True, print_line=say)
+        run_dir, _ = run_sweep("bench-trials", base, {"layout": layouts}, options)
         record["trials"] += trial_overheads(run_dir)
 
         if not quick:  # 8 more trials: too long for a first look
             say("bench 5/7: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
-            run_dir, wall = run_sweep(
-                "bench-sweep", base | {"workers": 1}, {"seed": list(range(8))}, storage, None, say
-            )
+            options = RunOptions(storage, isolate=True, print_line=say)
+            run_dir, wall = run_sweep("bench-sweep", base | {"workers": 1}, {"seed": list(range(8))}, options)
             rows = trial_overheads(run_dir)
             slots = max(1, int(record["cluster"]["slot_cpus"]))
             pure = sum(r["training_s"] for r in rows) / slots

@@ -30,9 +30,9 @@ from ..training.check_runs import (
     update_rel_diff,
 )
 from ..training.checks import TOL_AMP_UPDATE, TOL_FLOAT64, TOL_METRIC64, failed
-from ..training.distributed import select_device
+from ..training.distributed import Worker, select_device
 from ..training.models import build_model
-from .trainer import torch_trainer
+from .trainer import TrainRun, torch_trainer
 
 SAME_SUMS = "the same sums in another order"  # why float64 runs of one computation may differ at all
 # What the GPU variants of the DDP check may differ by from their reference run (update rel diff), and why.
@@ -54,7 +54,7 @@ def ddp_worker(loop_config: dict) -> None:
     device = select_device(cfg)
     dtype = getattr(torch, loop_config["dtype"])
     scaler = torch.amp.GradScaler(device.type, init_scale=checks.CHECK_INIT_SCALE) if cfg.amp == "fp16" else None
-    trained = train_steps(cfg, loop_config["steps"], device, dtype, rank, world, scaler=scaler)
+    trained = train_steps(cfg, loop_config["steps"], Worker(rank, world, [device]), dtype, scaler=scaler)
     if rank == 0:
         torch.save(
             {
@@ -137,7 +137,7 @@ def gpu_variant_plans(device: torch.device, gpu_count: int, n_steps: int = 4) ->
 def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -> dict[str, Any]:
     """One TorchTrainer fit of `ddp_worker` on the connected Ray; returns what rank 0 saved."""
     loop_config = {"config": cfg.model_dump(), "steps": n_steps, "dtype": dtype, "out": str(out)}
-    trainer = torch_trainer(ddp_worker, loop_config, cfg, "cifar-ray-check", StoragePath.of(out.parent))
+    trainer = torch_trainer(ddp_worker, loop_config, cfg, TrainRun("cifar-ray-check", StoragePath.of(out.parent)))
     trainer.fit()
     return torch.load(out, weights_only=True)
 
@@ -146,7 +146,7 @@ def run_plan(plan: Plan, device: torch.device, n_steps: int) -> tuple[dict[str, 
     """(what the ddp run's rank 0 saved, the single-process reference run)."""
     with tempfile.TemporaryDirectory(prefix="cifar-ray-check-") as tmp:
         saved = run_ddp(plan.configs["ddp"], n_steps, Path(tmp) / "rank0.pt", plan.dtype_name)
-    return saved, train_steps(plan.configs["single"], n_steps, device, plan.dtype)
+    return saved, train_steps(plan.configs["single"], n_steps, Worker.single(device), plan.dtype)
 
 
 def ddp_final(saved: dict[str, Any], cfg: TrainConfig) -> torch.Tensor:

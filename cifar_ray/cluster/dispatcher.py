@@ -1,6 +1,7 @@
 """What a trial is as it travels (RunTrial: from the driver to Tune, the Dispatcher and the slots) and the
 Dispatcher: the trials not yet finished, per shape, handed to slots as they ask, and the one writer of trial.json
-while a sweep runs (an async Ray actor, pinned to the driver's node: cluster/slots.py starts it)."""
+while a sweep runs, through the run folder's owner (core/run.py) (an async Ray actor, pinned to the driver's node:
+cluster/slots.py starts it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..core import runlog
 from ..core.config import TrainConfig
+from ..core.run import RunFolder
 from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import TrialSpec
@@ -44,6 +46,11 @@ class RunTrial:
     @property
     def trial_file(self) -> StoragePath:
         return self.trial_dir / runlog.TRIAL_FILE
+
+    @property
+    def run(self) -> RunFolder:
+        """The owner of the trial's run folder, the one writer of its trial.json."""
+        return RunFolder(self.run_dir)
 
 
 def tune_trial(trial: TrialSpec, run_dir: StoragePath) -> dict:
@@ -134,24 +141,23 @@ class Dispatcher:
 
     async def record(self, trial: str, fields: dict) -> None:
         """Facts a slot's rank 0 found about the trial (running, system, slot, timeline) into its trial.json."""
-        runlog.update_json(self.specs[trial].trial_file, **fields)
+        self.specs[trial].run.update_trial(trial, **fields)
 
     async def epoch(self, trial: str, metrics: dict) -> None:
         """An epoch ended, logged and checkpointed: the last one (or a diverged one) ends the trial, recorded
         before the news goes out, so the progress line counts it and an interrupted sweep keeps it."""
         if metrics["epoch"] == self.specs[trial].config.epochs or metrics.get("diverged"):
-            runlog.record_outcome(self.specs[trial].trial_dir)
+            self.specs[trial].run.record_outcome(trial)
         await self._tell(trial, {"epoch": metrics})
 
     async def note(self, trial: str, line: str) -> None:
         """Something the trial's log must say (a damaged checkpoint passed over): kept in trial.json's notes and
         printed by the progress callback."""
-        notes = runlog.read_json(self.specs[trial].trial_file).get("notes") or []
-        runlog.update_json(self.specs[trial].trial_file, notes=[*notes, line])
+        self.specs[trial].run.add_note(trial, line)
         await self._tell(trial, {"note": line})
 
     async def done(self, slot: str, trial: str) -> None:
-        runlog.record_outcome(self.specs[trial].trial_dir)
+        self.specs[trial].run.record_outcome(trial)
         self.in_flight.pop(slot, None)
         await self._tell(trial, {"done": True})
 
@@ -192,7 +198,7 @@ class Dispatcher:
         would wait forever); the slot keeps it in flight until the write succeeds: a restarted slot retries it."""
         status, error = self.errors.get(spec.name, ("failed", WORKER_DIED))
         try:
-            runlog.update_json(spec.trial_file, status=status, error=error, finished_at=runlog.now_iso())
+            spec.run.record_failure(spec.name, status, error)
         finally:
             await self._tell(spec.name, {"failed": error, "status": status})
         self.in_flight.pop(slot, None)
@@ -200,3 +206,11 @@ class Dispatcher:
 
 def dispatcher_name(run_name: str) -> str:
     return f"{DISPATCHER}-{run_name}"
+
+
+def broker_name() -> str:
+    """The name of this job's pool broker (a job has one pool at a time, cluster/pool.py): thin trials find their
+    Dispatcher by it."""
+    import ray
+
+    return f"cifar-ray-pool-{ray.get_runtime_context().get_job_id()}"

@@ -16,6 +16,7 @@ deadlock, but a smaller trial may wait while a slot would be free.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -207,3 +208,17 @@ def _resolved(config: TrainConfig, has_gpus: bool) -> TrainConfig:
 
         check_grad_compression(resolved)
     return resolved
+
+
+def worker_placement() -> dict:
+    """Where this process runs: its Ray node id (unique per node, also for several nodes on one
+    machine; None outside Ray) and the hostname."""
+    node_id = None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node_id = ray.get_runtime_context().get_node_id()
+    except Exception:  # placement is information, never a reason to fail a run
+        pass
+    return {"node_id": node_id, "hostname": socket.gethostname()}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import slots as slots_module
-from .dispatcher import Dispatcher
+from .dispatcher import Dispatcher, broker_name
 from .slots import SlotLaunch, SlotPlan
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -74,13 +74,6 @@ def activate() -> Iterator[WarmPool]:
 def start_slots(slot_plan: SlotPlan):
     """The run's Dispatcher and slots: from the active pool where there is one, else the run's own."""
     return _active.start(slot_plan) if _active is not None else slot_plan.start()
-
-
-def broker_name() -> str:
-    """The name of this job's pool broker (a job has one pool at a time): thin trials find their Dispatcher by it."""
-    import ray
-
-    return f"cifar-ray-pool-{ray.get_runtime_context().get_job_id()}"
 
 
 class PooledDispatcher(Dispatcher):
@@ -242,9 +235,7 @@ class WarmPool:
             ray.get(self.broker.attach.remote(plan.run_name, dispatcher, plan.specs, plan.slots))
             task, storage = slots_module.slot_task(), plan.run_dir / ".slots"
             for launch in launches:
-                started = task.remote(
-                    launch.shape_cfg, launch.shape, launch.slot, None, storage, launch.restarts, False, self.broker
-                )
+                started = task.remote(launch, None, storage, False, self.broker)
                 with self.lock:
                     self.slots[launch.slot] = PoolSlot(launch, key, started)
         except BaseException:

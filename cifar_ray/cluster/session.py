@@ -14,6 +14,7 @@ from typing import Any
 
 from ..core import provenance, sysinfo
 from ..core.errors import GPU_OOM_MARKS, ClusterError, StorageError
+from ..core.run import RunFolder
 from ..core.storage import StoragePath
 from .placement import RESOURCE_CPU, RESOURCE_GPU, capacity_of
 
@@ -303,7 +304,9 @@ def write_provenance(run_dir: StoragePath, session: int) -> None:
     import torch
 
     git, diff = provenance.git_state(sysinfo.PACKAGE_DIR)
-    provenance.write_session(run_dir, session, git, diff, provenance.installed_packages(), provenance.gpu_stack(torch))
+    RunFolder(run_dir).record_provenance(
+        session, git, diff, provenance.installed_packages(), provenance.gpu_stack(torch)
+    )
 
 
 # How running out of memory reads in an error's text: Python's and torch's errors, Ray's OutOfMemoryError (a task

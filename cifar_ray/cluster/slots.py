@@ -48,16 +48,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core import runlog, sysinfo
+from ..core import runlog
 from ..core.checkpoints import store_checkpoint
 from ..core.config import TrainConfig
+from ..core.run import RunFolder
 from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
-from .dispatcher import Dispatcher, RunTrial, dispatcher_name, tune_run_trial
-from .placement import thin_trial_bundles, trials_that_fit
+from .dispatcher import Dispatcher, RunTrial, broker_name, dispatcher_name, tune_run_trial
+from .placement import thin_trial_bundles, trials_that_fit, worker_placement
 from .session import error_line, failure_status
-from .trainer import torch_trainer
+from .trainer import TrainRun, torch_trainer
 
 LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
@@ -125,7 +126,7 @@ def slot_loop(loop_config: dict) -> None:
     from ray.train.collective import broadcast_from_rank_zero
 
     from ..training.distributed import Worker, select_devices, worker_system
-    from ..training.loop import run_trial
+    from ..training.loop import TrialOptions, run_trial
     from ..training.memory import GpuOutOfMemoryError, release_trial
     from ..training.state import NoCheckpointLoads
 
@@ -151,13 +152,13 @@ def slot_loop(loop_config: dict) -> None:
         if worker is None:  # the first trial sets the worker up; every trial of the shape shares it
             torch.set_num_threads(cfg.cpus_per_worker)
             worker = Worker(rank, world, select_devices(cfg))
-            system = worker_system(worker, trial_shape(cfg).gpus)  # GPUs per Ray worker, dp's all
+            system = worker_system(worker, trial_shape(cfg).gpus, worker_placement())  # GPUs per Ray worker, dp's all
             keep_out_of_collections()
         if cfg.compile:  # dynamo's caches hold the previous trial's model: past 8 recompiles it runs eager
             torch._dynamo.reset()
         if rank == 0:
             running = {"status": "running", "error": None, "started_at": runlog.now_iso()}
-            where = {"system": system, "slot": slot, "driver": sysinfo.worker_placement()}
+            where = {"system": system, "slot": slot, "driver": worker_placement()}
             ray.get(dispatcher.record.remote(spec.name, running | {"started_unix": launched or taken} | where))
 
         def ready(timeline: dict, name: str = spec.name, dispatcher=dispatcher) -> None:
@@ -169,7 +170,7 @@ def slot_loop(loop_config: dict) -> None:
 
         report = epoch_reporter(dispatcher, spec.name, spec.trial_dir, cfg.keep_checkpoints, rank)
         try:
-            run_trial(cfg, spec.trial_dir, worker, report, True, taken, ready, spec.profile, note)
+            run_trial(cfg, spec.trial_dir, worker, report, TrialOptions(True, taken, ready, spec.profile, note))
         except Exception as error:
             trace = "".join(traceback.format_exception(error)) if rank == 0 else None
             # Out of memory, it would run out again; with no checkpoint that loads, it would find the same files.
@@ -200,16 +201,7 @@ def worker_deaths(dispatcher, slot: str):
     return WorkerDeaths()
 
 
-def run_slot(
-    shape_cfg: TrainConfig,
-    shape: str,
-    slot: str,
-    dispatcher,
-    storage: StoragePath,
-    restarts: int,
-    one_trial: bool,
-    broker=None,
-) -> None:
+def run_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bool, broker=None) -> None:
     """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left, or, one_trial,
     their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails). With a `broker` (a
     pool's slot, cluster/pool.py; `dispatcher` None) it takes trials of one sweep after another until the pool
@@ -217,13 +209,12 @@ def run_slot(
     loop_config = {
         "dispatcher": dispatcher,
         "broker": broker,
-        "shape": shape,
-        "slot": slot,
+        "shape": launch.shape,
+        "slot": launch.slot,
         "launched_unix": time.time() if one_trial else None,
     }
-    callbacks = [worker_deaths(broker or dispatcher, slot)]
-    trainer = torch_trainer(slot_loop, loop_config, shape_cfg, slot, storage, restarts, callbacks)
-    trainer.fit()
+    run = TrainRun(launch.slot, storage, launch.restarts, [worker_deaths(broker or dispatcher, launch.slot)])
+    torch_trainer(slot_loop, loop_config, launch.shape_cfg, run).fit()
 
 
 def report_slot_failure(dispatcher, task, slot: SlotLaunch) -> None:
@@ -342,9 +333,7 @@ class SlotPlan:
         task, storage = slot_task(), self.run_dir / ".slots"
 
         def launch(slot: SlotLaunch):
-            return task.remote(
-                slot.shape_cfg, slot.shape, slot.slot, dispatcher, storage, slot.restarts, self.one_trial
-            )
+            return task.remote(slot, dispatcher, storage, self.one_trial)
 
         try:
             return StartedSlots(dispatcher, launch, self.launches, self.limit)
@@ -404,8 +393,8 @@ def plan_slots(
 
 def _to_train(trial_dir: StoragePath) -> bool:
     """Not trained to its end, or marked finished with an epoch's line lost (runlog.incomplete)."""
-    meta = runlog.read_json(trial_dir / runlog.TRIAL_FILE)
-    status, planned = meta.get("status"), (meta.get("config") or {}).get("epochs")
+    record = RunFolder(trial_dir.parent).trial(trial_dir.name)
+    status, planned = record.status, (record.config or {}).get("epochs")
     if status not in runlog.TRAINED_STATUSES:
         return True
     return runlog.incomplete(status, len(runlog.read_epochs(trial_dir)), planned)
@@ -458,8 +447,6 @@ def find_dispatcher(run_name: str):
     try:
         return ray.get_actor(dispatcher_name(run_name))
     except ValueError:
-        from .pool import broker_name
-
         return ray.get(ray.get_actor(broker_name()).dispatcher_of.remote(run_name))
 
 

@@ -4,6 +4,7 @@ run (checks.run_ddp) get the same backend, workers, per-worker resources, storag
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.config import TrainConfig
@@ -11,17 +12,19 @@ from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 
 
-def torch_trainer(
-    train_loop: Callable[[dict], None],
-    loop_config: dict[str, Any],
-    cfg: TrainConfig,
-    name: str,
-    storage: StoragePath,
-    restarts: int = 0,
-    callbacks: Sequence[Any] = (),
-):
-    """A TorchTrainer of `cfg`'s shape running `train_loop(loop_config)` on every worker, its run named `name`
-    under `storage`, its worker group restarted up to `restarts` times."""
+@dataclass(frozen=True)
+class TrainRun:
+    """Where a Ray Train run goes and how it is watched: named `name` under `storage`, its worker group restarted up
+    to `restarts` times, Ray Train `callbacks` on its controller."""
+
+    name: str
+    storage: StoragePath
+    restarts: int = 0
+    callbacks: Sequence[Any] = ()
+
+
+def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any], cfg: TrainConfig, run: TrainRun):
+    """A TorchTrainer of `cfg`'s shape running `train_loop(loop_config)` on every worker, as `run` says."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
@@ -43,9 +46,9 @@ def torch_trainer(
             num_workers=shape.workers, use_gpu=shape.gpus > 0, resources_per_worker=shape.worker_resources
         ),
         run_config=ray.train.RunConfig(
-            name=name,
-            **storage.ray_storage(),
-            failure_config=ray.train.FailureConfig(max_failures=restarts),
-            callbacks=list(callbacks),
+            name=run.name,
+            **run.storage.ray_storage(),
+            failure_config=ray.train.FailureConfig(max_failures=run.restarts),
+            callbacks=list(run.callbacks),
         ),
     )

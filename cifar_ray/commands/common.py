@@ -159,7 +159,7 @@ def trial_result(trial: runlog.TrialLog) -> dict[str, Any]:
     return {
         "trial": trial.name,
         "status": trial.status,
-        "error": trial.meta.get("error"),
+        "error": trial.record.error,
         "swept": trial.swept,
         **trial.config,
         "epochs_done": len(trial.epochs),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..viewers import TARGETS  # viewers.py imports its viewer packages only when it writes
+from ..export.viewers import TARGETS  # export/viewers.py imports its viewer packages only when it writes
 from .common import add_command
 
 HELP = "write a run folder into TensorBoard logs or an MLflow experiment"
@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..viewers import export_run
+    from ..export.viewers import export_run
 
     print(export_run(args.run_dir, args.to, args.out))
     return 0

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoints import CHECKPOINTS
-from .errors import RunFolderError, StorageError
+from .errors import RunFolderError
+from .record import TrialRecord
 from .storage import StoragePath, read_retrying
 
 Where = str | os.PathLike | StoragePath
@@ -300,22 +301,36 @@ def read_correct_images(trial_dir: Where) -> CorrectImages | None:
 
 @dataclass
 class TrialLog:
+    """A trial as its folder holds it: its trial.json as a typed record (core/record.py), its epochs in epoch order
+    and, for the report, which test images its final evaluation got right. Status, the report's loader, export and
+    the end-of-run summary all read this one record."""
+
     name: str
-    meta: dict
+    record: TrialRecord
     epochs: list[dict] = field(default_factory=list)
     correct: CorrectImages | None = None  # read only for the report (load_run's per_image)
 
+    @classmethod
+    def of(cls, name: str, meta: dict, epochs: list[dict] | None = None) -> TrialLog:
+        """A trial from its trial.json's object `meta` (hand-made logs: tests, a compared run's relabelled trial)."""
+        return cls(name, TrialRecord.from_json(name, meta), epochs or [])
+
+    @property
+    def meta(self) -> dict:
+        """trial.json's object, as read (the keys it holds, nothing added)."""
+        return self.record.to_json()
+
     @property
     def status(self) -> str:
-        return self.meta.get("status", "pending")
+        return self.record.status
 
     @property
     def swept(self) -> dict:
-        return self.meta.get("swept", {})
+        return self.record.swept
 
     @property
     def config(self) -> dict:
-        return self.meta.get("config", {})
+        return self.record.config
 
     @property
     def incomplete(self) -> bool:
@@ -344,7 +359,7 @@ def load_run(run_dir: Where, per_image: bool = False) -> RunLog:
     trials = [
         TrialLog(
             n,
-            read_json(run_dir / n / TRIAL_FILE),
+            TrialRecord.from_json(n, read_json(run_dir / n / TRIAL_FILE)),
             read_epochs(run_dir / n),
             read_correct_images(run_dir / n) if per_image else None,
         )
@@ -361,64 +376,6 @@ def trial_folders(run_dir: Where) -> list[str]:
         for name in run_dir.subfolders()
         if any((run_dir / name / held).exists() for held in (TRIAL_FILE, EPOCHS_FILE, CHECKPOINTS))
     ]
-
-
-def existing_run_refusal(run_dir: Where, plan_name: str, resumable: bool = True) -> str | None:
-    """Why a new run of `plan_name` may not start in `run_dir`, in one line; None when the folder holds no run:
-    no sweep.json and no trial folder. A sweep.json that cannot be read is not "no run": a new run would adopt the
-    old one's trials and checkpoints. A finished run is not offered --resume: it has nothing left; nor is a run
-    that cannot be resumed (`cifar-ray train` has no --resume)."""
-    import shlex
-
-    run_dir = StoragePath.of(run_dir)
-    options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
-    try:
-        sweep = read_json(run_dir / SWEEP_FILE)
-    except StorageError as error:
-        return f"{error}; {run_dir} may hold a run: {options} to start another, or move the folder away"
-    if not sweep:
-        trials = trial_folders(run_dir)
-        if not trials:
-            return None
-        shown = ", ".join(trials[:3]) + (f" and {len(trials) - 3} more" if len(trials) > 3 else "")
-        return (
-            f"{run_dir} holds trial folders ({shown}) but no {SWEEP_FILE}: pass --name NEW to start another run, "
-            "or move the folder away"
-        )
-    names = list(sweep.get("trials", []))
-    if (
-        "finished_at" in sweep
-        or names
-        and all(read_json(run_dir / name / TRIAL_FILE).get("status") in FINAL_STATUSES for name in names)
-    ):
-        trials = f"{len(names)} trial{'s' * (len(names) != 1)}"
-        return (
-            f"{run_dir} already holds a finished run of '{plan_name}' ({trials}): see it with `cifar-ray report "
-            f"{shlex.quote(str(run_dir))}`; pass --name NEW to start another, or delete the folder"
-        )
-    return (
-        f"{run_dir} already holds an unfinished run of '{plan_name}': {options} to start another, or delete the folder"
-    )
-
-
-def record_outcome(trial_dir: Where) -> None:
-    """Mark a trial whose training has ended finished or diverged (from its logged epochs), once. The
-    Dispatcher calls it when a slot tells it the last (or a diverged) epoch ended, logged and checkpointed, and
-    again when the slot is done with the trial: a sweep interrupted in between keeps the trial finished."""
-    trial_dir = StoragePath.of(trial_dir)
-    trial_file = trial_dir / TRIAL_FILE
-    if read_json(trial_file).get("status") in TRAINED_STATUSES:
-        return
-    epochs = read_epochs(trial_dir)
-    diverged = [row["epoch"] for row in epochs if row.get("diverged")]
-    status = "diverged" if diverged else "finished"
-    update_json(
-        trial_file,
-        status=status,
-        diverged_epoch=diverged[0] if diverged else None,
-        finished_at=now_iso(),
-        finished_unix=time.time(),
-    )
 
 
 # Options of a run's first command that a resume refuses (--estimate times a whole sweep before it starts) or replaces.

@@ -33,6 +33,7 @@ from datetime import datetime
 
 from . import lease, runlog
 from .errors import RunFolderError
+from .run import RunFolder
 from .shapes import TrialShape, trial_shape
 from .storage import StoragePath
 from .text import counted, rough_duration, text_table
@@ -94,7 +95,7 @@ def _unix(iso: str | None) -> float | None:
 
 def _epochs_since_start(trial: runlog.TrialLog) -> list[dict]:
     """The epochs that ended in the trial's latest attempt (a resumed trial starts again, after its earlier epochs)."""
-    started = trial.meta.get("started_unix")
+    started = trial.record.started_unix
     if started is None:
         return []
     return [row for row in trial.epochs if isinstance(row.get("end_unix"), (int, float)) and row["end_unix"] >= started]
@@ -102,13 +103,13 @@ def _epochs_since_start(trial: runlog.TrialLog) -> list[dict]:
 
 def _epoch_wall(trials: list[runlog.TrialLog]) -> float | None:
     spans = [
-        (rows[-1]["end_unix"] - t.meta["started_unix"], len(rows)) for t in trials if (rows := _epochs_since_start(t))
+        (rows[-1]["end_unix"] - t.record.started_unix, len(rows)) for t in trials if (rows := _epochs_since_start(t))
     ]
     return sum(span for span, _ in spans) / sum(n for _, n in spans) if spans else None
 
 
 def _last_activity(trial: runlog.TrialLog) -> float | None:
-    times = [trial.meta.get("started_unix"), *(row.get("end_unix") for row in trial.epochs)]
+    times = [trial.record.started_unix, *(row.get("end_unix") for row in trial.epochs)]
     times = [t for t in times if isinstance(t, (int, float))]
     return max(times) if times else None
 
@@ -118,7 +119,7 @@ def _most_at_once(trials: list[runlog.TrialLog], states: list[str], now: float) 
     takes its next trial before the driver records the last one finished), a live one to now."""
     events = []
     for trial, state in zip(trials, states):
-        start = trial.meta.get("started_unix")
+        start = trial.record.started_unix
         end = now if state == "running" else _last_activity(trial)
         if start is not None and end is not None and end > start:
             events += [(start, 1), (end, -1)]
@@ -132,8 +133,8 @@ def _most_at_once(trials: list[runlog.TrialLog], states: list[str], now: float) 
 def trial_times(run: runlog.RunLog) -> tuple[float, int] | None:
     """The mean wall time of `run`'s finished trials (each from its latest start to its last epoch's end) and the
     most of them that ran at once: what more trials like them would take; None when none recorded its times."""
-    done = [t for t in run.trials if t.status == "finished" and t.meta.get("started_unix") is not None]
-    walls = [_last_activity(t) - t.meta["started_unix"] for t in done]
+    done = [t for t in run.trials if t.status == "finished" and t.record.started_unix is not None]
+    walls = [_last_activity(t) - t.record.started_unix for t in done]
     if not walls or not max(walls) > 0:
         return None
     return sum(walls) / len(walls), max(_most_at_once(done, [t.status for t in done], 0.0), 1)
@@ -175,7 +176,7 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
         if trial.status == "running":
             last = _last_activity(trial)
             idle = None if last is None else now - last
-            gone = driver_gone is not None or ended is not None and ended > trial.meta.get("started_unix", 0)
+            gone = driver_gone is not None or ended is not None and ended > (trial.record.started_unix or 0)
             state = "stalled" if gone or _stale(idle, _epoch_wall([trial]) or epoch_wall) else "running"
         elif trial.incomplete:
             state = "incomplete"
@@ -187,8 +188,8 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
                 state=state,
                 epochs_done=len(trial.epochs),
                 epochs=trial.config.get("epochs"),
-                error=_first_line(trial.meta.get("error")) if trial.status in ("failed", "oom") else None,
-                diverged_epoch=trial.meta.get("diverged_epoch"),
+                error=_first_line(trial.record.error) if trial.status in ("failed", "oom") else None,
+                diverged_epoch=trial.record.diverged_epoch,
                 idle_s=idle,
             )
         )
@@ -307,7 +308,7 @@ def _state_text(trial: TrialState) -> str:
 
 
 def holds_run(run_dir: StoragePath) -> bool:
-    return bool(runlog.read_json(run_dir / runlog.SWEEP_FILE))
+    return RunFolder(run_dir).holds_run()
 
 
 def no_run_message(run_dir: StoragePath, waited_s: float | None = None) -> str:
@@ -363,31 +364,39 @@ def has_ended(state: SweepState) -> bool:
     return state.stopped or not any(state.counts[name] for name in UNFINISHED)
 
 
+@dataclass(frozen=True)
+class Clock:
+    """What `watch` reads the time with and waits with; None: time.time and time.sleep, looked up at the call (tests
+    replace them, or give a fake clock)."""
+
+    now: Callable[[], float] | None = None
+    sleep: Callable[[float], None] | None = None
+
+
 def watch(
     run_dir: runlog.Where,
     interval_s: float,
     write: Callable[[str], None],
     in_place: bool,
-    clock: Callable[[], float] | None = None,
-    sleep: Callable[[float], None] | None = None,
+    clock: Clock = Clock(),
     wait_s: float = WATCH_WAIT_S,
 ) -> SweepState:
     """`cifar-ray status --watch`: the status read again every `interval_s` seconds until the sweep ends; returns its
     last state. A folder that holds no run yet is waited for, up to `wait_s` seconds (saying so), then refused.
     `in_place` (a terminal): each table replaces the last. Else plain appended lines, for a log: the table
     once, then per refresh in which something changed a line per changed trial and the totals, each after the time."""
-    pause, clock = sleep or time.sleep, clock or time.time  # looked up at the call: tests replace both
+    pause, now_of = clock.sleep or time.sleep, clock.now or time.time
     run_dir = StoragePath.of(run_dir)
     if not holds_run(run_dir):
         write(f"waiting up to {wait_s:g} s for {run_dir} to hold a run (its {runlog.SWEEP_FILE}); Ctrl-C stops\n")
-        deadline = clock() + wait_s
+        deadline = now_of() + wait_s
         while not holds_run(run_dir):
-            if clock() >= deadline:
+            if now_of() >= deadline:
                 raise RunFolderError(no_run_message(run_dir, wait_s))
-            pause(min(WAIT_POLL_S, interval_s, deadline - clock()))
+            pause(min(WAIT_POLL_S, interval_s, deadline - now_of()))
     shown: dict[str, str] = {}
     while True:
-        now = clock()
+        now = now_of()
         state = load_state(run_dir, now)
         stamp = time.strftime("%H:%M:%S", time.localtime(now))
         rows = {t.trial: f"{_state_text(t)}, {_epochs_text(t)}" for t in state.trials}

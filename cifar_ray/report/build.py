@@ -41,7 +41,17 @@ from .load import (
 )
 from .metrics import COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
 from .sharing import shared_trials
-from .stats import Overfit, config_frame, factor_frame, included, log_values, paired_effects, ratio_effects, seed_noise
+from .stats import (
+    Overfit,
+    Pairing,
+    config_frame,
+    factor_frame,
+    included,
+    log_values,
+    paired_effects,
+    ratio_effects,
+    seed_noise,
+)
 from .testset import ImageScores
 from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, judge, judge_ratios, verdict_intervals
 
@@ -121,16 +131,12 @@ def build_report(
     # Run factor pairs: on RUN_MATCH_RULE's config; other factors: on the other factors and the seed.
     match = {key: ["paired_config"] if comparison and key == RUN_FACTOR else None for key in factors}
     accuracy = PAIRED_METRICS[0].column
-    effects = {
-        key: {
-            accuracy: paired_effects(paired, key, factors, grid, chosen[key], accuracy, match[key], per_image=per_image)
-        }
-        for key in factors
-    }
     seeds = int(trials["seed"].nunique()) if "seed" in trials.columns else 1
+    pairing = Pairing(factors, grid, chosen, match, seeds)
+    effects = {key: {accuracy: paired_effects(paired, key, pairing, accuracy, per_image=per_image)} for key in factors}
     for key, judged in zip(factors, judge([effects[key][accuracy] for key in factors], margin_pp / 100, seeds)):
         effects[key][accuracy] = judged
-    interactions = find_interactions(paired, factors, grid, chosen, accuracy, per_image, match)
+    interactions = find_interactions(paired, pairing, accuracy, per_image)
     for key in factors:
         effects[key][accuracy] = mark_dependent(effects[key][accuracy], key, interactions)
     comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
@@ -149,10 +155,7 @@ def build_report(
         (COST_METRICS[0].column, time_logs, list(shared)),
         (memory_column, log_values(trials, None, memory_column), []),
     ):
-        frames = [
-            ratio_effects(paired, logs, key, factors, grid, chosen[key], seeds, MIN_PAIRS, contended, match[key])
-            for key in factors
-        ]
+        frames = [ratio_effects(paired, logs, key, pairing, MIN_PAIRS, contended) for key in factors]
         for key, judged in zip(factors, judge_ratios(frames)):
             effects[key][column] = judged
     return Report(

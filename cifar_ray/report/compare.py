@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.record import TrialRecord
 from ..core.runlog import RunLog, TrialLog, Where
 from ..core.storage import StoragePath
 from .format import fmt_value, same_value
@@ -133,7 +134,12 @@ def combine_runs(sources: Sequence[RunSource]) -> RunLog:
                     values.append(value)
         grid[key] = values
     trials = [
-        TrialLog(f"{s.label}/{t.name}", t.meta | {"swept": {RUN_FACTOR: s.label} | t.swept}, t.epochs, t.correct)
+        TrialLog(
+            f"{s.label}/{t.name}",
+            TrialRecord.from_json(t.name, t.meta | {"swept": {RUN_FACTOR: s.label} | t.swept}),
+            t.epochs,
+            t.correct,
+        )
         for s in sources
         for t in s.log.trials
     ]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -83,23 +85,26 @@ def _n_note(configs: pd.DataFrame, i) -> str:
     return f", mean of {n} trials" if n > 1 else ""
 
 
-def _leader_line(
-    report: Report,
-    configs: pd.DataFrame,
-    title: str,
-    within: list | None,
-    ranked: list,
-    show,
-    basis: str = "",
-    noise: str = "the seed noise",
-) -> str:
-    """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than `noise` (`within`:
-    verdicts.leaders, `ranked`: best first); else the candidates within noise of it, or, with the noise unknown
-    (`within` None), the range measured. A configuration whose trials did not all finish says so first. "" when no
-    configuration logged the measure."""
+@dataclass(frozen=True)
+class Ranking:
+    """What a leader line ranks: its `title`, a configuration's value as text (`show`, given its row of configs),
+    what it ranks by (`basis`), and the noise a leader must beat."""
+
+    title: str
+    show: Callable[[pd.Series], str]
+    basis: str = ""
+    noise: str = "the seed noise"
+
+
+def _leader_line(report: Report, configs: pd.DataFrame, ranking: Ranking, within: list | None, ranked: list) -> str:
+    """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than the ranking's noise
+    (`within`: verdicts.leaders, `ranked`: best first); else the candidates within noise of it, or, with the noise
+    unknown (`within` None), the range measured. A configuration whose trials did not all finish says so first. ""
+    when no configuration logged the measure."""
     if within == [] or not ranked:
         return ""
-    head = f"**{title}**" + (f" ({basis})" if basis else "")
+    show, noise = ranking.show, ranking.noise
+    head = f"**{ranking.title}**" + (f" ({ranking.basis})" if ranking.basis else "")
 
     def named(i) -> str:
         failed = failures_text(report, configs.loc[i])
@@ -148,7 +153,7 @@ def _ranked_line(report: Report, configs: pd.DataFrame, title: str, metric: Metr
         noise = "the seed and test-set noise"
     within = leaders(means, configs["n"], metric.better, std, dof, pair_var)
     ranked = list(means.dropna().sort_values(ascending=metric.better == "min").index)
-    return _leader_line(report, configs, title, within, ranked, show, basis, noise)
+    return _leader_line(report, configs, Ranking(title, show, basis, noise), within, ranked)
 
 
 def fastest_line(report: Report, configs: pd.DataFrame) -> str:
@@ -187,16 +192,13 @@ def fastest_line(report: Report, configs: pd.DataFrame) -> str:
                 within.append(i)
         if unsettled:
             noise += f" (and the trial-to-trial noise {', '.join(unsettled)}'s disagreeing pairs show)"
-    line = _leader_line(
-        report,
-        configs,
+    ranking = Ranking(
         "Fastest",
-        within,
-        list(means.sort_values().index),
         lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch",
         f"by the geometric mean of warm epochs; noise: {basis}",
         noise,
     )
+    line = _leader_line(report, configs, ranking, within, list(means.sort_values().index))
     if report.shared and set(report.shared) != set(included(report.trials)["trial"]):
         line += " Not a fair ranking: it ranks trials that shared a device with trials that ran alone (next line)."
     return line

@@ -41,7 +41,7 @@ def hardware(run: RunLog) -> str:
     """GPU model and count from the trials' system info, else the host's CPU model and cores."""
     sweep = run.sweep
     host, cluster = sweep.get("host") or {}, sweep.get("cluster") or {}
-    systems = [t.meta.get("system") or {} for t in run.trials]
+    systems = [t.record.system or {} for t in run.trials]
     gpus = sorted({s.get("device_name", "GPU") for s in systems if s.get("device_type") == "cuda"})
     nodes = cluster.get("nodes")
     where = f" on {nodes} node{'s' if nodes != 1 else ''}" if isinstance(nodes, int) else ""

@@ -15,14 +15,14 @@ pooled verdict never reads "equivalent" (mark_dependent)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from .format import fmt_value, same_value
-from .stats import paired_effects, rows_with
+from .stats import Pairing, paired_effects, rows_with
 from .testset import ImageScores
 from .verdicts import ALPHA, EQUIVALENT, holm
 
@@ -106,28 +106,19 @@ def strata_test(strata: pd.DataFrame) -> tuple[int, int, float, float]:
 
 
 def find_interactions(
-    trials: pd.DataFrame,
-    factors: Sequence[str],
-    grid: dict[str, list],
-    baseline: dict[str, Any],
-    column: str,
-    per_image: Mapping[str, ImageScores] | None,
-    match: dict[str, Sequence[str] | None],
+    trials: pd.DataFrame, pairing: Pairing, column: str, per_image: Mapping[str, ImageScores] | None
 ) -> Interactions:
-    """Every interaction of two `factors` on `column` (module docstring): the paired effect of each factor's values
-    per value of each other factor (`match`: the columns a factor's pairs match on, None for paired_effects'
-    default; `per_image`: the trials' per-image scores, as paired_effects takes them), tested and Holm-adjusted
-    together."""
+    """Every interaction of two of the pairing's factors on `column` (module docstring): the paired effect of each
+    factor's values per value of each other factor (`per_image`: the trials' per-image scores, as paired_effects
+    takes them), tested and Holm-adjusted together."""
+    factors, grid, baseline = pairing.factors, pairing.grid, pairing.baseline
     tests, strata = [], []
     for key in factors:
         for by in factors:
             if by == key:
                 continue
             per_stratum = {
-                b: paired_effects(
-                    rows_with(trials, by, b), key, factors, grid, baseline[key], column, match[key], per_image
-                )
-                for b in grid[by]
+                b: paired_effects(rows_with(trials, by, b), key, pairing, column, per_image) for b in grid[by]
             }
             for i, value in enumerate(v for v in grid[key] if not same_value(v, baseline[key])):
                 rows = pd.DataFrame([per_stratum[b].iloc[i] for b in grid[by]]).assign(stratum=list(grid[by]))

@@ -130,7 +130,7 @@ def epochs_frame(run: RunLog, breakdown: Sequence[str] = ()) -> pd.DataFrame:
 
 def memory_measure(run: RunLog) -> str:
     """What peak memory per worker measures, worded from the trials' device types (trial.json: system)."""
-    types = sorted({(t.meta.get("system") or {}).get("device_type") for t in run.trials} & set(MEMORY_MEASURES))
+    types = sorted({(t.record.system or {}).get("device_type") for t in run.trials} & set(MEMORY_MEASURES))
     if not types:
         return "the peak memory of one worker as logged (peak_mem_mb; the trials recorded no device)"
     if len(types) == 1:
@@ -224,9 +224,9 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
         row[key] = float(warm_epochs(e)[key].mean())
     row["overfitting"] = over is not None
     row["overfit_epoch"] = over.onset if over else None
-    row["error"] = trial.meta.get("error")
-    row["diverged_epoch"] = trial.meta.get("diverged_epoch")
-    system = trial.meta.get("system") or {}
+    row["error"] = trial.record.error
+    row["diverged_epoch"] = trial.record.diverged_epoch
+    system = trial.record.system or {}
     row["device"] = _device(system)
     row["gpus"] = system.get("num_gpus") if system.get("device_type") == "cuda" else 0
     return row

@@ -14,23 +14,23 @@ from ..core.runlog import TrialLog
 
 
 def _gpus(trial: TrialLog) -> set[str]:
-    return {uuid for uuids in (trial.meta.get("system") or {}).get("gpu_uuids") or [] for uuid in uuids}
+    return {uuid for uuids in (trial.record.system or {}).get("gpu_uuids") or [] for uuid in uuids}
 
 
 def _cpu_nodes(trial: TrialLog) -> set[str]:
-    system = trial.meta.get("system") or {}
+    system = trial.record.system or {}
     return set(system.get("nodes") or []) if system.get("device_type") == "cpu" else set()
 
 
 def _span(trial: TrialLog) -> tuple[float, float] | None:
     ends = [row.get("end_unix") for row in trial.epochs if isinstance(row.get("end_unix"), (int, float))]
-    start, end = trial.meta.get("started_unix"), max(ends, default=trial.meta.get("finished_unix"))
+    start, end = trial.record.started_unix, max(ends, default=trial.record.finished_unix)
     return None if start is None or end is None else (start, end)
 
 
 def _overlap(a: TrialLog, b: TrialLog) -> bool:
     spans = [_span(a), _span(b)]
-    if None in spans or (a.meta.get("slot") and a.meta.get("slot") == b.meta.get("slot")):
+    if None in spans or (a.record.slot and a.record.slot == b.record.slot):
         return False  # one slot runs its trials one after another
     (a_start, a_end), (b_start, b_end) = spans
     return a_start < b_end and b_start < a_end
@@ -41,7 +41,7 @@ def shared_trials(trials: Sequence[TrialLog]) -> dict[str, str]:
     "beside t001 on one node's CPUs"), for the trials that shared a device; the others are absent."""
     why = {}
     for trial in trials:
-        share = (trial.meta.get("system") or {}).get("gpu_share")
+        share = (trial.record.system or {}).get("gpu_share")
         gpus, nodes = _gpus(trial), _cpu_nodes(trial)
         beside_gpu = [t.name for t in trials if t is not trial and gpus & _gpus(t) and _overlap(trial, t)]
         beside_cpu = [t.name for t in trials if t is not trial and nodes & _cpu_nodes(t) and _overlap(trial, t)]

@@ -11,7 +11,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -223,25 +223,36 @@ def _open_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match
     )
 
 
+@dataclass(frozen=True)
+class Pairing:
+    """How a sweep's trials pair for a factor's effects: its `factors` and `grid`, each factor's `baseline` value,
+    the columns each factor's pairs agree on (`match`; a factor it does not name, or names as None: every other
+    factor and the seed), and how many seeds the sweep ran."""
+
+    factors: Sequence[str]
+    grid: dict[str, list]
+    baseline: dict[str, Any]
+    match: Mapping[str, Sequence[str] | None] = field(default_factory=dict)
+    seeds: int = 1
+
+
 def paired_effects(
     trials: pd.DataFrame,
     key: str,
-    factors: Sequence[str],
-    grid: dict[str, list],
-    baseline: Any,
+    pairing: Pairing,
     column: str,
-    match: Sequence[str] | None = None,
     per_image: Mapping[str, testset.ImageScores] | None = None,
 ) -> pd.DataFrame:
     """Effect of each non-baseline value of `key` on `column`, from matched pairs: an included trial with that
     value and one with the baseline value that differ in nothing else (other factors and seed equal, or the columns
-    `match` names; several trials in one cell are averaged). One row per value: n_pairs of n_planned (the pairs the
-    sweep planned; `lost` says what removed the others, n_open how many of them have a trial not ended
-    yet), mean_diff and std_diff of the differences (value − baseline),
+    the pairing's `match` names for `key`; several trials in one cell are averaged). One row per value: n_pairs of
+    n_planned (the pairs the sweep planned; `lost` says what removed the others, n_open how many of them have a
+    trial not ended yet), mean_diff and std_diff of the differences (value − baseline),
     se, and the Student-t 95 % CI of the mean. For an accuracy, `per_image` (trial name -> its ImageScores, those
     logged) makes the test set's noise part of se: testset_var, the part of the mean's variance that the shared test
     images cause (it does not shrink with more pairs), and testset_noise, how it was found (report/testset.py); then
     se = sqrt(std_diff² / n_pairs + testset_var), else sqrt(std_diff² / n_pairs)."""
+    factors, grid, baseline, match = pairing.factors, pairing.grid, pairing.baseline[key], pairing.match.get(key)
     done = included(trials)
     if match is None:
         match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])
@@ -379,14 +390,12 @@ def ratio_effects(
     trials: pd.DataFrame,
     logs: dict[str, list[float]],
     key: str,
-    factors: Sequence[str],
-    grid: dict[str, list],
-    baseline: Any,
-    seeds: int,
+    pairing: Pairing,
     min_pairs: int,
     shared: Sequence[str] = (),
-    match: Sequence[str] | None = None,
 ) -> pd.DataFrame:
+    factors, grid, baseline, match = pairing.factors, pairing.grid, pairing.baseline[key], pairing.match.get(key)
+    seeds = pairing.seeds
     done = included(trials)
     if match is None:
         match = [k for k in factors if k != key] + (["seed"] if "seed" in done.columns else [])

@@ -15,7 +15,7 @@ from torch import nn
 from ..core.config import TrainConfig, parse_config
 from ..core.errors import ConfigError
 from .data import Split, iterate_train, load_splits
-from .distributed import reduce_train_totals
+from .distributed import Worker, reduce_train_totals
 from .loop import MEMORY_FORMAT, build_training, torch_threads, train_epoch
 from .models import build_model
 
@@ -140,40 +140,39 @@ def cached_splits(cfg: TrainConfig) -> tuple[Split, Split]:
 def train_steps(
     cfg: TrainConfig,
     n_steps: int,
-    device: torch.device,
+    worker: Worker,
     dtype: torch.dtype = torch.float32,
-    rank: int = 0,
-    world: int = 1,
     scaler: torch.amp.GradScaler | None = None,
     prepare: Callable[[nn.Module], Any] | None = None,
-    devices: tuple[torch.device, ...] = (),
 ) -> Trained:
     """The first `n_steps` optimizer steps of epoch 1, set up exactly as train.run_trial
     does (seed, data, model, wrap_model, optimizer, schedule, scaler, criterion), in `dtype`.
     `prepare(model)` may instrument the model before training (e.g. poison one gradient).
     Runs with cfg.cpus_per_worker torch threads, as a Ray Train worker does (and tiny models on
-    a busy machine run many times faster on one thread than on contended ones). `devices`: the GPUs
+    a busy machine run many times faster on one thread than on contended ones). `worker.devices`: the GPUs
     of a dp run (wrap_model splits each batch over them), as Ray gives a dp worker."""
     with torch_threads(cfg.cpus_per_worker):
-        return _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare, list(devices) or None)
+        return _train_steps(cfg, n_steps, worker, dtype, scaler, prepare)
 
 
-def _build(cfg, device, dtype, rank, world, scaler=None, prepare=None, devices=None):
+def _build(cfg, worker, dtype, scaler=None, prepare=None):
     """(training split, initial parameters, Training) as train.run_trial builds them: seed, data, model, wrapper."""
+    device = worker.device
     torch.manual_seed(cfg.seed)  # same order as train.run_trial: seed, data, model
     train, _ = (split.to(device) for split in cached_splits(cfg))
     model = build_model(cfg).to(device=device, dtype=dtype, memory_format=MEMORY_FORMAT)
     initial = param_vector(model.parameters())
     if prepare is not None:
         prepare(model)
-    training = build_training(cfg, model, len(train) // cfg.effective_batch, device, world, scaler, rank, devices)
+    training = build_training(cfg, model, len(train) // cfg.effective_batch, worker, scaler)
     return train, initial, training
 
 
-def _train_range(training, train, cfg, device, dtype, rank, world, start: int, stop: int) -> torch.Tensor:
-    """Optimizer steps start..stop-1 of epoch 1 (the data order of a run that did the steps before)."""
-    steps = iterate_train(train, cfg, 1, rank, world, MEMORY_FORMAT)
-    return train_epoch(training, cast_steps(itertools.islice(steps, start, stop), dtype), cfg, device)
+def _train_range(training, train, cfg, worker, dtype, steps: range) -> torch.Tensor:
+    """Optimizer `steps` of epoch 1 (the data order of a run that did the steps before)."""
+    batches = iterate_train(train, cfg, 1, worker.rank, worker.world, MEMORY_FORMAT)
+    chosen = itertools.islice(batches, steps.start, steps.stop)
+    return train_epoch(training, cast_steps(chosen, dtype), cfg, worker.device)
 
 
 def _trained(training, initial: torch.Tensor, local: torch.Tensor) -> Trained:
@@ -185,9 +184,9 @@ def _trained(training, initial: torch.Tensor, local: torch.Tensor) -> Trained:
     return Trained(initial, param_vector(model.parameters()), state, local.cpu(), totals.cpu(), wrapper, ids)
 
 
-def _train_steps(cfg, n_steps, device, dtype, rank, world, scaler, prepare, devices) -> Trained:
-    train, initial, training = _build(cfg, device, dtype, rank, world, scaler, prepare, devices)
-    local = _train_range(training, train, cfg, device, dtype, rank, world, 0, n_steps)
+def _train_steps(cfg, n_steps, worker, dtype, scaler, prepare) -> Trained:
+    train, initial, training = _build(cfg, worker, dtype, scaler, prepare)
+    local = _train_range(training, train, cfg, worker, dtype, range(n_steps))
     return _trained(training, initial, local)
 
 

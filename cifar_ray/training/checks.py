@@ -50,6 +50,7 @@ from .check_runs import (
     train_steps,
     update_rel_diff,
 )
+from .distributed import Worker
 from .loop import torch_threads
 from .state import load_checkpoint, rng_state, save_checkpoint
 
@@ -72,8 +73,12 @@ def check_accumulation(
 ) -> CheckResult:
     """k micro-batches of b == one batch of k*b after `n_steps` optimizer steps (float64)."""
     common = device_keys(device) | {"norm": norm}
-    big = train_steps(make_config(**common, batch_size=accum * micro, accum_steps=1), n_steps, device, torch.float64)
-    acc = train_steps(make_config(**common, batch_size=micro, accum_steps=accum), n_steps, device, torch.float64)
+    big = train_steps(
+        make_config(**common, batch_size=accum * micro, accum_steps=1), n_steps, Worker.single(device), torch.float64
+    )
+    acc = train_steps(
+        make_config(**common, batch_size=micro, accum_steps=accum), n_steps, Worker.single(device), torch.float64
+    )
     diff = update_rel_diff(big.initial, acc.final, big.final)
     loss = rel_diff(acc.totals[0].item(), big.totals[0].item())
     name = f"accumulation {accum}x{micro} == {accum * micro} ({'no BN' if norm != 'batch' else 'batch-norm'})"
@@ -98,8 +103,12 @@ def check_accumulation_batchnorm(
     step. The check measures that difference and passes when it is clearly visible (so the no-BN
     comparison above is sensitive enough to see a real semantic difference)."""
     common = device_keys(device) | {"norm": "batch"}
-    big = train_steps(make_config(**common, batch_size=accum * micro, accum_steps=1), n_steps, device, torch.float64)
-    acc = train_steps(make_config(**common, batch_size=micro, accum_steps=accum), n_steps, device, torch.float64)
+    big = train_steps(
+        make_config(**common, batch_size=accum * micro, accum_steps=1), n_steps, Worker.single(device), torch.float64
+    )
+    acc = train_steps(
+        make_config(**common, batch_size=micro, accum_steps=accum), n_steps, Worker.single(device), torch.float64
+    )
     diff = update_rel_diff(big.initial, acc.final, big.final)
     floor = max(BN_MIN_DIFF, 100 * no_bn.values["update_rel_diff"]) if no_bn else BN_MIN_DIFF
     loss = rel_diff(acc.totals[0].item(), big.totals[0].item())
@@ -120,8 +129,12 @@ def check_strategies(device: torch.device, n_steps: int = 3) -> CheckResult:
     """single == ddp with one worker (float64): strategy=ddp with one process is the single-process run."""
     common = device_keys(device) | STRATEGY_KEYS
     runs = {
-        "ddp": train_steps(make_config(**common, strategy="ddp", workers=1), n_steps, device, torch.float64),
-        "single": train_steps(make_config(**common, strategy="single", workers=1), n_steps, device, torch.float64),
+        "ddp": train_steps(
+            make_config(**common, strategy="ddp", workers=1), n_steps, Worker.single(device), torch.float64
+        ),
+        "single": train_steps(
+            make_config(**common, strategy="single", workers=1), n_steps, Worker.single(device), torch.float64
+        ),
     }
     ref, single = runs["ddp"], runs["single"]
     diff = update_rel_diff(ref.initial, single.final, ref.final)
@@ -161,8 +174,8 @@ def check_dp(device: torch.device, workers: int = 2, n_steps: int = 3, gpu_count
     plan = dp_plan(device, workers, torch.cuda.device_count() if gpu_count is None else gpu_count)
     if plan.skip:
         return plan.skipped()
-    single = train_steps(plan.configs["single"], n_steps, device, plan.dtype)
-    dp = train_steps(plan.configs["dp"], n_steps, device, plan.dtype, devices=plan.devices)
+    single = train_steps(plan.configs["single"], n_steps, Worker.single(device), plan.dtype)
+    dp = train_steps(plan.configs["dp"], n_steps, Worker(0, 1, list(plan.devices)), plan.dtype)
     return compare_dp(plan, single, dp)
 
 
@@ -217,9 +230,9 @@ def check_seeds(device: torch.device, n_steps: int = 3) -> CheckResult:
     """The same seed repeats (bitwise on CPU; within seed_tolerance on CUDA), another seed differs.
     float32 with flip_crop augmentation and dropout, so every random source is covered."""
     common = device_keys(device) | {"norm": "batch", "batch_size": 32, "augment": "flip_crop", "dropout": 0.1}
-    first = train_steps(make_config(**common, seed=0), n_steps, device)
-    again = train_steps(make_config(**common, seed=0), n_steps, device)
-    other = train_steps(make_config(**common, seed=1), n_steps, device)
+    first = train_steps(make_config(**common, seed=0), n_steps, Worker.single(device))
+    again = train_steps(make_config(**common, seed=0), n_steps, Worker.single(device))
+    other = train_steps(make_config(**common, seed=1), n_steps, Worker.single(device))
     repeats, repeat, text = compare_repeat(first, again, seed_tolerance(device))
     other_diff = ((other.final - first.final).norm() / first.final.norm()).item()
     metrics_differ = other.totals[:2].tolist() != first.totals[:2].tolist()
@@ -239,12 +252,13 @@ def check_seeds(device: torch.device, n_steps: int = 3) -> CheckResult:
 def resumed_steps(cfg: TrainConfig, n_steps: int, stop: int, device: torch.device, folder: Path) -> Trained:
     """`stop` steps, save_checkpoint into `folder`, then a new model from another seed loads it (load_checkpoint:
     to the CPU, then onto `device`) and runs steps stop..n_steps-1: what a restarted trial does mid-epoch."""
-    train, initial, first = _build(cfg, device, torch.float32, 0, 1)
-    _train_range(first, train, cfg, device, torch.float32, 0, 1, 0, stop)
+    alone = Worker.single(device)
+    train, initial, first = _build(cfg, alone, torch.float32)
+    _train_range(first, train, cfg, alone, torch.float32, range(stop))
     save_checkpoint(folder, 1, first, rng_states=[rng_state(device)])  # this device's generator: dropout draws on it
-    _, _, resumed = _build(cfg.model_copy(update={"seed": cfg.seed + 1}), device, torch.float32, 0, 1)
-    load_checkpoint(folder, resumed, device, seed=cfg.seed)
-    local = _train_range(resumed, train, cfg, device, torch.float32, 0, 1, stop, n_steps)
+    _, _, resumed = _build(cfg.model_copy(update={"seed": cfg.seed + 1}), alone, torch.float32)
+    load_checkpoint(folder, resumed, alone, seed=cfg.seed)
+    local = _train_range(resumed, train, cfg, alone, torch.float32, range(stop, n_steps))
     return _trained(resumed, initial, local)
 
 
@@ -253,7 +267,7 @@ def check_checkpoint_round_trip(device: torch.device, n_steps: int = 4, stop: in
     training uninterrupted (float32, dropout and batch-norm: the random state and buffers must come back too)."""
     cfg = make_config(**device_keys(device), norm="batch", batch_size=32, dropout=0.1, optimizer="adamw")
     with torch_threads(cfg.cpus_per_worker), tempfile.TemporaryDirectory(prefix="cifar-ray-check-") as folder:
-        whole = _train_steps(cfg, n_steps, device, torch.float32, 0, 1, None, None, None)
+        whole = _train_steps(cfg, n_steps, Worker.single(device), torch.float32, None, None)
         resumed = resumed_steps(cfg, n_steps, stop, device, Path(folder))
     tol = seed_tolerance(device)
     update = update_rel_diff(whole.initial, resumed.final, whole.final)
@@ -276,9 +290,9 @@ def check_amp(device: torch.device, amp: str, n_steps: int = AMP_STEPS) -> Check
     if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return CheckResult(name, "SKIP", "this GPU does not support bf16")
     common = device_keys(device) | {"norm": "batch", "batch_size": 32}
-    ref = train_steps(make_config(**common, amp="off"), n_steps, device)
+    ref = train_steps(make_config(**common, amp="off"), n_steps, Worker.single(device))
     scaler = torch.amp.GradScaler(device.type, init_scale=CHECK_INIT_SCALE) if amp == "fp16" else None
-    low = train_steps(make_config(**common, amp=amp), n_steps, device, scaler=scaler)
+    low = train_steps(make_config(**common, amp=amp), n_steps, Worker.single(device), scaler=scaler)
     diff = update_rel_diff(ref.initial, low.final, ref.final)
     ref_loss = ref.totals[0].item() / ref.totals[2].item()
     low_loss = low.totals[0].item() / low.totals[2].item()
@@ -330,7 +344,7 @@ def check_grad_scaler(device: torch.device, n_steps: int = 3, bad_step: int = 1)
     cfg = make_config(**device_keys(device), norm="group", batch_size=32, amp=amp)
     poison = GradientPoison(bad_step)
     scaler = torch.amp.GradScaler(device.type, init_scale=CHECK_INIT_SCALE, enabled=True)
-    run = train_steps(cfg, n_steps, device, scaler=scaler, prepare=poison)
+    run = train_steps(cfg, n_steps, Worker.single(device), scaler=scaler, prepare=poison)
     skipped = int(run.totals[3].item())
     before, after = poison.seen
     unchanged = (after - before).abs().max().item()

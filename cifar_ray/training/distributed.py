@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
+from importlib import metadata
 
 import torch
 import torch.distributed as dist
@@ -20,6 +22,11 @@ class Worker:
     rank: int
     world: int
     devices: list[torch.device]
+
+    @classmethod
+    def single(cls, device: torch.device) -> Worker:
+        """One process alone on one device (rank 0 of 1): `cifar-ray check`, bench, step timing, tests."""
+        return cls(0, 1, [device])
 
     @property
     def device(self) -> torch.device:
@@ -41,21 +48,43 @@ def select_device(cfg: TrainConfig) -> torch.device:
     return select_devices(cfg)[0]
 
 
-def worker_system(worker: Worker, gpus_per_rank: float) -> dict:
+def worker_system(worker: Worker, gpus_per_rank: float, placement: dict) -> dict:
     """trial.json's `system`: the devices, versions, the node and host of every rank and, on GPUs, the UUIDs
     of every rank's GPUs with the share of a GPU each rank holds (`gpus_per_rank`: the trial shape's GPUs per
-    Ray worker; sysinfo.gpu_record). Collective."""
+    Ray worker; sysinfo.gpu_record); `placement`: where this rank runs (cluster.placement.worker_placement).
+    Collective."""
     cuda = worker.device.type == "cuda"
     uuids = [str(torch.cuda.get_device_properties(device).uuid) for device in worker.devices] if cuda else []
-    every = sysinfo.gather_ranks(sysinfo.worker_placement() | {"gpu_uuids": uuids})
+    every = gather_ranks(placement | {"gpu_uuids": uuids})
     gpus = sysinfo.gpu_record([rank["gpu_uuids"] for rank in every], gpus_per_rank) if cuda else {"num_gpus": 0}
     return (
-        sysinfo.device_info(worker.device, len(worker.devices))
+        gpu.device_info(worker.device, len(worker.devices))
         | sysinfo.placement_of(every)  # node id + hostname of every rank, in rank order
         | {"world_size": worker.world}
         | gpus
-        | {"versions": sysinfo.versions()}
+        | {"versions": versions()}
     )
+
+
+def gather_ranks(mine: dict) -> list[dict]:
+    """Every rank's `mine`, in rank order. Collective when torch.distributed runs with several ranks: every
+    rank must call it."""
+    every = [mine]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    return every
+
+
+def versions() -> dict:
+    """The versions a run records (sweep.json, trial.json's system); Ray's read from its installed package, so that
+    training imports no Ray."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": metadata.version("ray"),
+        "cuda": torch.version.cuda or "none",
+    }
 
 
 def rank_seed(seed: int, rank: int) -> int:

@@ -25,9 +25,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..core.config import TrainConfig
-from ..core.sysinfo import gather_ranks
 from . import memory
 from .data import IMAGE_SHAPE
+from .distributed import gather_ranks
 
 PROBE_SIZES = {"cpu": 1024, "cuda": 8192}  # n of the n x n GEMM: ~2 GFLOP on a CPU core, ~1 TFLOP on a GPU
 # (batch, channels in and out, side) of the 3x3 convolution probe: ~2 GFLOP forward + backward on a CPU, ~0.9 TFLOP on

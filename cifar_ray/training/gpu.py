@@ -9,13 +9,14 @@ Numerics (`set_cuda_numerics`, once per worker process, before its system info i
   (in the first steps of epoch 1) buys the fastest convolutions for every later step. The algorithm it picks
   may differ between runs, and cuDNN's default kernels are not deterministic anyway (`cudnn.deterministic`
   stays off): CUDA runs of one seed agree to a tolerance, not bit for bit.
-They are process-wide torch flags; trial.json records them as the worker has them (sysinfo.device_info).
+They are process-wide torch flags; trial.json records them as the worker has them (device_info).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..core import sysinfo
 from ..core.config import TrainConfig
 from ..core.errors import ConfigError
 
@@ -61,3 +62,20 @@ def check_local_gpus_for_bf16() -> None:
         refusal = bf16_refusal(torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index))
         if refusal:
             raise ConfigError(refusal)
+
+
+def device_info(device: torch.device | str, num_devices: int = 1) -> dict:
+    """The device a worker trains on (a torch.device or its type): the GPU's model (of `device` itself, not
+    of the process's current CUDA device) and the CUDA libraries' precision flags as they are set
+    (training/gpu.py chooses them), or the CPU model and the cores it may use."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {"device_type": device.type, "device_name": sysinfo.cpu_model(), "devices_per_worker": num_devices}
+    numerics = {
+        "matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,  # ieee: no TF32
+        "cudnn_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+    }
+    name = torch.cuda.get_device_name(device)
+    return {"device_type": "cuda", "device_name": name, "devices_per_worker": num_devices, "cuda_numerics": numerics}

@@ -40,7 +40,7 @@ from .memory import (
 from .models import build_model, describe_network
 from .optim import build_optimizer, build_scheduler, epoch_lrs, peak_lr
 from .profile import profiled_steps
-from .state import resume_newest, rng_state, save_checkpoint
+from .state import Training, resume_newest, rng_state, save_checkpoint
 from .timing import PhaseTimer, allreduce_wait, reduce_time_breakdown, sample_allreduce_every_epoch
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -99,32 +99,13 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
-@dataclass
-class Training:
-    """What trains a model: as built (`raw_model`, for state and evaluation) and as run (`model`:
-    wrapped for DDP/DP, compiled), with its optimizer, schedule, scaler and loss."""
-
-    raw_model: nn.Module
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    criterion: nn.Module
-
-
 def build_training(
-    cfg: TrainConfig,
-    model: nn.Module,
-    steps_per_epoch: int,
-    device: torch.device,
-    world: int,
-    scaler: torch.amp.GradScaler | None = None,
-    rank: int = 0,
-    devices: list[torch.device] | None = None,
+    cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, worker: Worker, scaler: torch.amp.GradScaler | None = None
 ) -> Training:
-    """The one setup around a built model, shared by the worker loop, `cifar-ray check` and `bench`.
-    Afterwards the global RNG (dropout) runs rank `rank`'s own stream (rank_seed)."""
-    wrapped = wrap_model(model, cfg, device, world, devices)
+    """The one setup around a built model on `worker`, shared by the worker loop, `cifar-ray check` and `bench`.
+    Afterwards the global RNG (dropout) runs the worker's rank's own stream (rank_seed)."""
+    device = worker.device
+    wrapped = wrap_model(model, cfg, device, worker.world, worker.devices)
     sample_allreduce_every_epoch(wrapped, steps_per_epoch)
     if cfg.compile:
         wrapped = torch.compile(wrapped)  # compiling the DDP wrapper lets DDPOptimizer split graphs at buckets
@@ -137,7 +118,7 @@ def build_training(
         scaler=scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
         criterion=nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
     )
-    torch.manual_seed(rank_seed(cfg.seed, rank))  # seeds the CUDA generators too
+    torch.manual_seed(rank_seed(cfg.seed, worker.rank))  # seeds the CUDA generators too
     return training
 
 
@@ -190,13 +171,7 @@ def train_epoch(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module,
-    split: Split,
-    cfg: TrainConfig,
-    device: torch.device,
-    rank: int,
-    world: int,
-    correct: torch.Tensor | None = None,
+    model: nn.Module, split: Split, cfg: TrainConfig, worker: Worker, correct: torch.Tensor | None = None
 ) -> torch.Tensor:
     """[loss sum, correct, samples] of this rank's slice of `split` (the test set, or the fixed training
     subset of train_eval_size) in eval mode, without augmentation (unsmoothed loss). `correct` (optional, one
@@ -204,8 +179,9 @@ def evaluate(
     on the device (no host sync per batch); the shards are disjoint, so its sum over the ranks holds every image
     once, in dataset order (correct_images)."""
     model.eval()
+    device = worker.device
     totals = torch.zeros(3, device=device, dtype=torch.float64)
-    shard = test_shard(len(split), rank, world)
+    shard = test_shard(len(split), worker.rank, worker.world)
     autocast = amp_autocast(cfg, device)
     for start in range(shard.start, shard.stop, EVAL_BATCH):
         stop = min(start + EVAL_BATCH, shard.stop)
@@ -237,26 +213,54 @@ def evaluation_metrics(prefix: str, totals: torch.Tensor) -> dict[str, float]:
 ReportEpoch = Callable[[dict, "Path | None"], None]
 
 
+@dataclass(frozen=True)
+class TrialOptions:
+    """How run_trial runs a trial beyond its config (a slot's link to the Dispatcher; none from a test or bench):
+    `resume` from its newest stored checkpoint that loads (`note` hears of one passed over: state.resume_newest);
+    rank 0 hands `ready` the trial's timeline, from `loop_started` (when its slot took it); `profile` (--profile):
+    rank 0 profiles a few steps of the first epoch it trains (training/profile.py)."""
+
+    resume: bool = False
+    loop_started: float | None = None
+    ready: Callable[[dict], None] | None = None
+    profile: bool = False
+    note: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class TrialParts:
+    """What every epoch of a trial on this worker shares, for epoch_record: its config, its Training, its steps per
+    epoch, the worker's resident memory when the trial started, the model's FLOPs per image and the devices' peak."""
+
+    cfg: TrainConfig
+    training: Training
+    worker: Worker
+    steps_per_epoch: int
+    memory_at_start: list[float]
+    flops_per_image: float
+    peak: Peak
+
+
+@dataclass(frozen=True)
+class EpochTimes:
+    """An epoch's training as measured: this rank's train_epoch totals reduced over the ranks, the PhaseTimer's
+    phases, when the epoch started (perf_counter) and how long its training steps took (s)."""
+
+    train_totals: torch.Tensor
+    phases: dict[str, float]
+    started: float
+    train_time: float
+
+
 @gpu_out_of_memory_is_final()  # GpuOutOfMemoryError: the slot path does not retry it
 def run_trial(
-    cfg: TrainConfig,
-    trial_dir,
-    worker: Worker,
-    report: ReportEpoch,
-    resume: bool = False,
-    loop_started: float | None = None,
-    ready: Callable[[dict], None] | None = None,
-    profile: bool = False,
-    note: Callable[[str], None] | None = None,
+    cfg: TrainConfig, trial_dir, worker: Worker, report: ReportEpoch, options: TrialOptions = TrialOptions()
 ) -> None:
-    """Train one trial on this worker from scratch or, `resume`, from its newest stored checkpoint that loads
-    (`note` hears of one passed over: state.resume_newest), calling
-    `report` after every epoch (collectively, on every rank); rank 0 writes the epochs to metrics.jsonl and
-    hands `ready` (the slot's link to the Dispatcher, which writes trial.json) the trial's timeline. Everything
+    """Train one trial on this worker from scratch or, options.resume, from its newest stored checkpoint, calling
+    `report` after every epoch (collectively, on every rank); rank 0 writes the epochs to metrics.jsonl. Everything
     a trial trains with is built here from its config (seeded RNG, data order, model, optimizer, wrapper,
     hooks), so a process that ran other trials before trains this one exactly as a fresh process would
-    (tests/test_train_eval.py). `profile` (--profile): rank 0 profiles a few steps of the first epoch it trains
-    (training/profile.py)."""
+    (tests/test_train_eval.py)."""
     rank, world, devices, device = worker.rank, worker.world, worker.devices, worker.device
     gpu.check_amp_supported(cfg, device)  # bf16 before Ampere: one line, not a cuDNN failure mid-epoch
     train, test = (split.to(device) for split in loaded_splits(cfg))
@@ -274,21 +278,22 @@ def run_trial(
         runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
     flops_per_image = training_flops_per_image(raw_model)
-    training = build_training(cfg, raw_model, steps_per_epoch, device, world, rank=rank, devices=devices)
+    training = build_training(cfg, raw_model, steps_per_epoch, worker)
+    parts = TrialParts(cfg, training, worker, steps_per_epoch, at_start, flops_per_image, peak)
 
     last_done = 0
-    if resume:
-        last_done = resume_newest(StoragePath.of(trial_dir), training, device, rank, world, cfg.seed, devices, note)
+    if options.resume:
+        last_done = resume_newest(StoragePath.of(trial_dir), training, worker, cfg.seed, options.note)
     if rank == 0:
         runlog.truncate_epochs(trial_dir, last_done)  # epochs after the checkpoint are redone: log each once
-        if ready is not None:  # where a trial's time goes outside the epochs (read by `cifar-ray bench`)
-            ready({"loop_started_unix": loop_started or time.time(), "ready_unix": time.time()})
+        if options.ready is not None:  # where a trial's time goes outside the epochs (read by `cifar-ray bench`)
+            options.ready({"loop_started_unix": options.loop_started or time.time(), "ready_unix": time.time()})
 
     for epoch in range(last_done + 1, cfg.epochs + 1):
         reset_peak_memory(devices)
         started = time.perf_counter()
         steps = iterate_train(train, cfg, epoch, rank, world, MEMORY_FORMAT)
-        if profile and rank == 0 and epoch == last_done + 1:
+        if options.profile and rank == 0 and epoch == last_done + 1:
             steps = profiled_steps(steps, steps_per_epoch, trial_dir, device, epoch)
         timer = PhaseTimer(device)
         train_totals = reduce_train_totals(train_epoch(training, steps, cfg, device, timer))
@@ -297,27 +302,13 @@ def run_trial(
         broadcast_buffers(raw_model)
         # At the final evaluation, which test images it got right: the test-set noise of the report (report/testset.py)
         correct = torch.zeros(len(test), dtype=torch.uint8, device=device) if epoch == cfg.epochs else None
-        evaluated = evaluation_metrics("test", all_reduce(evaluate(raw_model, test, cfg, device, rank, world, correct)))
+        evaluated = evaluation_metrics("test", all_reduce(evaluate(raw_model, test, cfg, worker, correct)))
         if correct is not None:
             all_reduce(correct)
         if train_eval is not None:
-            train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, device, rank, world))
+            train_eval_totals = all_reduce(evaluate(raw_model, train_eval, cfg, worker))
             evaluated |= evaluation_metrics("train_eval", train_eval_totals)
-        metrics = epoch_record(
-            cfg,
-            epoch,
-            training,
-            worker,
-            steps_per_epoch,
-            train_totals,
-            evaluated,
-            phases,
-            started,
-            train_time,
-            at_start,
-            flops_per_image,
-            peak,
-        )
+        metrics = epoch_record(parts, epoch, EpochTimes(train_totals, phases, started, train_time), evaluated)
         diverged = metrics["diverged"]
         if rank == 0:
             runlog.append_epoch(trial_dir, metrics)
@@ -338,30 +329,27 @@ def run_trial(
             break
 
 
-def epoch_record(
-    cfg: TrainConfig,
-    epoch: int,
-    training: Training,
-    worker: Worker,
-    steps_per_epoch: int,
-    train_totals: torch.Tensor,
-    evaluated: dict[str, float],
-    phases: dict[str, float],
-    started: float,
-    train_time: float,
-    memory_at_start: list[float],
-    flops_per_image: float,
-    peak: Peak,
-) -> dict:
-    """The epoch's line of metrics.jsonl: the keys of runlog.EPOCH_METRICS, in its order. Called as evaluation
-    ends (the time since training ended is evaluation's). Collective: the time breakdown and the peak memory are
-    reduced over the ranks here, before the epoch's wall time is read."""
+def epoch_record(trial: TrialParts, epoch: int, times: EpochTimes, evaluated: dict[str, float]) -> dict:
+    """The epoch's line of metrics.jsonl: the keys of runlog.EPOCH_METRICS, in its order, from the epoch's training
+    `times` and its `evaluated` metrics. Called as evaluation ends (the time since training ended is evaluation's).
+    Collective: the time breakdown and the peak memory are reduced over the ranks here, before the epoch's wall time
+    is read."""
+    cfg, training, worker, steps_per_epoch, peak = (
+        trial.cfg,
+        trial.training,
+        trial.worker,
+        trial.steps_per_epoch,
+        trial.peak,
+    )
+    started, train_time = times.started, times.train_time
     eval_time = time.perf_counter() - started - train_time
     waited, measured = allreduce_wait(training.model, steps_per_epoch)
-    breakdown = reduce_time_breakdown(phases, waited, eval_time, worker.world, worker.device, measured)
-    peak_per_worker, peak_total, peak_reserved, peak_above_start = reduce_peak_memory(worker.devices, memory_at_start)
+    breakdown = reduce_time_breakdown(times.phases, waited, eval_time, worker.world, worker.device, measured)
+    peak_per_worker, peak_total, peak_reserved, peak_above_start = reduce_peak_memory(
+        worker.devices, trial.memory_at_start
+    )
     epoch_time = time.perf_counter() - started
-    loss_sum, correct, samples, skipped = train_totals.tolist()
+    loss_sum, correct, samples, skipped = times.train_totals.tolist()
     lr_last, lr_max = epoch_lrs(cfg, epoch, steps_per_epoch)
     return {
         "epoch": epoch,
@@ -373,7 +361,7 @@ def epoch_record(
         **breakdown,  # runlog.BREAKDOWN_KEYS (DDP on CUDA: ALLREDUCE_ESTIMATE_KEY for the all-reduce wait)
         "train_samples": int(samples),  # over all ranks: steps x effective batch
         "samples_per_s": samples / train_time,
-        **throughput(flops_per_image, samples, train_time, peak.flops_per_s),  # flops_per_s, mfu
+        **throughput(trial.flops_per_image, samples, train_time, peak.flops_per_s),  # flops_per_s, mfu
         "peak_flops_per_s": peak.flops_per_s,
         "peak_source": peak.source,
         "peak_mem_mb": peak_per_worker,  # the largest peak of one worker process (on GPUs: of one GPU)

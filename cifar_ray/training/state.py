@@ -1,5 +1,6 @@
-"""A trial's state between epochs: checkpoints (model, optimizer, schedule, scaler, PowerSGD) and each rank's
-random state, saved so that a resumed trial continues as if it had never stopped."""
+"""A trial's state between epochs: what trains the model (Training) and its checkpoints (model, optimizer,
+schedule, scaler, PowerSGD) with each rank's random state, saved so that a resumed trial continues
+as if it had never stopped."""
 
 from __future__ import annotations
 
@@ -7,21 +8,32 @@ import logging
 import pickle
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from ..core import runlog
 from ..core.checkpoints import CHECKPOINT_FILE, complete_checkpoints, epoch_folder, fetch_checkpoint
 from ..core.storage import StoragePath
 from . import comm
-from .distributed import rank_seed
-
-if TYPE_CHECKING:
-    from .loop import Training
+from .distributed import Worker, rank_seed
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Training:
+    """What trains a model: as built (`raw_model`, for state and evaluation) and as run (`model`:
+    wrapped for DDP/DP, compiled), with its optimizer, schedule, scaler and loss."""
+
+    raw_model: nn.Module
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    criterion: nn.Module
 
 
 class CheckpointError(RuntimeError):
@@ -104,18 +116,10 @@ def with_built_implementation(saved: dict, optimizer: torch.optim.Optimizer) -> 
     return saved | {"param_groups": groups}
 
 
-def load_checkpoint(
-    folder: Path,
-    training: Training,
-    device: torch.device,
-    rank: int = 0,
-    world: int = 1,
-    seed: int = 0,
-    devices: list[torch.device] | None = None,
-) -> int:
-    """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one);
-    returns the last finished epoch. `devices`: all of the worker's devices, `device` first (a dp worker's
-    GPUs each have a random state); default [device]. weights_only: a checkpoint in shared storage is data, never code
+def load_checkpoint(folder: Path, training: Training, worker: Worker, seed: int = 0) -> int:
+    """Restore a save_checkpoint folder into `training` (its PowerSGD state too, where its model has one) on
+    `worker` (its rank's random state, on each of its devices: a dp worker's GPUs each have one); returns the last
+    finished epoch. weights_only: a checkpoint in shared storage is data, never code
     (torch refuses anything but tensors and plain containers). Loaded to the CPU: the random states (the
     generators' ByteTensors, PowerSGD's numpy keys) must stay there, and each load_state_dict below moves
     its own tensors to where the model lives (parameters, optimizer state, PowerSGD memories)."""
@@ -132,19 +136,18 @@ def load_checkpoint(
     match_parameter_layouts(training.optimizer)
     training.scheduler.load_state_dict(state["scheduler"])
     training.scaler.load_state_dict(state["scaler"])
-    comm.restore_hook_state(comm.hook_state(training.model), state.get("comm"), rank, world, device)
-    restore_rng_state(state.get("rng"), rank, world, seed, devices or [device])
+    comm.restore_hook_state(
+        comm.hook_state(training.model), state.get("comm"), worker.rank, worker.world, worker.device
+    )
+    restore_rng_state(state.get("rng"), worker.rank, worker.world, seed, worker.devices)
     return state["epoch"]
 
 
 def resume_newest(
     trial_dir: StoragePath,
     training: Training,
-    device: torch.device,
-    rank: int = 0,
-    world: int = 1,
+    worker: Worker,
     seed: int = 0,
-    devices: list[torch.device] | None = None,
     note: Callable[[str], None] | None = None,
 ) -> int:
     """Restore the trial's newest stored checkpoint that loads into `training`; returns its epoch, 0 when the trial
@@ -158,7 +161,7 @@ def resume_newest(
         with tempfile.TemporaryDirectory() as scratch:
             try:
                 folder = fetch_checkpoint(trial_dir, Path(scratch), epoch)
-                done = load_checkpoint(folder, training, device, rank, world, seed, devices)
+                done = load_checkpoint(folder, training, worker, seed)
             except torch.OutOfMemoryError:
                 raise  # the device's trouble, not the file's
             except Exception as error:  # any way this file fails to load: the one before may load

@@ -15,6 +15,7 @@ from ..core.config import TrainConfig
 from ..core.estimate import StepTime
 from . import gpu
 from .data import iterate_train, synthetic_cifar
+from .distributed import Worker
 from .loop import EVAL_BATCH, MEMORY_FORMAT, build_training, evaluate, torch_threads, train_epoch
 from .models import build_model
 
@@ -61,12 +62,12 @@ def timed_step(cfg: TrainConfig) -> StepTime:
 
     def one_evaluation() -> float:
         started = time.perf_counter()
-        return _synchronised_seconds(started, evaluate(training.raw_model, evaluated, cfg, device, 0, 1))
+        return _synchronised_seconds(started, evaluate(training.raw_model, evaluated, cfg, Worker.single(device)))
 
     with torch_threads(cfg.cpus_per_worker):
         torch.manual_seed(cfg.seed)
         model = build_model(cfg).to(device, memory_format=MEMORY_FORMAT)
-        training = build_training(cfg, model, 1 + MAX_TIMED_STEPS, device, world=1)
+        training = build_training(cfg, model, 1 + MAX_TIMED_STEPS, Worker.single(device))
         first = one_step(1)
         steps = [one_step(2)]
         while sum(steps) < TIMED_S and len(steps) < MAX_TIMED_STEPS:

@@ -38,10 +38,10 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from .core import runlog
-from .core.errors import ViewerError
-from .core.storage import URI, local_write_refusal, redact
-from .core.text import counted
+from ..core import runlog
+from ..core.errors import ViewerError
+from ..core.storage import URI, local_write_refusal, redact
+from ..core.text import counted
 
 TARGETS = ("tensorboard", "mlflow")
 TRIAL_TAG = "cifar_ray.trial"
@@ -105,7 +105,7 @@ def _as_text(value: Any) -> str:
 
 def _epoch_unix(trial: runlog.TrialLog, row: dict) -> float:
     """When the epoch ended; a line without end_unix falls back to the trial's start, so exports stay identical."""
-    return row.get("end_unix") or trial.meta.get("started_unix") or 0.0
+    return row.get("end_unix") or trial.record.started_unix or 0.0
 
 
 def _require(to: str, *modules: str) -> None:
@@ -207,7 +207,7 @@ def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None)
         trial_dir.mkdir(parents=True)
         # Marked first: a folder left by an export that broke off is still replaced by the next one.
         (trial_dir / EXPORT_MARK).write_text(json.dumps(_export_mark(run, trial.name)) + "\n")
-        started = trial.meta.get("started_unix")
+        started = trial.record.started_unix
         with SummaryWriter(trial_dir) as writer:
             for row in trial.epochs:
                 for key, value in epoch_scalars(row).items():
@@ -221,7 +221,7 @@ def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None)
             session_end = plugin_data_pb2.HParamsPluginData(
                 session_end_info=plugin_data_pb2.SessionEndInfo(
                     status=api_pb2.Status.Value(TENSORBOARD_STATUS.get(trial.status, "STATUS_UNKNOWN")),
-                    end_time_secs=trial.meta.get("finished_unix") or 0.0,
+                    end_time_secs=trial.record.finished_unix or 0.0,
                 )
             )
             end_summary = Summary(
@@ -234,8 +234,8 @@ def export_tensorboard(run: runlog.RunLog, out: str | os.PathLike | None = None)
             for summary in (experiment, session_start, end_summary):
                 writer.file_writer.add_summary(summary, walltime=started)
             writer.add_text("status", trial.status, walltime=started)
-            if trial.meta.get("error"):
-                writer.add_text("error", trial.meta["error"], walltime=started)
+            if trial.record.error:
+                writer.add_text("error", trial.record.error, walltime=started)
     return (
         f"tensorboard: {_summary_counts(run, values)} written to {logdir}\n"
         f"open it: tensorboard --logdir {shlex.quote(str(logdir))}"
@@ -323,10 +323,10 @@ def _log_to_mlflow(run: runlog.RunLog, uri: str, file_store: bool) -> str:
             "cifar_ray.status": trial.status,
             "mlflow.source.git.commit": run.sweep.get("git_revision", "unknown"),
         }
-        if trial.meta.get("error"):
-            tags["cifar_ray.error"] = trial.meta["error"][:MAX_TAG_VAL_LENGTH]
+        if trial.record.error:
+            tags["cifar_ray.error"] = trial.record.error[:MAX_TAG_VAL_LENGTH]
         run_id = client.create_run(
-            experiment_id, start_time=_ms(trial.meta.get("started_unix")), tags=tags, run_name=trial.name
+            experiment_id, start_time=_ms(trial.record.started_unix), tags=tags, run_name=trial.name
         ).info.run_id
         params = [Param(key, _as_text(value)) for key, value in trial.config.items()]
         metrics = [
@@ -341,7 +341,7 @@ def _log_to_mlflow(run: runlog.RunLog, uri: str, file_store: bool) -> str:
         values += len(metrics)
         status = MLFLOW_STATUS.get(trial.status, "RUNNING")
         if trial.status in runlog.FINAL_STATUSES:
-            client.set_terminated(run_id, status, end_time=_ms(trial.meta.get("finished_unix")))
+            client.set_terminated(run_id, status, end_time=_ms(trial.record.finished_unix))
         else:
             client.update_run(run_id, status=status)
         for earlier_id in earlier.get(trial.name, []):  # only once the new run is complete

@@ -1,0 +1,272 @@
+"""A run: the options of its sweep (RunOptions) and the one owner of its folder (RunFolder).
+
+RunFolder is the only code that writes a run folder's records: sweep.json (created, extended by --repeats, its
+sessions opened and closed), each trial.json (pending, then what its slot and the Dispatcher learn, its outcome),
+each session's provenance (core/provenance.py's format). It reads them for everyone else as typed records
+(core/record.py: TrialRecord), and it refuses what would mix two runs in one folder: a new run where one is, a
+resume of nothing, of another sweep, of changed configs. The file format is runlog's (core/runlog.py); the writes
+go through runlog's update_json, which never rewrites a file from a failed read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+from . import provenance, runlog
+from .errors import StorageError
+from .record import TrialRecord
+from .storage import StoragePath
+
+if TYPE_CHECKING:
+    from .sweep import SweepPlan, TrialSpec
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a sweep runs, never what it trains (no config key: no part of a trial's identity or of --resume's
+    checks): what api.execute_plan hands cluster/orchestrate.run_plan.
+
+    `storage`: the folder or URI the run folder goes under (storage/<plan name>). `resume`: continue the
+    interrupted run there. `max_concurrent`: at most this many trials at once (None: as many as fit). `isolate`:
+    each trial in a slot of its own (--isolate) instead of warm slots; a resumed run keeps its first choice.
+    `address`: the Ray cluster (None: $RAY_ADDRESS, else an embedded Ray). `estimate_s`: the wall time `sweep
+    --estimate` expected (None: not estimated), recorded in sweep.json and the header. `profile`: --profile.
+    `command`: the shell command that runs this again, recorded in sweep.json (None from Python). `print_line`
+    gets the progress lines; `stream` is where it prints them (a terminal gets a live bar)."""
+
+    storage: str | os.PathLike | StoragePath = "runs"
+    resume: bool = False
+    max_concurrent: int | None = None
+    isolate: bool = False
+    address: str | None = None
+    estimate_s: float | None = None
+    profile: bool = False
+    command: str | None = None
+    print_line: Callable[[str], None] = print
+    stream: TextIO | None = None
+
+    def run_dir(self, name: str) -> StoragePath:
+        return StoragePath.of(self.storage) / name
+
+
+class RunFolder:
+    """The run folder at `path` (a folder or a URI): the one reader and writer of its sweep.json, trial.json files
+    and session records."""
+
+    def __init__(self, path: runlog.Where):
+        self.path = StoragePath.of(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    # -- reads ---------------------------------------------------------------------------------------------------
+
+    @property
+    def sweep_file(self) -> StoragePath:
+        return self.path / runlog.SWEEP_FILE
+
+    def trial_file(self, name: str) -> StoragePath:
+        return self.path / name / runlog.TRIAL_FILE
+
+    def sweep(self) -> dict[str, Any]:
+        """sweep.json's object; {} where there is none."""
+        return runlog.read_json(self.sweep_file)
+
+    def holds_run(self) -> bool:
+        return bool(self.sweep())
+
+    def trial(self, name: str) -> TrialRecord:
+        """Trial `name`'s record; an empty one (pending, no keys) where it has no trial.json."""
+        return TrialRecord.from_json(name, runlog.read_json(self.trial_file(name)))
+
+    def trials(self, names: list[str]) -> list[TrialRecord]:
+        return [self.trial(name) for name in names]
+
+    def all_final(self, names: list[str]) -> bool:
+        """Every trial of `names` has ended (finished, failed, diverged, oom)."""
+        return all(record.status in runlog.FINAL_STATUSES for record in self.trials(names))
+
+    # -- refusals ------------------------------------------------------------------------------------------------
+
+    def new_run_refusal(self, plan_name: str, resumable: bool = True) -> str | None:
+        """Why a new run of `plan_name` may not start here, in one line; None when the folder holds no run: no
+        sweep.json and no trial folder. A sweep.json that cannot be read is not "no run": a new run would adopt the
+        old one's trials and checkpoints. A finished run is not offered --resume: it has nothing left; nor is a run
+        that cannot be resumed (`cifar-ray train` has no --resume)."""
+        options = "pass --resume to finish it, --name NEW" if resumable else "pass --name NEW"
+        try:
+            sweep = self.sweep()
+        except StorageError as error:
+            return f"{error}; {self.path} may hold a run: {options} to start another, or move the folder away"
+        if not sweep:
+            trials = runlog.trial_folders(self.path)
+            if not trials:
+                return None
+            shown = ", ".join(trials[:3]) + (f" and {len(trials) - 3} more" if len(trials) > 3 else "")
+            return (
+                f"{self.path} holds trial folders ({shown}) but no {runlog.SWEEP_FILE}: pass --name NEW to start "
+                "another run, or move the folder away"
+            )
+        names = list(sweep.get("trials", []))
+        if "finished_at" in sweep or names and self.all_final(names):
+            trials = f"{len(names)} trial{'s' * (len(names) != 1)}"
+            return (
+                f"{self.path} already holds a finished run of '{plan_name}' ({trials}): see it with `cifar-ray report "
+                f"{shlex.quote(str(self.path))}`; pass --name NEW to start another, or delete the folder"
+            )
+        return (
+            f"{self.path} already holds an unfinished run of '{plan_name}': {options} to start another, or delete "
+            "the folder"
+        )
+
+    def resume_refusal(self, plan: SweepPlan) -> str | None:
+        """Why `plan` cannot resume the run here, read from its sweep.json alone (so before Ray starts): no run
+        there, another sweep's trials, or an older --isolate run; None when it can."""
+        previous = self.sweep()
+        if not previous:
+            return f"nothing to resume in {self.path}: no interrupted run of '{plan.name}' there; run without --resume"
+        recorded = previous.get("trials") or []
+        if [t.name for t in plan.trials][: len(recorded)] != recorded:
+            return (
+                f"{self.path} holds a different sweep (its trials differ from this file's); resume with the same "
+                "file and --set values, or use --name"
+            )
+        return self.old_isolated_run_refusal(previous)
+
+    def old_isolated_run_refusal(self, sweep: dict) -> str | None:
+        """Runs started with --isolate before trials ran in slots kept Ray Train's checkpoints in <trial>/train,
+        which this version does not read: refused, not trained again from scratch."""
+        if sweep.get("warm") or sweep.get("slots"):
+            return None
+        return (
+            f"{self.path} was started with --isolate by an older cifar-ray (a Ray Train run per trial, checkpoints "
+            "in <trial>/train), which this version cannot continue: finish it with that version, or pass --name NEW"
+        )
+
+    def changed_configs_refusal(self, plan: SweepPlan) -> str | None:
+        """Why `plan` may not resume the run here, in one line: the resolved config of a trial differs from the
+        one its trial.json recorded (old -> new per key); None when they agree. Keys the recorded config lacks
+        (added by a later cifar-ray) are not compared."""
+        changes = []
+        for trial in plan.trials:
+            recorded = self.trial(trial.name).config
+            if not recorded:
+                continue
+            resolved = json.loads(json.dumps(trial.config.model_dump()))  # as trial.json holds it: lists, not tuples
+            keys = [key for key in recorded if key in resolved and recorded[key] != resolved[key]]
+            if keys:
+                change = ", ".join(f"{k} {recorded[k]!r} -> {resolved[k]!r}" for k in keys)
+                changes.append(f"{trial.name} ({change})")
+        if not changes:
+            return None
+        return (
+            f"--resume would train {self.path}'s trials with other configs than they started with: "
+            f"{'; '.join(changes)}; resume with the same file and --set values, or pass --name NEW to start another run"
+        )
+
+    # -- writes: the sweep ---------------------------------------------------------------------------------------
+
+    def create(self, plan: SweepPlan, facts: dict[str, Any]) -> None:
+        """A new run of `plan`: sweep.json (the plan's summary, then `facts`: when, where, with what it started)
+        and a pending trial.json per trial."""
+        self.path.mkdir()
+        runlog.write_json(self.sweep_file, plan.summary() | facts)
+        self._add_pending(plan.trials)
+
+    def add_trials(self, plan: SweepPlan, added: list[str]) -> None:
+        """A --resume that adds seeds: sweep.json lists every trial and the repeat counts (an unfinished run again,
+        so no finished_at), and each new trial gets its first trial.json; the trials already there are not
+        touched."""
+        summary = plan.summary()
+        sweep = {k: v for k, v in self.sweep().items() if k != "finished_at"}
+        runlog.write_json(self.sweep_file, sweep | {k: summary[k] for k in ("trials", "repeats", "repeat_counts")})
+        self._add_pending([t for t in plan.trials if t.name in added])
+
+    def _add_pending(self, trials: list[TrialSpec]) -> None:
+        for trial in trials:
+            record = TrialRecord.from_json(trial.name, trial.as_dict() | {"status": "pending"})
+            runlog.write_json(self.trial_file(trial.name), record.to_json())
+
+    def update_sweep(self, **fields: Any) -> dict[str, Any]:
+        """Set `fields` in sweep.json, keeping its other keys (a mark that the run stopped, a round of seeds)."""
+        return runlog.update_json(self.sweep_file, **fields)
+
+    def open_session(self, started: float) -> int:
+        """This session's start into sweep.json's sessions, before any trial runs; returns its number (1-based). A
+        session an earlier driver left open was killed (SIGKILL, a lost machine: no `finally` ran): it is closed
+        first, ended at the last thing its trials logged, `end` saying so, so that wall_time_s still sums every
+        session (a run from before sessions were kept counts its recorded wall time as one)."""
+        sweep = self.sweep()
+        earlier = sweep.get("wall_time_s") or 0.0
+        sessions = sweep.get("sessions") or ([{"wall_s": earlier}] if earlier else [])
+        for session in sessions:
+            if "end_unix" not in session and "start_unix" in session:
+                ended = max(session["start_unix"], self.last_activity(session["start_unix"]))
+                session |= {"end_unix": ended, "wall_s": ended - session["start_unix"], "end": "killed: last logged"}
+        sessions.append({"start_unix": started})
+        self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions))
+        return len(sessions)
+
+    def close_session(self, done: bool) -> None:
+        """This session's end and wall time; wall_time_s is the sum over sessions; finished_at once every trial
+        is (`done`)."""
+        sessions, ended = self.sweep()["sessions"], time.time()
+        sessions[-1] |= {"end_unix": ended, "wall_s": ended - sessions[-1]["start_unix"]}
+        finished = {"finished_at": runlog.now_iso()} if done else {}
+        self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions), **finished)
+
+    def last_activity(self, since: float) -> float:
+        """When the run's trials last logged something (an epoch's end, a trial's start or end) after `since`."""
+        times = []
+        for trial in runlog.load_run(self.path).trials:
+            times += [row.get("end_unix") for row in trial.epochs]
+            times += [trial.record.started_unix, trial.record.finished_unix]
+        return max((t for t in times if isinstance(t, (int, float)) and t >= since), default=since)
+
+    def record_provenance(self, session: int, git: dict, diff: str, packages: dict, gpu: dict) -> None:
+        """Session `session`'s provenance record and diff (core/provenance.py); one already there is refused."""
+        provenance.write_session(self.path, session, git, diff, packages, gpu)
+
+    # -- writes: the trials --------------------------------------------------------------------------------------
+
+    def update_trial(self, name: str, **fields: Any) -> TrialRecord:
+        """Set `fields` in trial `name`'s trial.json, keeping its other keys."""
+        return TrialRecord.from_json(name, runlog.update_json(self.trial_file(name), **fields))
+
+    def add_note(self, name: str, line: str) -> None:
+        """A line trial `name`'s log must keep (a damaged checkpoint passed over): appended to its notes."""
+        self.update_trial(name, notes=[*self.trial(name).notes, line])
+
+    def record_failure(self, name: str, status: str, error: str) -> None:
+        self.update_trial(name, status=status, error=error, finished_at=runlog.now_iso())
+
+    def record_outcome(self, name: str) -> None:
+        """Mark a trial whose training has ended finished or diverged (from its logged epochs), once. The
+        Dispatcher calls it when a slot tells it the last (or a diverged) epoch ended, logged and checkpointed, and
+        again when the slot is done with the trial: a sweep interrupted in between keeps the trial finished."""
+        if self.trial(name).status in runlog.TRAINED_STATUSES:
+            return
+        diverged = [row["epoch"] for row in runlog.read_epochs(self.path / name) if row.get("diverged")]
+        self.update_trial(
+            name,
+            status="diverged" if diverged else "finished",
+            diverged_epoch=diverged[0] if diverged else None,
+            finished_at=runlog.now_iso(),
+            finished_unix=time.time(),
+        )
+
+    def mark_interrupted(self, names: list[str]) -> None:
+        """Trials still `running` once the slots are stopped are not: interrupted, continued by --resume."""
+        for name in names:
+            if self.trial(name).status == "running":
+                self.update_trial(name, status="interrupted", interrupted_at=runlog.now_iso())
+
+
+def _wall(sessions: list[dict]) -> float:
+    return sum(session.get("wall_s", 0.0) for session in sessions)
