@@ -148,7 +148,8 @@ def default_max_seeds(plan: SweepPlan) -> int:
 
 def _settle_resolved(settle: Settle, plan: SweepPlan, run: RunFolder, resume: bool) -> Settle:
     """`settle` with its max_seeds: a resumed run's recorded one (its tests' levels depend on it: another is
-    refused, before Ray starts), else the one given or default_max_seeds."""
+    refused, before Ray starts), else the one given or default_max_seeds; and its budget: the one given, else a
+    resumed run's recorded one."""
     from .core.status import SETTLE_KEY
 
     recorded = (run.sweep().get(SETTLE_KEY) or {}) if resume else {}
@@ -158,7 +159,8 @@ def _settle_resolved(settle: Settle, plan: SweepPlan, run: RunFolder, resume: bo
             "its tests' levels; allowed: the same --max-seeds, or none"
         )
     seeds = recorded.get("max_seeds") or settle.max_seeds or default_max_seeds(plan)
-    return dataclasses.replace(settle, max_seeds=seeds)
+    budget_s = settle.budget_s if settle.budget_s is not None else recorded.get("budget_s")  # a resume keeps it
+    return dataclasses.replace(settle, max_seeds=seeds, budget_s=budget_s)
 
 
 def settle_options(

@@ -262,6 +262,19 @@ def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(
         api.sweep(LOOP, storage=tmp_path, resume=True, until_settled=True, max_seeds=7)  # refused before Ray
 
 
+def test_a_resume_keeps_the_recorded_budget_unless_another_is_given(tmp_path):
+    """A resumed --until-settled without --budget goes on with the budget the run recorded (it dropped it)."""
+    run_dir = tmp_path / "loop"
+    plan = api.sweep_plan(LOOP)
+    fake_run(run_dir)(plan)
+    runlog.update_json(run_dir / runlog.SWEEP_FILE, settle={"max_seeds": 6, "budget_s": 600.0, "rounds": []})
+    asked = api.Settle(LOOP, None, None, None, None)
+    assert api._settle_resolved(asked, plan, RunFolder(run_dir), resume=True).budget_s == 600.0
+    given = api.Settle(LOOP, None, None, None, 900.0)
+    assert api._settle_resolved(given, plan, RunFolder(run_dir), resume=True).budget_s == 900.0
+    assert api._settle_resolved(asked, plan, RunFolder(run_dir), resume=False).budget_s is None
+
+
 TINY = {
     "name": "tiny",
     "base": {
