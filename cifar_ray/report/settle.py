@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET, trial_times
@@ -81,17 +81,8 @@ class Look:
     estimate_s: float | None = None  # its wall time, from this run's trial times (None: unknown)
 
     def record(self) -> dict:
-        """As sweep.json's settle.rounds keeps it."""
-        return {
-            "round": self.round,
-            "verdicts": self.verdicts,
-            "open": self.open,
-            "stop": self.stop,
-            "seeds": self.seeds,
-            "points": self.points,
-            "trials": self.trials,
-            "estimate_s": self.estimate_s,
-        }
+        """As sweep.json's settle.rounds keeps it: every field, in this order."""
+        return asdict(self)
 
 
 def settle_record(first_seeds: int, max_seeds: int, budget_s: float | None, comparisons_count: int) -> dict:
