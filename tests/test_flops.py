@@ -37,6 +37,23 @@ def test_counting_leaves_the_model_as_it_was():
     assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
 
 
+def test_an_architecture_is_counted_once_per_process_and_another_is_counted_anew(monkeypatch):
+    """A warm slot's later trials of the same model reuse its count (a FlopCounterMode pass per trial was a quarter
+    of the set-up between two trials); another width is another architecture."""
+    from cifar_ray.training.models import build_model
+
+    counted = []
+    real = flops._count_flops
+    monkeypatch.setattr(flops, "_count_flops", lambda model: counted.append(model) or real(model))
+    monkeypatch.setattr(flops, "_COUNTS", {})
+    narrow = [build_model(TrainConfig(width=8, seed=seed)) for seed in (0, 1)]
+    wide = build_model(TrainConfig(width=16))
+    assert flops.training_flops_per_image(narrow[0]) == flops.training_flops_per_image(narrow[1]) == real(narrow[1])
+    assert len(counted) == 1
+    assert flops.training_flops_per_image(wide) == real(wide) > real(narrow[0])
+    assert len(counted) == 2
+
+
 def test_flops_per_s_and_mfu_arithmetic():
     # 60 MFLOP per image, 1,000 images in 2 s: 30 GFLOP/s; against a 100 GFLOP/s peak, 30 %.
     assert flops.throughput(60e6, 1000, 2.0, 100e9) == pytest.approx({"flops_per_s": 30e9, "mfu": 0.3})

@@ -98,3 +98,23 @@ def test_a_warm_slot_collects_only_what_its_trials_made():
         assert left() is None
     finally:
         gc.unfreeze()
+
+
+def test_what_a_trial_leaves_alive_is_not_walked_by_the_next_trials_collections():
+    """A slot's first trial imports modules lazily and fills caches: objects that outlive it. After each trial
+    (slots.after_trial) they are frozen with the rest, so the next collection walks only what the next trial makes;
+    a trial's cycles are still collected."""
+    import gc
+    import weakref
+
+    from cifar_ray.cluster.slots import after_trial, keep_out_of_collections
+
+    try:
+        keep_out_of_collections()
+        kept_by_the_first_trial = [[i] for i in range(50_000)]  # as a lazily imported module's objects
+        left = weakref.ref(_Cycle())
+        after_trial([torch.device("cpu")])
+        assert left() is None
+        assert len(gc.get_objects()) < 10_000 and kept_by_the_first_trial
+    finally:
+        gc.unfreeze()

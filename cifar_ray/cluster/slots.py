@@ -112,9 +112,20 @@ def next_pooled(broker, shape: str, slot: str) -> tuple[Any, RunTrial] | None:
 
 def keep_out_of_collections() -> None:
     """Moves every object this process holds now (the imports of torch, Ray and ours: ~300,000 of them) out of
-    the garbage collector's reach, so that release_trial's collection after each trial examines only what trials
-    made: it took 0.7-2 s per trial here, the whole hand-off between two trials of a warm slot."""
+    the garbage collector's reach, so that release_trial's collection examines only what the next trial makes.
+    Called at the slot's set-up and after each trial's collection: what survives that collection outlives the
+    trial (modules the first trial imported lazily, caches); collections that walked it again were most of a
+    warm slot's hand-off between trials (reports/bench/README.md)."""
     gc.freeze()
+
+
+def after_trial(devices) -> None:
+    """A warm slot between two trials: what the trial left is collected and its cached GPU memory handed back
+    (release_trial), and what survives is kept out of the next trial's collections (keep_out_of_collections)."""
+    from ..training.memory import release_trial
+
+    release_trial(devices)
+    keep_out_of_collections()
 
 
 def slot_loop(loop_config: dict) -> None:
@@ -127,7 +138,7 @@ def slot_loop(loop_config: dict) -> None:
 
     from ..training.distributed import Worker, select_devices, worker_system
     from ..training.loop import TrialOptions, run_trial
-    from ..training.memory import GpuOutOfMemoryError, release_trial
+    from ..training.memory import GpuOutOfMemoryError
     from ..training.state import NoCheckpointLoads
 
     source, broker = loop_config["dispatcher"], loop_config.get("broker")
@@ -180,7 +191,7 @@ def slot_loop(loop_config: dict) -> None:
             raise  # Ray Train restarts the worker group (a rank may wait in a collective); rank 0 asks again
         if rank == 0:
             ray.get(dispatcher.done.remote(slot, spec.name))
-        release_trial(worker.devices)  # a warm slot hands the trial's cached GPU memory back before the next
+        after_trial(worker.devices)
 
 
 def worker_deaths(dispatcher, slot: str):

@@ -41,7 +41,20 @@ DTYPES = {"off": (torch.float32, "fp32"), "fp16": (torch.float16, "fp16"), "bf16
 def training_flops_per_image(model: nn.Module) -> float:
     """FLOPs of one forward and backward pass of `model` per image (a training step's model FLOPs, optimizer not
     counted), counted on a copy with one image on the model's device. The copy runs in eval mode: the counted ops
-    (convolutions, matmuls) are those of training, and neither dropout nor batch norm touches any state."""
+    (convolutions, matmuls) are those of training, and neither dropout nor batch norm touches any state. Counted
+    once per architecture in a process: a warm slot's later trials of the same model reuse the count."""
+    # The key: the model's class and its repr, which names every layer with its sizes (the forward's code is its
+    # classes'), and the device it runs on.
+    key = (f"{type(model).__module__}.{type(model).__qualname__}", repr(model), next(model.parameters()).device.type)
+    if key not in _COUNTS:
+        _COUNTS[key] = _count_flops(model)
+    return _COUNTS[key]
+
+
+_COUNTS: dict[tuple[str, str, str], float] = {}  # a process's counts by architecture (training_flops_per_image)
+
+
+def _count_flops(model: nn.Module) -> float:
     counted = copy.deepcopy(model).eval()
     device = next(counted.parameters()).device
     images = torch.zeros(1, *IMAGE_SHAPE, device=device)
