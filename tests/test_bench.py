@@ -48,7 +48,12 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
     # No sign asserted: with trials of seconds, wall times are noise (speed is measured by `cifar-ray bench`).
     added_training = (more["training_s"] - few["training_s"]) / more["slots"]
     assert warm["marginal_ratio"] == pytest.approx((more["wall_s"] - few["wall_s"]) / added_training)
+    for run in warm["runs"]:  # `sweep --estimate` of the same sweep, Ray's start left out
+        assert 0 < run["estimate_range_s"][0] < run["estimate_s"] < run["estimate_range_s"][1]
+    peer = record["tune_peer"]  # plain Tune over a TorchTrainer per trial, on the first sweep's trials
+    assert peer["trials"] == peer["finished"] == few["trials"] and 0 < peer["training_s"] < peer["wall_s"]
     text = readme.read_text()
+    assert "| plain Ray Tune, a TorchTrainer per trial | 2 |" in text and "`sweep --estimate` against" in text
     for heading in (
         "## 1. Training loop",
         "## 2. Orchestration overhead",

@@ -41,22 +41,33 @@ def test_cpu_seconds_are_charged_to_the_kind_of_process_that_spent_them():
     assert cpu.seconds().get("driver", 0) < 0.5  # this process mostly waited
 
 
-def test_the_page_shows_the_gap_the_cpu_per_added_trial_and_the_start_up():
+def test_the_page_shows_the_gap_the_cpu_per_added_trial_the_start_up_the_estimate_and_the_peers():
     run = {"trials": 2, "slots": 2, "handoff_gaps_s": [0.1], "cpu_s": {"ray::RayTrainWorker": 4.0}}
+    few = run | {"wall_s": 12.0, "training_s": 4.0, "estimate_s": 10.0, "estimate_range_s": [6.0, 18.0]}
     warm = {
         "runs": [
-            run | {"startup_s": {"ray::run_slot started": 1.5, "its first epoch ended": 9.0}},
-            run | {"trials": 4},
+            few | {"startup_s": {"ray::run_slot started": 1.5, "its first epoch ended": 9.0}},
+            run | {"trials": 4, "wall_s": 16.0, "training_s": 8.0, "estimate_s": 8.0, "estimate_range_s": [5.0, 14.0]},
         ],
         "median_handoff_gap_s": 0.1,
         "cpu_s_per_added_trial": {"ray::RayTrainWorker": 1.25},
     }
-    peer = {"trials": 2, "wall_s": 3.0, "training_s": 2.5, "overhead_s_per_trial": 0.25}
-    text = "\n".join(_warm_details(json.loads(json.dumps(warm)), peer, GOALS))
+    loop = {"trials": 2, "slots": 1, "wall_s": 3.0, "training_s": 2.5}
+    tune = {"trials": 2, "finished": 2, "slots": 2, "wall_s": 42.0, "training_s": 4.0}
+    text = "\n".join(_warm_details(json.loads(json.dumps(warm)), loop, tune, GOALS))
     assert "median over 2: 0.10 s: met (goal ≤ 0.15)" in text
     assert "| `ray::RayTrainWorker` | 4.00 | 4.00 | 1.25 |" in text
-    assert "| its first epoch ended | 9.0 |" in text and "0.25 s per trial beyond its training" in text
-    assert _warm_details({"runs": [run, run]}, None, GOALS) == []  # a record from before these were measured
+    assert "| its first epoch ended | 9.0 |" in text
+    # 12 s ran for 10 expected: 1.2x; 16 for 8: 2x, outside 1.5x
+    assert "2 trials: expected 10 s (likely 6–18 s), ran 12 s (1.20× the estimate)" in text
+    assert "ran 16 s (2.00× the estimate): NOT met (goal: within 1.5× either way)" in text
+    # per trial beyond training: (wall - training / slots) x slots / trials: ours (12 - 2) x 2 / 2 = 10 s,
+    # plain Tune (42 - 2) x 2 / 2 = 40 s, one process (3 - 2.5) / 2 = 0.25 s
+    assert "| cifar-ray (warm slots) | 2 | 12.0 | 4.0 | 10.00 |" in text
+    assert "| plain Ray Tune, a TorchTrainer per trial | 2 | 42.0 | 4.0 | 40.00 |" in text
+    assert "| our loop in one process, no Ray (1 core) | 2 | 3.0 | 2.5 | 0.25 |" in text
+    assert "cifar-ray costs 0.25× plain Ray Tune, a TorchTrainer per trial's and 40.00× our loop" in text
+    assert _warm_details({"runs": [run, run]}, None, None, GOALS) == []  # a record from before these were measured
 
 
 def test_the_page_shows_what_the_later_sweeps_of_a_pool_cost_beyond_their_training():

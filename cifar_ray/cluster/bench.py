@@ -30,7 +30,7 @@ from ..core import runlog, sysinfo
 from ..core.config import TrainConfig, parse_config
 from ..core.run import RunOptions
 from ..core.storage import StoragePath
-from ..core.sweep import build_plan
+from ..core.sweep import SweepPlan, build_plan
 from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits, normalise
 from ..training.distributed import Worker, versions
 from ..training.flops import device_peak, throughput, training_flops_per_image
@@ -47,6 +47,7 @@ GOALS = {
     "warm_marginal_ratio": 1.10,
     "handoff_gap_s": 0.15,
     "pool_beyond_training_s": 1.5,
+    "estimate_factor": 1.5,
 }
 
 
@@ -286,15 +287,30 @@ class ProcessCpu:
         return dict(sorted(((k, v) for k, v in totals.items() if v > 0.005), key=lambda kv: -kv[1]))
 
 
+def bench_plan(name: str, base: dict, grid: dict) -> SweepPlan:
+    return build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})
+
+
 def run_sweep(name: str, base: dict, grid: dict, options: RunOptions) -> tuple[StoragePath, float]:
     """options.isolate: each trial in a one-trial slot, a Ray Train run of its own, whose start and stop sections 2-5
     measure."""
     from .orchestrate import run_plan
 
-    plan = build_plan({"name": name, "description": "cifar-ray bench", "base": base, "grid": grid})
+    plan = bench_plan(name, base, grid)
     started = time.perf_counter()
     run_dir = run_plan(plan, options)
     return run_dir, time.perf_counter() - started
+
+
+def sweep_estimate_s(name: str, base: dict, grid: dict) -> dict:
+    """What `sweep --estimate` expects of the sweep (cluster/estimate.py), Ray's start left out: the bench's sweeps
+    run on a Ray that is already up."""
+    from .estimate import estimate_plan
+
+    estimate = estimate_plan(bench_plan(name, base, grid), None, False).sweep
+    low, high = estimate.range_s
+    ray = estimate.ray_start_s
+    return {"estimate_s": estimate.wall_s - ray, "estimate_range_s": [low - ray, high - ray]}
 
 
 def warm_overheads(run_dir: runlog.Where) -> list[float]:
@@ -364,10 +380,11 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
     hand-off gap between a slot's trials, the CPU seconds per kind of process, and the start-up's steps."""
     runs = []
     for n in sizes:
+        name, trial, grid = f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}
+        estimate = sweep_estimate_s(name, trial, grid)
         called = time.time()
         with ProcessCpu() as cpu:
-            options = RunOptions(storage, print_line=say)
-            run_dir, wall = run_sweep(f"bench-warm-{n}", base | {"workers": 1}, {"seed": list(range(n))}, options)
+            run_dir, wall = run_sweep(name, trial, grid, RunOptions(storage, print_line=say))
         trials = runlog.load_run(run_dir).trials
         slots = len({t.meta.get("slot") for t in trials})
         runs.append(
@@ -380,6 +397,7 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
                 "handoff_gaps_s": handoff_gaps(run_dir),
                 "cpu_s": cpu.seconds(),
                 "startup_s": startup_phases(run_dir, called, called + wall, cpu),
+                **estimate,
             }
         )
     few, more = runs
@@ -423,10 +441,9 @@ def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], N
 
 def loop_peer(base: dict, trials: int) -> dict:
     """The lower bound: the same trials (seeds) one after another in this process, trained by our loop with no
-    Ray (training/loop.run_trial, as a slot's worker runs it, 1 thread): wall per trial vs its training."""
+    Ray (training/loop.run_trial, as a slot's worker runs it, 1 thread): its wall and the trials' training."""
     import tempfile
 
-    from ..training.distributed import Worker
     from ..training.loop import run_trial
 
     training, started = 0.0, time.perf_counter()
@@ -442,7 +459,48 @@ def loop_peer(base: dict, trials: int) -> dict:
         "trials": trials,
         "wall_s": wall,
         "training_s": training,
-        "overhead_s_per_trial": (wall - training) / trials,
+        "slots": 1,
+    }
+
+
+def tune_peer(base: dict, trials: int, storage: Path) -> dict:
+    """The peer a user would write instead: plain Ray Tune over a TorchTrainer per trial (a function trainable
+    that fits a fresh 1-worker TorchTrainer running our loop, which reports each epoch; no slots, no Dispatcher,
+    Tune's defaults), on the same trials, as many at once as there are cores: its wall and the trials' training
+    (their metrics.jsonl)."""
+    import ray.train
+    from ray import tune
+    from ray.train.torch import TorchTrainer
+
+    from ..training.loop import run_trial
+
+    logs = StoragePath.of(storage) / "bench-tune-peer-logs"
+
+    def train_loop(config: dict) -> None:
+        cfg = parse_config(config)
+        run_trial(cfg, logs / f"seed-{cfg.seed}", Worker(0, 1, [torch.device("cpu")]), lambda m, _: ray.train.report(m))
+
+    def trainable(config: dict) -> None:
+        run = ray.train.RunConfig(name=f"bench-tune-peer-{config['seed']}", storage_path=str(storage))
+        scaling = ray.train.ScalingConfig(num_workers=1)
+        TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling, run_config=run).fit()
+
+    slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    started = time.perf_counter()
+    tune.Tuner(
+        tune.with_resources(trainable, {"CPU": 0, "memory": 1}),  # the trainer's worker holds the core
+        param_space=base | {"workers": 1, "seed": tune.grid_search(list(range(trials)))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=slots),
+        run_config=tune.RunConfig(name="bench-tune-peer", storage_path=str(storage), verbose=0),
+    ).fit()
+    wall = time.perf_counter() - started
+    epochs = [runlog.read_epochs(logs / f"seed-{seed}") for seed in range(trials)]
+    return {
+        "trials": trials,
+        "finished": sum(1 for rows in epochs if rows),
+        "slots": slots,
+        "wall_s": wall,
+        "training_s": sum(row["epoch_time_s"] for rows in epochs for row in rows),
     }
 
 
@@ -543,10 +601,14 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
 
         # The issue-36 grid: one-epoch trials of about a second (width 8), few and more of them.
         short = base | {"epochs": 1, "width": 8}
-        sizes = (2, 4) if quick else (6, 18)
-        say(f"bench 6/7: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the same in one process")
+        sizes = (2, 4) if quick else (20, 120)
+        say(
+            f"bench 6/7: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the first {sizes[0]} in one "
+            "process, and with plain Ray Tune over a TorchTrainer per trial"
+        )
         record["warm"] = warm_sweeps(short, sizes, storage, say)
         record["loop_peer"] = loop_peer(short, sizes[0])
+        record["tune_peer"] = tune_peer(short, sizes[0], storage)
         say(f"bench 7/7: a warm pool: the same {sizes[0]}-trial sweep three times, the later ones in its slots")
         record["pool"] = pooled_sweeps(short, sizes[0], storage, say)
     finally:

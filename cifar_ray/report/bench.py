@@ -13,9 +13,10 @@ def _goal(value: float, goal: float, higher_is_better: bool = True) -> str:
     return f"{'met' if met else 'NOT met'} (goal {'≥' if higher_is_better else '≤'} {goal:g})"
 
 
-def _warm_details(warm: dict, peer: dict | None, goals: dict) -> list[str]:
+def _warm_details(warm: dict, peer: dict | None, tune_peer: dict | None, goals: dict) -> list[str]:
     """Section 2b's breakdown: the hand-off gap, where an added trial's CPU time goes, the start-up's steps, and
-    the lower bound (the same trials in one process). Records from before these were measured have none."""
+    the estimate, and the peers (plain Tune; the lower bound: the same trials in one process). Records from before
+    these were measured have none."""
     if warm.get("median_handoff_gap_s") is None:
         return []
     few, more = warm["runs"]
@@ -44,15 +45,61 @@ def _warm_details(warm: dict, peer: dict | None, goals: dict) -> list[str]:
         "",
         markdown_table(["step", "s"], [[step, f"{at:.1f}"] for step, at in few["startup_s"].items()], "lr"),
     ]
-    if peer:
-        lines += [
-            "",
-            f"The lower bound: the same {peer['trials']} trials one after another in one process, our loop without "
-            f"Ray: {peer['wall_s']:.1f} s of wall for {peer['training_s']:.1f} s of training, "
-            f"{peer['overhead_s_per_trial']:.2f} s per trial beyond its training (1 core of "
-            f"{more['slots']}).",
-        ]
-    return lines
+    return lines + _estimate_lines(warm["runs"], goals) + _peer_lines(few, tune_peer, peer)
+
+
+def per_trial_beyond_training(run: dict) -> float:
+    """A sweep's wall per trial in its slot beyond the trial's training: (wall − training / slots) × slots / trials."""
+    return (run["wall_s"] - run["training_s"] / run["slots"]) * run["slots"] / run["trials"]
+
+
+def _estimate_lines(runs: list[dict], goals: dict) -> list[str]:
+    """How far each warm sweep landed from what `sweep --estimate` expected of it; none in an older record."""
+    if any("estimate_s" not in run for run in runs):
+        return []
+    factor = goals["estimate_factor"]
+    ratios = [run["wall_s"] / run["estimate_s"] for run in runs]
+    met = all(1 / factor <= ratio <= factor for ratio in ratios)
+    said = "; ".join(
+        f"{run['trials']} trials: expected {run['estimate_s']:.0f} s (likely {run['estimate_range_s'][0]:.0f}–"
+        f"{run['estimate_range_s'][1]:.0f} s), ran {run['wall_s']:.0f} s ({ratio:.2f}× the estimate)"
+        for run, ratio in zip(runs, ratios, strict=True)
+    )
+    return [
+        "",
+        f"`sweep --estimate` against these sweeps (Ray's start left out: it was up): {said}: "
+        f"{'met' if met else 'NOT met'} (goal: within {factor:g}× either way).",
+    ]
+
+
+def _peer_lines(ours: dict, tune: dict | None, loop: dict | None) -> list[str]:
+    """The same trials run by cifar-ray's warm slots, by plain Ray Tune over a TorchTrainer per trial, and one after
+    another in one process with no Ray (the lower bound); a row only for what the record measured."""
+    rows = [("cifar-ray (warm slots)", ours)]
+    if tune:
+        finished = "" if tune["finished"] == tune["trials"] else f" ({tune['finished']} finished)"
+        rows.append((f"plain Ray Tune, a TorchTrainer per trial{finished}", tune))
+    if loop:
+        rows.append(("our loop in one process, no Ray (1 core)", loop))
+    if len(rows) == 1:
+        return []
+    beyond = [per_trial_beyond_training(run) for _, run in rows]
+    ratios = [f"{beyond[0] / b:.2f}× {way}'s" for (way, _), b in zip(rows[1:], beyond[1:], strict=True)]
+    return [
+        "",
+        f"Peers on the same {ours['trials']} trials (as many at once as cores where Ray runs them):",
+        "",
+        markdown_table(
+            ["run by", "trials", "wall (s)", "training, all trials (s)", "per trial beyond its training (s)"],
+            [
+                [way, r["trials"], f"{r['wall_s']:.1f}", f"{r['training_s']:.1f}", f"{b:.2f}"]
+                for (way, r), b in zip(rows, beyond, strict=True)
+            ],
+            "lrrrr",
+        ),
+        "",
+        f"Per trial beyond its training, cifar-ray costs {' and '.join(ratios)}.",
+    ]
 
 
 def _pool_lines(pooled: list[dict] | None, goals: dict) -> list[str]:
@@ -219,7 +266,7 @@ def render(record: dict) -> str:
             f"{warm['median_overhead_s']:.2f} s: "
             f"{_goal(warm['median_overhead_s'], goals['warm_overhead_s'], higher_is_better=False)}.",
         ]
-        lines += _warm_details(warm, record.get("loop_peer"), goals)
+        lines += _warm_details(warm, record.get("loop_peer"), record.get("tune_peer"), goals)
     lines += _pool_lines(record.get("pool"), goals)
     lines += [
         "",
