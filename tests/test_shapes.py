@@ -68,12 +68,14 @@ def test_status_groups_trials_by_the_shape_the_slots_run_them_in(tmp_path):
 
 
 def test_every_ray_train_run_is_built_by_the_one_builder():
-    builders = [
+    trainer = r"(?:TorchTrainer|DataParallelTrainer)"
+    builders = {
         p.relative_to(PACKAGE).as_posix()
         for p in PACKAGE.rglob("*.py")
-        if re.search(r"import .*\bTorchTrainer\b|\bTorchTrainer\(", p.read_text())
-    ]
-    assert builders == ["cluster/trainer.py"]
+        if re.search(rf"import .*\b{trainer}\b|\b{trainer}\(", p.read_text())
+    }
+    # and the bench's peer: plain Tune over a TorchTrainer per trial, what a user would write instead of a sweep
+    assert builders == {"cluster/trainer.py", "cluster/bench.py"}
     callers = {p.name for p in PACKAGE.rglob("*.py") if re.search(r"\btorch_trainer\(", p.read_text())}
     assert callers == {"trainer.py", "slots.py", "checks.py"}
 

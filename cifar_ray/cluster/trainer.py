@@ -24,12 +24,16 @@ class TrainRun:
 
 
 def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any], cfg: TrainConfig, run: TrainRun):
-    """A TorchTrainer of `cfg`'s shape running `train_loop(loop_config)` on every worker, as `run` says."""
+    """A Ray Train data-parallel trainer of `cfg`'s shape running `train_loop(loop_config)` on every worker with a
+    torch process group (TorchTrainer's, set up without torch outside the workers: cluster/backend.py), as `run`
+    says."""
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    class NoDatasetsTrainer(TorchTrainer):
+    from .backend import TorchProcessGroup
+
+    class NoDatasetsTrainer(DataParallelTrainer):
         """Without Ray Train's DatasetsCallback: it starts a DatasetManager actor, a process, for every worker group
         (each slot's start, each restart) even when no Ray Dataset is given; our workers load their own data."""
 
@@ -41,7 +45,7 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
     return NoDatasetsTrainer(
         train_loop,
         train_loop_config=loop_config,
-        torch_config=TorchConfig(backend=shape.backend),
+        backend_config=TorchProcessGroup(backend=shape.backend),
         scaling_config=ray.train.ScalingConfig(
             num_workers=shape.workers, use_gpu=shape.gpus > 0, resources_per_worker=shape.worker_resources
         ),
