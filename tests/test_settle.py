@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,25 @@ from helpers import factorial_epochs, ranked_correct, trial_name, write_correct,
 
 from cifar_ray import api
 from cifar_ray.cli import main
-from cifar_ray.core import runlog
+from cifar_ray.core import lease, runlog
 from cifar_ray.core.errors import UsageError
 from cifar_ray.core.run import RunFolder
-from cifar_ray.core.status import BUDGET, MAX_SEEDS, SETTLED, render, settle_text
+from cifar_ray.core.status import (
+    BUDGET,
+    MAX_SEEDS,
+    SETTLED,
+    has_ended,
+    load_state,
+    progress_lines,
+    render,
+    settle_text,
+)
+from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
 from cifar_ray.report.header import settle_line
 from cifar_ray.report.sequential import look_level, look_verdict, max_looks
-from cifar_ray.report.settle import look, settle_record
+from cifar_ray.report.settle import Comparison, answer_first, asked, look, settle_record
 from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, pairs_needed
 
 # The simulation: paired differences (value − baseline) over seeds, in units of their spread; looks from 3 seeds
@@ -135,6 +146,19 @@ def test_the_configurations_in_the_most_open_comparisons_run_first(tmp_path):
     assert [p["batch_size"] for p in taken.points] == [64, 64, 512, 512, 128, 128]
 
 
+def test_answer_first_orders_by_the_open_comparisons_a_configuration_informs_not_by_when_it_came():
+    """The workers comparison lists every configuration first; batch 64 and 512 inform the batch one too."""
+    ordered = answer_first(GRID, [Comparison("workers", 2, 1), Comparison("batch_size", 512, 64)])
+    assert [(p["batch_size"], p["workers"], len(labels)) for p, labels in ordered] == [
+        (64, 1, 2),
+        (64, 2, 2),
+        (512, 1, 2),
+        (512, 2, 2),
+        (128, 1, 1),
+        (128, 2, 1),
+    ]
+
+
 def test_failed_trials_count_as_losses_in_the_next_round(tmp_path):
     accuracy = noisy({64: 0.0, 128: -0.15, 512: -0.03})
     whole = look(build_report(settle_run(tmp_path / "a", accuracy, seeds=3)), settle_record(3, 100, None, 3))
@@ -162,7 +186,12 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     assert record["rounds"][-1]["stop"] == SETTLED
     assert settle_text(record) == "settled after 3 seeds (1 look)"
     runlog.update_json(settled / runlog.SWEEP_FILE, settle=record)
-    assert render(settled).splitlines()[-1] == "settled after 3 seeds (1 look)"  # cifar-ray status
+    assert render(settled).splitlines()[-4:] == [  # cifar-ray status
+        "settled after 3 seeds (1 look)",
+        "  batch_size=128 vs 64: CI excludes 0 at 3 seeds (look 1)",
+        "  batch_size=512 vs 64: CI excludes 0 at 3 seeds (look 1)",
+        "  workers=2 vs 1: CI excludes 0 at 3 seeds (look 1)",
+    ]
     assert json.loads(render(settled, as_json=True))["settled"] == "settled after 3 seeds (1 look)"
     run = build_report(settle_run(tmp_path / "o", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3, wall_s=100.0))
     at_max = settle_record(3, 3, None, 3)
@@ -184,6 +213,83 @@ def test_a_verdict_once_reached_is_kept_not_judged_again(tmp_path):
     taken = look(run, record)
     assert taken.round == 2 and taken.verdicts["batch_size=128 vs 64"] == kept
     assert taken.open == ["batch_size=512 vs 64"] and {p["batch_size"] for p in taken.points} == {64, 512}
+
+
+def round_under_way(tmp_path: Path) -> tuple[Path, dict]:
+    """A run of GRID at 3 seeds whose look 1 settled batch 128 and left batch 512 and workers open, in round 2:
+    its first two trials (at batch 64, informing both open comparisons) ended, the third runs, the rest wait."""
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.01}, workers=-0.01), seeds=3)
+    record = settle_record(3, 10, None, 3)
+    taken = look(build_report(run), record)
+    added, first = [], 6 * 3
+    for point in taken.points:
+        for seed in range(3, taken.seeds):
+            index = first + len(added)
+            swept = point | {"seed": seed}
+            state = "finished" if len(added) < 2 else "running" if len(added) == 2 else "pending"
+            epochs = factorial_epochs(0.6, 0.4, 10.0) if state == "finished" else []
+            write_trial(run, index, swept, state, epochs, gpus=False, planned=3)
+            runlog.update_json(run / trial_name(index) / runlog.TRIAL_FILE, started_unix=time.time())
+            added.append((trial_name(index), swept))
+    record["rounds"].append(taken.record() | {"added": [name for name, _ in added]})
+    record["rounds"][-1]["questions"] = asked(taken, added)
+    runlog.update_json(run / runlog.SWEEP_FILE, settle=record, trials=[trial_name(i) for i in range(len(added) + 18)])
+    return run, record
+
+
+def test_status_shows_each_comparison_settled_so_far_and_what_runs_for_each_open_one(tmp_path):
+    run, record = round_under_way(tmp_path)
+    added = record["rounds"][-1]["added"]
+    per_config = record["rounds"][-1]["seeds"] - 3
+    workers, batch = (
+        record["rounds"][-1]["questions"]["workers=2 vs 1"],
+        record["rounds"][-1]["questions"]["batch_size=512 vs 64"],
+    )
+    assert set(workers) == set(added) and len(batch) == 4 * per_config  # batch 128's inform workers only
+    with lease.hold(StoragePath.of(run), lambda line: None):  # a live driver: the running trial runs
+        lines = render(run).splitlines()
+        questions = json.loads(render(run, as_json=True))["questions"]
+        round_line = progress_lines(run, None)[1]
+    assert lines[-3:] == [
+        "  batch_size=128 vs 64: CI excludes 0 at 3 seeds (look 1)",
+        f"  batch_size=512 vs 64: open, 2 of {len(batch)} added trials ended; running {added[2]}",
+        f"  workers=2 vs 1: open, 2 of {len(added)} added trials ended; running {added[2]}",
+    ]
+    assert questions[1] == {
+        "comparison": "batch_size=512 vs 64",
+        "verdict": "open",
+        "look": 1,
+        "seeds": 3,
+        "trials": batch,
+        "ended": 2,
+        "running": [added[2]],
+    }
+    assert round_line == (
+        f"until settled, this round: batch_size=512 vs 64: open, 2 of {len(batch)} added trials ended; running "
+        f"{added[2]}; workers=2 vs 1: open, 2 of {len(added)} added trials ended; running {added[2]}"
+    )
+
+
+def test_the_live_view_prints_the_rounds_questions_as_trials_end(tmp_path):
+    from cifar_ray.cluster.progress import SweepProgress
+
+    run, record = round_under_way(tmp_path)
+    lines: list[str] = []
+    view = SweepProgress(StoragePath.of(run), [], lines.append, started=time.time())
+    view._stands()  # what a trial's end prints
+    assert lines[0].startswith("[20/36 done ·") and len(lines) == 2
+    assert lines[1].startswith("until settled, this round: batch_size=512 vs 64: open, 2 of 12 added trials ended")
+
+
+def test_watch_goes_on_between_rounds_until_a_look_stops_them(tmp_path):
+    run, record = round_under_way(tmp_path)
+    for name in record["rounds"][-1]["added"]:  # round 2 ended; look 2 not taken yet
+        runlog.update_json(run / name / runlog.TRIAL_FILE, status="failed")
+    with lease.hold(StoragePath.of(run), lambda line: None):  # a live driver
+        assert not has_ended(load_state(run))
+        record["rounds"].append(record["rounds"][-1] | {"round": 2, "stop": SETTLED, "open": []})
+        runlog.update_json(run / runlog.SWEEP_FILE, settle=record)
+        assert has_ended(load_state(run))
 
 
 SWEEP = {"name": "settle", "grid": {"batch_size": [64, 128, 512], "workers": [1, 2]}, "repeats": 2}
