@@ -286,7 +286,8 @@ def _settle_rounds(
     from .core.status import SETTLE_KEY, settle_text
     from .core.sweep import build_plan, extended_plan, read_sweep_file
     from .report import build_report
-    from .report.settle import asked, grid_comparisons, look, settle_record
+    from .report.sequential import grid_comparisons
+    from .report.settle import asked, look, settle_record
 
     recorded = run.sweep().get(SETTLE_KEY)
     if not recorded:

@@ -31,10 +31,12 @@ from cifar_ray.core.status import (
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
+from cifar_ray.report.findings import answer_text
 from cifar_ray.report.header import settle_line
-from cifar_ray.report.sequential import look_level, look_verdict, max_looks
-from cifar_ray.report.settle import Comparison, answer_first, asked, look, settle_record
-from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, pairs_needed
+from cifar_ray.report.sequential import Comparison, look_level, look_verdict, max_looks
+from cifar_ray.report.settle import answer_first, asked, look, settle_record
+from cifar_ray.report.tables import paired_table
+from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, OPEN, pairs_needed
 
 # The simulation: paired differences (value − baseline) over seeds, in units of their spread; looks from 3 seeds
 # to 10, one pair per seed, stopping at the first verdict.
@@ -290,6 +292,32 @@ def test_watch_goes_on_between_rounds_until_a_look_stops_them(tmp_path):
         record["rounds"].append(record["rounds"][-1] | {"round": 2, "stop": SETTLED, "open": []})
         runlog.update_json(run / runlog.SWEEP_FILE, settle=record)
         assert has_ended(load_state(run))
+
+
+def test_the_reports_body_gives_the_looks_verdicts_the_header_gives(tmp_path):
+    """Batch 512's -2 pp at 3 seeds passes Holm's single look, not the looks' level: the body, the effects table and
+    the header all say not conclusive; a verdict an earlier look reached stays, whatever the pairs since say."""
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.02}, noise=0.005, workers=0.0), seeds=3)
+    single = build_report(run)  # no look recorded: Holm's single-look verdicts
+    assert single.effects["batch_size"]["final_test_acc"]["verdict"].tolist() == [DIFFERS, DIFFERS]
+    record = settle_record(3, 10, None, 3)
+    record["rounds"].append(look(single, record).record())
+    runlog.update_json(run / runlog.SWEEP_FILE, settle=record)
+    report = build_report(run)
+    assert report.effects["batch_size"]["final_test_acc"]["verdict"].tolist() == [DIFFERS, OPEN]
+    at_look = "not conclusive (look 1 of --until-settled)"
+    assert f"6 of 6 pairs: {at_look}; about" in answer_text(report)[1]
+    assert f"batch_size=512 vs 64: {at_look}; workers=2 vs 1: equivalent at 3 seeds (look 1" in settle_line(report)
+    rows = paired_table(report, "batch_size").rows
+    assert [row[3] for row in rows] == ["CI excludes 0 at 3 seeds (look 1 of --until-settled)", at_look]
+    assert rows[1][2].endswith("] (99.8 % CI, repeated looks)")  # 1 − 0.05 / 24: the level its verdict used
+    kept = {"verdict": EQUIVALENT, "mean_diff": 0.0, "n_pairs": 6, "seeds": 3, "round": 1}
+    record["rounds"] = [{"verdicts": {"batch_size=512 vs 64": kept}, "open": [], "stop": None}, record["rounds"][0]]
+    record["rounds"][1]["verdicts"]["batch_size=512 vs 64"] = kept
+    runlog.update_json(run / runlog.SWEEP_FILE, settle=record)
+    assert paired_table(build_report(run), "batch_size").rows[1][3] == (
+        "equivalent within ±1 pp at 3 seeds (look 1 of --until-settled)"
+    )
 
 
 SWEEP = {"name": "settle", "grid": {"batch_size": [64, 128, 512], "workers": [1, 2]}, "repeats": 2}

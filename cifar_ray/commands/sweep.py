@@ -146,8 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
 def settle_plan_line(plan: SweepPlan, max_seeds: int) -> str:
     """What --until-settled will do after the grid, for the dry run."""
-    from ..report.sequential import describe, max_looks
-    from ..report.settle import grid_comparisons
+    from ..report.sequential import describe, grid_comparisons, max_looks
 
     count = len(grid_comparisons(plan.grid))
     return (

@@ -21,41 +21,13 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET, trial_times
-from .format import fmt_value, same_value
+from .format import same_value
 from .metrics import PAIRED_METRICS
-from .sequential import describe, look_level, look_verdict
+from .sequential import Comparison, comparisons, describe, look_level, look_verdict
 from .verdicts import MIN_PAIRS, NO_VERDICT, OPEN, more_seeds, pairs_needed, settles_with_seeds
 
-if TYPE_CHECKING:  # build.py reads the looks' verdicts from here (apply_looks): no import at run time
+if TYPE_CHECKING:
     from .build import Report
-
-
-@dataclass(frozen=True)
-class Comparison:
-    factor: str
-    value: Any  # a grid label
-    baseline: Any
-
-    @property
-    def label(self) -> str:
-        return f"{self.factor}={fmt_value(self.value)} vs {fmt_value(self.baseline)}"
-
-
-def comparisons(grid: dict[str, list], baseline: dict[str, Any]) -> list[Comparison]:
-    """Every accuracy comparison of a grid: each factor's other values against its baseline, in grid order."""
-    return [
-        Comparison(key, value, baseline[key])
-        for key, values in grid.items()
-        if key != "seed"
-        for value in values
-        if not same_value(value, baseline[key])
-    ]
-
-
-def grid_comparisons(grid: dict[str, list]) -> list[Comparison]:
-    """The comparisons of a sweep's grid against its default baseline (each factor's first value), as its report
-    makes them: what --until-settled's levels are spent over."""
-    return comparisons(grid, {key: values[0] for key, values in grid.items() if key != "seed"})
 
 
 def grid_points(grid: dict[str, list], comparison: Comparison) -> list[dict[str, Any]]:
