@@ -207,6 +207,19 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     assert settle_text(budget).startswith("stopped at the budget with 2 comparisons open (3 seeds, 1 look;")
 
 
+def test_the_next_rounds_estimate_uses_every_finished_trials_time(tmp_path):
+    """The last two trials (a later round's, say) took 90 s, the 16 before them 30 s: the mean over all 18, two at
+    once, with or without --address (the look reads the run folder, not a step timed here)."""
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.01}), seeds=3)
+    for index in (16, 17):  # they started last, at 1240 s: stretched, they overlap nothing more
+        folder = run / trial_name(index)
+        rows = [json.loads(line) for line in (folder / runlog.EPOCHS_FILE).read_text().splitlines()]
+        lines = [json.dumps(r | {"end_unix": 1240.0 + 30.0 * (e + 1)}) for e, r in enumerate(rows)]
+        (folder / runlog.EPOCHS_FILE).write_text("\n".join(lines) + "\n")
+    taken = look(build_report(run), settle_record(3, 10, None, 3))
+    assert taken.estimate_s == pytest.approx(taken.trials * (16 * 30.0 + 2 * 90.0) / 18 / 2)
+
+
 def test_a_verdict_once_reached_is_kept_not_judged_again(tmp_path):
     run = build_report(settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3))
     record = settle_record(3, 10, None, 3)
