@@ -297,6 +297,10 @@ def test_the_live_view_prints_the_rounds_questions_as_trials_end(tmp_path):
 
 
 def test_watch_goes_on_between_rounds_until_a_look_stops_them(tmp_path):
+    grid = settle_run(tmp_path / "g", noisy({64: 0.0, 128: -0.15, 512: -0.01}), seeds=3)  # before look 1 is recorded
+    assert has_ended(load_state(grid))  # no driver: nothing more comes
+    with lease.hold(StoragePath.of(grid), lambda line: None):
+        assert not has_ended(load_state(grid))  # its driver may look and add a round
     run, record = round_under_way(tmp_path)
     for name in record["rounds"][-1]["added"]:  # round 2 ended; look 2 not taken yet
         runlog.update_json(run / name / runlog.TRIAL_FILE, status="failed")

@@ -1,5 +1,7 @@
 """Where a sweep stands, from its run folder alone: `cifar-ray status RUN_DIR` and the line a running sweep prints
-after each trial ends. Both come from `sweep_state`, the one place that counts trials and estimates the ETA.
+after each trial ends. Both come from `sweep_state`, the one place that counts trials and estimates the ETA; for
+sweep --until-settled also each comparison (questions): settled at which look, or open and the trials of the round
+under way that are for it, read from sweep.json's settle record and the trials' states.
 
 It reads sweep.json, each trial.json and metrics.jsonl (runlog), and imports neither torch nor Ray, nor pyarrow for
 a local folder, so it answers in well under a second while the sweep runs elsewhere (`ray job submit`).
@@ -85,7 +87,7 @@ class SweepState:
     driver_gone: str | None = None  # why the run has no live driver (lease absent or stale), read while trials run
     settled: str = ""  # sweep --until-settled: where its looks stand (settle_text); "" for another sweep
     questions: list[Question] = field(default_factory=list)  # sweep --until-settled: each comparison (questions)
-    looking: bool = False  # sweep --until-settled: its looks go on (no look stopped them, its driver not gone)
+    more_coming: bool = False  # load_state: a live driver holds the run and no look of --until-settled stopped it
 
 
 @dataclass
@@ -245,14 +247,13 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
         driver_gone=driver_gone,
         settled=settle_text(sweep.get(SETTLE_KEY) or {}),
         questions=questions(sweep.get(SETTLE_KEY) or {}, states),
-        looking=settling(sweep) and driver_gone is None,
     )
 
 
-def settling(sweep: dict) -> bool:
-    """Whether a sweep --until-settled's looks go on: its settle record has no look that stopped them."""
+def looks_stopped(sweep: dict) -> bool:
+    """Whether a look of sweep --until-settled stopped its rounds: no trial comes after."""
     looks = (sweep.get(SETTLE_KEY) or {}).get("rounds")
-    return SETTLE_KEY in sweep and not (looks and looks[-1]["stop"])
+    return bool(looks and looks[-1]["stop"])
 
 
 SETTLE_KEY = "settle"  # sweep.json's record of sweep --until-settled's looks (report/settle.py writes them)
@@ -402,8 +403,11 @@ def load_state(run_dir: runlog.Where, now: float | None = None) -> SweepState:
     if not holds_run(run_dir):
         raise RunFolderError(no_run_message(run_dir))
     run, now = runlog.load_run(run_dir), time.time() if now is None else now
-    running = any(trial.status == "running" for trial in run.trials) or settling(run.sweep)
-    return sweep_state(run, now, lease.driver_gone(run_dir, now) if running else None)
+    running = any(trial.status == "running" for trial in run.trials)
+    gone = lease.driver_gone(run_dir, now)
+    # A live driver with every trial ended may add more: --until-settled's next round (the lease spans its rounds).
+    more = gone is None and not looks_stopped(run.sweep)
+    return replace(sweep_state(run, now, gone if running else None), more_coming=more)
 
 
 def render(run_dir: runlog.Where, as_json: bool = False, now: float | None = None) -> str:
@@ -437,9 +441,9 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, screen cleared: the next table re
 
 
 def has_ended(state: SweepState) -> bool:
-    """Nothing more will happen: every trial has a final status and no look of --until-settled may add more, or
-    none can progress (the sweep was stopped)."""
-    return state.stopped or not (state.looking or any(state.counts[name] for name in UNFINISHED))
+    """Nothing more will happen: every trial has a final status and no live driver may add more (a round of
+    --until-settled), or none can progress (the sweep was stopped)."""
+    return state.stopped or not (state.more_coming or any(state.counts[name] for name in UNFINISHED))
 
 
 @dataclass(frozen=True)
