@@ -413,6 +413,20 @@ def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(
         api.sweep(LOOP, storage=tmp_path, resume=True, until_settled=True, max_seeds=7)  # refused before Ray
 
 
+def test_each_look_builds_the_report_once(tmp_path, monkeypatch):
+    """The first look too: the comparisons the levels are spent over come from the plan's grid, not a report."""
+    import cifar_ray.report
+
+    run_dir, built = tmp_path / "loop", []
+    plan = api.sweep_plan(LOOP)
+    fake_run(run_dir)(plan)
+    build = cifar_ray.report.build_report
+    monkeypatch.setattr(cifar_ray.report, "build_report", lambda path: built.append(path) or build(path))
+    api._settle_rounds(plan, api.Settle(LOOP, None, None, 6, None), RunFolder(run_dir), fake_run(run_dir), print)
+    rounds = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
+    assert len(built) == len(rounds) and rounds[0]["round"] == 1
+
+
 def test_a_resume_keeps_the_recorded_budget_unless_another_is_given(tmp_path):
     """A resumed --until-settled without --budget goes on with the budget the run recorded (it dropped it)."""
     run_dir = tmp_path / "loop"
