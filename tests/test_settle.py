@@ -328,6 +328,8 @@ def test_the_reports_body_gives_the_looks_verdicts_the_header_gives(tmp_path):
     rows = paired_table(report, "batch_size").rows
     assert [row[3] for row in rows] == ["CI excludes 0 at 3 seeds (look 1 of --until-settled)", at_look]
     assert rows[1][2].endswith("] (99.8 % CI, repeated looks)")  # 1 − 0.05 / 24: the level its verdict used
+    narrower = paired_table(build_report(run, margin_pp=0.5), "workers").rows[0][3]  # report --margin 0.5
+    assert narrower == "equivalent within ±1 pp at 3 seeds (look 1 of --until-settled)"  # the margin the look used
     kept = {"verdict": EQUIVALENT, "mean_diff": 0.0, "n_pairs": 6, "seeds": 3, "round": 1}
     record["rounds"] = [{"verdicts": {"batch_size=512 vs 64": kept}, "open": [], "stop": None}, record["rounds"][0]]
     record["rounds"][1]["verdicts"]["batch_size=512 vs 64"] = kept

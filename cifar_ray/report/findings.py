@@ -304,7 +304,8 @@ def verdict_text(report: Report, row: pd.Series) -> str:
     if verdict == DEPENDS_VERDICT:
         return f"depends on {depends}{look} (its effect per value: *Interactions*)"
     if verdict == EQUIVALENT:
-        text = f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp{look}"
+        margin = row["look_margin"] if look and not is_missing(row["look_margin"]) else report.margin  # the look's
+        text = f"equivalent within ±{fmt_value(round(100 * margin, 6))} pp{look}"
     else:
         note = f": its CI excludes 0, but {row['vci_note']}" if row.get("vci_note") else ""
         if verdict == NO_VERDICT:

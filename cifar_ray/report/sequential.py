@@ -96,10 +96,11 @@ def apply_looks(frames: dict[str, pd.DataFrame], baseline: dict[str, Any], settl
     """The verdicts of the looks (sweep.json's settle record) in the report's accuracy effects, judged at the looks'
     level (build.py): a comparison a look settled gets that look's verdict, kept since; one the last look left open
     is not conclusive (no verdict below MIN_PAIRS pairs), whatever pairs came after: only a look settles it. `look`
-    and `look_seeds` say which look at how many seeds (0 where no look judged it: another --baseline's)."""
+    and `look_seeds` say which look at how many seeds (0 where no look judged it: another --baseline's),
+    `look_margin` the equivalence margin it judged by."""
     verdicts = settle["rounds"][-1]["verdicts"]
     for factor, frame in frames.items():
-        frame["look"], frame["look_seeds"] = 0, 0
+        frame["look"], frame["look_seeds"], frame["look_margin"] = 0, 0, settle.get("margin", math.nan)
         for i, row in frame.iterrows():
             recorded = verdicts.get(Comparison(factor, row[factor], baseline[factor]).label)
             if recorded is None:

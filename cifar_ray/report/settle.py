@@ -24,7 +24,7 @@ from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET, trial_times
 from .format import same_value
 from .metrics import PAIRED_METRICS
 from .sequential import Comparison, comparisons, describe, look_level, look_verdict
-from .verdicts import MIN_PAIRS, NO_VERDICT, OPEN, more_seeds, pairs_needed, settles_with_seeds
+from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, NO_VERDICT, OPEN, more_seeds, pairs_needed, settles_with_seeds
 
 if TYPE_CHECKING:
     from .build import Report
@@ -67,10 +67,18 @@ class Look:
         return asdict(self)
 
 
-def settle_record(first_seeds: int, max_seeds: int, budget_s: float | None, comparisons_count: int) -> dict:
-    """sweep.json's `settle` as the first round starts: the fixed design the levels come from, no rounds yet."""
+def settle_record(
+    first_seeds: int,
+    max_seeds: int,
+    budget_s: float | None,
+    comparisons_count: int,
+    margin: float = DEFAULT_MARGIN_PP / 100,
+) -> dict:
+    """sweep.json's `settle` as the first round starts: the fixed design the levels come from, the equivalence
+    margin its looks judge by (a fraction; whatever margin a later report is asked for), no rounds yet."""
     looks = max_seeds - first_seeds + 1
     return {
+        "margin": margin,
         "first_seeds": first_seeds,
         "max_seeds": max_seeds,
         "budget_s": budget_s,
@@ -118,7 +126,7 @@ def _step(row, seeds: int, level: float, margin: float) -> int:
 def look(report: Report, settle: dict) -> Look:
     """The next look at `report`'s run, given sweep.json's `settle` record (settle_record, its rounds so far)."""
     grid = {key: report.grid[key] for key in report.factors}
-    level, margin, max_seeds = settle["level"], report.margin, settle["max_seeds"]
+    level, margin, max_seeds = settle["level"], settle.get("margin", report.margin), settle["max_seeds"]
     kept = {label: v for past in settle["rounds"] for label, v in past["verdicts"].items() if v["verdict"] != OPEN}
     planned = _planned([t.swept for t in report.run.trials])
     number = len(settle["rounds"]) + 1
