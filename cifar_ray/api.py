@@ -286,13 +286,12 @@ def _settle_rounds(
     from .core.status import SETTLE_KEY, settle_text
     from .core.sweep import build_plan, extended_plan, read_sweep_file
     from .report import build_report
-    from .report.settle import comparisons, look, settle_record
+    from .report.sequential import grid_comparisons
+    from .report.settle import asked, look, settle_record
 
     recorded = run.sweep().get(SETTLE_KEY)
     if not recorded:
-        built = build_report(run.path)
-        count = len(comparisons({k: built.grid[k] for k in built.factors}, built.baseline))
-        recorded = settle_record(plan.repeats, settle.max_seeds, settle.budget_s, count)
+        recorded = settle_record(plan.repeats, settle.max_seeds, settle.budget_s, len(grid_comparisons(plan.grid)))
     recorded["budget_s"] = settle.budget_s
     run.update_sweep(**{SETTLE_KEY: recorded})
     data = dict(settle.source) if isinstance(settle.source, Mapping) else read_sweep_file(settle.source)
@@ -315,7 +314,9 @@ def _settle_rounds(
             return
         had = len(plan.trials)
         plan = extended_plan(plan, build_plan(data, overrides, source, settle.name, taken.seeds), taken.points)
-        recorded["rounds"][-1]["added"] = [t.name for t in plan.trials[had:]]  # the next round's trials, in order
+        added = plan.trials[had:]
+        recorded["rounds"][-1]["added"] = [t.name for t in added]  # the next round's trials, in order
+        recorded["rounds"][-1]["questions"] = asked(taken, [(t.name, t.swept) for t in added])  # status shows them
         run.update_sweep(**{SETTLE_KEY: recorded})
         estimate = f", ~{rough_duration(taken.estimate_s)} estimated" if taken.estimate_s is not None else ""
         print_line(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -14,16 +15,28 @@ from helpers import factorial_epochs, ranked_correct, trial_name, write_correct,
 
 from cifar_ray import api
 from cifar_ray.cli import main
-from cifar_ray.core import runlog
+from cifar_ray.core import lease, runlog
 from cifar_ray.core.errors import UsageError
 from cifar_ray.core.run import RunFolder
-from cifar_ray.core.status import BUDGET, MAX_SEEDS, SETTLED, render, settle_text
+from cifar_ray.core.status import (
+    BUDGET,
+    MAX_SEEDS,
+    SETTLED,
+    has_ended,
+    load_state,
+    progress_lines,
+    render,
+    settle_text,
+)
+from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
+from cifar_ray.report.findings import answer_text
 from cifar_ray.report.header import settle_line
-from cifar_ray.report.sequential import look_level, look_verdict, max_looks
-from cifar_ray.report.settle import look, settle_record
-from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, pairs_needed
+from cifar_ray.report.sequential import Comparison, look_level, look_verdict, max_looks
+from cifar_ray.report.settle import answer_first, asked, look, settle_record
+from cifar_ray.report.tables import paired_table
+from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, OPEN, pairs_needed
 
 # The simulation: paired differences (value − baseline) over seeds, in units of their spread; looks from 3 seeds
 # to 10, one pair per seed, stopping at the first verdict.
@@ -135,6 +148,19 @@ def test_the_configurations_in_the_most_open_comparisons_run_first(tmp_path):
     assert [p["batch_size"] for p in taken.points] == [64, 64, 512, 512, 128, 128]
 
 
+def test_answer_first_orders_by_the_open_comparisons_a_configuration_informs_not_by_when_it_came():
+    """The workers comparison lists every configuration first; batch 64 and 512 inform the batch one too."""
+    ordered = answer_first(GRID, [Comparison("workers", 2, 1), Comparison("batch_size", 512, 64)])
+    assert [(p["batch_size"], p["workers"], len(labels)) for p, labels in ordered] == [
+        (64, 1, 2),
+        (64, 2, 2),
+        (512, 1, 2),
+        (512, 2, 2),
+        (128, 1, 1),
+        (128, 2, 1),
+    ]
+
+
 def test_failed_trials_count_as_losses_in_the_next_round(tmp_path):
     accuracy = noisy({64: 0.0, 128: -0.15, 512: -0.03})
     whole = look(build_report(settle_run(tmp_path / "a", accuracy, seeds=3)), settle_record(3, 100, None, 3))
@@ -162,7 +188,12 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     assert record["rounds"][-1]["stop"] == SETTLED
     assert settle_text(record) == "settled after 3 seeds (1 look)"
     runlog.update_json(settled / runlog.SWEEP_FILE, settle=record)
-    assert render(settled).splitlines()[-1] == "settled after 3 seeds (1 look)"  # cifar-ray status
+    assert render(settled).splitlines()[-4:] == [  # cifar-ray status
+        "settled after 3 seeds (1 look)",
+        "  batch_size=128 vs 64: CI excludes 0 at 3 seeds (look 1)",
+        "  batch_size=512 vs 64: CI excludes 0 at 3 seeds (look 1)",
+        "  workers=2 vs 1: CI excludes 0 at 3 seeds (look 1)",
+    ]
     assert json.loads(render(settled, as_json=True))["settled"] == "settled after 3 seeds (1 look)"
     run = build_report(settle_run(tmp_path / "o", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3, wall_s=100.0))
     at_max = settle_record(3, 3, None, 3)
@@ -176,6 +207,19 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     assert settle_text(budget).startswith("stopped at the budget with 2 comparisons open (3 seeds, 1 look;")
 
 
+def test_the_next_rounds_estimate_uses_every_finished_trials_time(tmp_path):
+    """The last two trials (a later round's, say) took 90 s, the 16 before them 30 s: the mean over all 18, two at
+    once, with or without --address (the look reads the run folder, not a step timed here)."""
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.01}), seeds=3)
+    for index in (16, 17):  # they started last, at 1240 s: stretched, they overlap nothing more
+        folder = run / trial_name(index)
+        rows = [json.loads(line) for line in (folder / runlog.EPOCHS_FILE).read_text().splitlines()]
+        lines = [json.dumps(r | {"end_unix": 1240.0 + 30.0 * (e + 1)}) for e, r in enumerate(rows)]
+        (folder / runlog.EPOCHS_FILE).write_text("\n".join(lines) + "\n")
+    taken = look(build_report(run), settle_record(3, 10, None, 3))
+    assert taken.estimate_s == pytest.approx(taken.trials * (16 * 30.0 + 2 * 90.0) / 18 / 2)
+
+
 def test_a_verdict_once_reached_is_kept_not_judged_again(tmp_path):
     run = build_report(settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3))
     record = settle_record(3, 10, None, 3)
@@ -184,6 +228,115 @@ def test_a_verdict_once_reached_is_kept_not_judged_again(tmp_path):
     taken = look(run, record)
     assert taken.round == 2 and taken.verdicts["batch_size=128 vs 64"] == kept
     assert taken.open == ["batch_size=512 vs 64"] and {p["batch_size"] for p in taken.points} == {64, 512}
+
+
+def round_under_way(tmp_path: Path) -> tuple[Path, dict]:
+    """A run of GRID at 3 seeds whose look 1 settled batch 128 and left batch 512 and workers open, in round 2:
+    its first two trials (at batch 64, informing both open comparisons) ended, the third runs, the rest wait."""
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.01}, workers=-0.01), seeds=3)
+    record = settle_record(3, 10, None, 3)
+    taken = look(build_report(run), record)
+    added, first = [], 6 * 3
+    for point in taken.points:
+        for seed in range(3, taken.seeds):
+            index = first + len(added)
+            swept = point | {"seed": seed}
+            state = "finished" if len(added) < 2 else "running" if len(added) == 2 else "pending"
+            epochs = factorial_epochs(0.6, 0.4, 10.0) if state == "finished" else []
+            write_trial(run, index, swept, state, epochs, gpus=False, planned=3)
+            runlog.update_json(run / trial_name(index) / runlog.TRIAL_FILE, started_unix=time.time())
+            added.append((trial_name(index), swept))
+    record["rounds"].append(taken.record() | {"added": [name for name, _ in added]})
+    record["rounds"][-1]["questions"] = asked(taken, added)
+    runlog.update_json(run / runlog.SWEEP_FILE, settle=record, trials=[trial_name(i) for i in range(len(added) + 18)])
+    return run, record
+
+
+def test_status_shows_each_comparison_settled_so_far_and_what_runs_for_each_open_one(tmp_path):
+    run, record = round_under_way(tmp_path)
+    added = record["rounds"][-1]["added"]
+    per_config = record["rounds"][-1]["seeds"] - 3
+    workers, batch = (
+        record["rounds"][-1]["questions"]["workers=2 vs 1"],
+        record["rounds"][-1]["questions"]["batch_size=512 vs 64"],
+    )
+    assert set(workers) == set(added) and len(batch) == 4 * per_config  # batch 128's inform workers only
+    with lease.hold(StoragePath.of(run), lambda line: None):  # a live driver: the running trial runs
+        lines = render(run).splitlines()
+        questions = json.loads(render(run, as_json=True))["questions"]
+        round_line = progress_lines(run, None)[1]
+    assert lines[-3:] == [
+        "  batch_size=128 vs 64: CI excludes 0 at 3 seeds (look 1)",
+        f"  batch_size=512 vs 64: open, 2 of {len(batch)} added trials ended; running {added[2]}",
+        f"  workers=2 vs 1: open, 2 of {len(added)} added trials ended; running {added[2]}",
+    ]
+    assert questions[1] == {
+        "comparison": "batch_size=512 vs 64",
+        "verdict": "open",
+        "look": 1,
+        "seeds": 3,
+        "trials": batch,
+        "ended": 2,
+        "running": [added[2]],
+    }
+    assert round_line == (
+        f"until settled, this round: batch_size=512 vs 64: open, 2 of {len(batch)} added trials ended; running "
+        f"{added[2]}; workers=2 vs 1: open, 2 of {len(added)} added trials ended; running {added[2]}"
+    )
+
+
+def test_the_live_view_prints_the_rounds_questions_as_trials_end(tmp_path):
+    from cifar_ray.cluster.progress import SweepProgress
+
+    run, record = round_under_way(tmp_path)
+    lines: list[str] = []
+    view = SweepProgress(StoragePath.of(run), [], lines.append, started=time.time())
+    view._stands()  # what a trial's end prints
+    assert lines[0].startswith("[20/36 done ·") and len(lines) == 2
+    assert lines[1].startswith("until settled, this round: batch_size=512 vs 64: open, 2 of 12 added trials ended")
+
+
+def test_watch_goes_on_between_rounds_until_a_look_stops_them(tmp_path):
+    grid = settle_run(tmp_path / "g", noisy({64: 0.0, 128: -0.15, 512: -0.01}), seeds=3)  # before look 1 is recorded
+    assert has_ended(load_state(grid))  # no driver: nothing more comes
+    with lease.hold(StoragePath.of(grid), lambda line: None):
+        assert not has_ended(load_state(grid))  # its driver may look and add a round
+    run, record = round_under_way(tmp_path)
+    for name in record["rounds"][-1]["added"]:  # round 2 ended; look 2 not taken yet
+        runlog.update_json(run / name / runlog.TRIAL_FILE, status="failed")
+    with lease.hold(StoragePath.of(run), lambda line: None):  # a live driver
+        assert not has_ended(load_state(run))
+        record["rounds"].append(record["rounds"][-1] | {"round": 2, "stop": SETTLED, "open": []})
+        runlog.update_json(run / runlog.SWEEP_FILE, settle=record)
+        assert has_ended(load_state(run))
+
+
+def test_the_reports_body_gives_the_looks_verdicts_the_header_gives(tmp_path):
+    """Batch 512's -2 pp at 3 seeds passes Holm's single look, not the looks' level: the body, the effects table and
+    the header all say not conclusive; a verdict an earlier look reached stays, whatever the pairs since say."""
+    run = settle_run(tmp_path / "r", noisy({64: 0.0, 128: -0.15, 512: -0.02}, noise=0.005, workers=0.0), seeds=3)
+    single = build_report(run)  # no look recorded: Holm's single-look verdicts
+    assert single.effects["batch_size"]["final_test_acc"]["verdict"].tolist() == [DIFFERS, DIFFERS]
+    record = settle_record(3, 10, None, 3)
+    record["rounds"].append(look(single, record).record())
+    runlog.update_json(run / runlog.SWEEP_FILE, settle=record)
+    report = build_report(run)
+    assert report.effects["batch_size"]["final_test_acc"]["verdict"].tolist() == [DIFFERS, OPEN]
+    at_look = "not conclusive (look 1 of --until-settled)"
+    assert f"6 of 6 pairs: {at_look}; about" in answer_text(report)[1]
+    assert f"batch_size=512 vs 64: {at_look}; workers=2 vs 1: equivalent at 3 seeds (look 1" in settle_line(report)
+    rows = paired_table(report, "batch_size").rows
+    assert [row[3] for row in rows] == ["CI excludes 0 at 3 seeds (look 1 of --until-settled)", at_look]
+    assert rows[1][2].endswith("] (99.8 % CI, repeated looks)")  # 1 − 0.05 / 24: the level its verdict used
+    narrower = paired_table(build_report(run, margin_pp=0.5), "workers").rows[0][3]  # report --margin 0.5
+    assert narrower == "equivalent within ±1 pp at 3 seeds (look 1 of --until-settled)"  # the margin the look used
+    kept = {"verdict": EQUIVALENT, "mean_diff": 0.0, "n_pairs": 6, "seeds": 3, "round": 1}
+    record["rounds"] = [{"verdicts": {"batch_size=512 vs 64": kept}, "open": [], "stop": None}, record["rounds"][0]]
+    record["rounds"][1]["verdicts"]["batch_size=512 vs 64"] = kept
+    runlog.update_json(run / runlog.SWEEP_FILE, settle=record)
+    assert paired_table(build_report(run), "batch_size").rows[1][3] == (
+        "equivalent within ±1 pp at 3 seeds (look 1 of --until-settled)"
+    )
 
 
 SWEEP = {"name": "settle", "grid": {"batch_size": [64, 128, 512], "workers": [1, 2]}, "repeats": 2}
@@ -260,6 +413,20 @@ def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(
     assert rounds[-1]["verdicts"]["batch_size=128 vs 64"] == first[0]["verdicts"]["batch_size=128 vs 64"]
     with pytest.raises(UsageError, match=r"^--max-seeds 7: this run settles with --max-seeds 6, which fixed its"):
         api.sweep(LOOP, storage=tmp_path, resume=True, until_settled=True, max_seeds=7)  # refused before Ray
+
+
+def test_each_look_builds_the_report_once(tmp_path, monkeypatch):
+    """The first look too: the comparisons the levels are spent over come from the plan's grid, not a report."""
+    import cifar_ray.report
+
+    run_dir, built = tmp_path / "loop", []
+    plan = api.sweep_plan(LOOP)
+    fake_run(run_dir)(plan)
+    build = cifar_ray.report.build_report
+    monkeypatch.setattr(cifar_ray.report, "build_report", lambda path: built.append(path) or build(path))
+    api._settle_rounds(plan, api.Settle(LOOP, None, None, 6, None), RunFolder(run_dir), fake_run(run_dir), print)
+    rounds = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
+    assert len(built) == len(rounds) and rounds[0]["round"] == 1
 
 
 def test_a_resume_keeps_the_recorded_budget_unless_another_is_given(tmp_path):

@@ -368,6 +368,7 @@ def advancing_run(tmp_path: Path) -> SweepAdvancing:
                 run / runlog.SWEEP_FILE,
                 finished_at=datetime.fromtimestamp(START + at, timezone.utc).strftime(status.ISO_FORMAT),
             ),
+            (run / lease.LEASE_FILE).unlink(),  # the driver ends: while it lives, it may add trials (--until-settled)
         ),
     ]
     return SweepAdvancing(run_dir, steps)

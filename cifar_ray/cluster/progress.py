@@ -1,5 +1,5 @@
 """What a running sweep prints: a header, a line per trial start, per finished epoch and per failure, and after
-each trial ends where the sweep stands (status.progress_line, what `cifar-ray status` counts), or on a terminal a
+each trial ends where the sweep stands (status.progress_lines, what `cifar-ray status` counts), or on a terminal a
 live bar. The lines come from the Dispatcher's events, read by a thread of the driver as they happen.
 """
 
@@ -128,11 +128,16 @@ class SweepProgress:
             self.bar.write(line, file=self.bar.fp)
 
     def _stands(self) -> None:
-        """Where the sweep stands, once a trial ended: a line, or the bar's description."""
+        """Where the sweep stands, once a trial ended: a line, or the bar's description; in a round of --until-settled
+        also what its open comparisons wait for (a line, above the bar)."""
         if self.bar is None:
-            self.print_line(status.progress_line(self.run_dir, self.elapsed_s()))
+            totals, round_line = status.progress_lines(self.run_dir, self.elapsed_s())
+            self.print_line(totals)
         else:
-            self.bar.set_description_str(status.progress_line(self.run_dir, None), refresh=True)
+            totals, round_line = status.progress_lines(self.run_dir, None)
+            self.bar.set_description_str(totals, refresh=True)
+        if round_line:
+            self._say(round_line)
 
     def _epochs(self, trial: str, logged: int) -> None:
         if self.bar is not None and logged > self.logged[trial]:

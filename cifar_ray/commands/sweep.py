@@ -146,10 +146,9 @@ def run(args: argparse.Namespace) -> int:
 
 def settle_plan_line(plan: SweepPlan, max_seeds: int) -> str:
     """What --until-settled will do after the grid, for the dry run."""
-    from ..report.sequential import describe, max_looks
-    from ..report.settle import comparisons
+    from ..report.sequential import describe, grid_comparisons, max_looks
 
-    count = len(comparisons(plan.grid, {key: values[0] for key, values in plan.grid.items()}))
+    count = len(grid_comparisons(plan.grid))
     return (
         f"{UNTIL_SETTLED_OPTION}: then seeds added where a comparison is open, up to {max_seeds} per configuration; "
         f"{describe(count, max_looks(plan.repeats, max_seeds))}"

@@ -1,5 +1,7 @@
 """Where a sweep stands, from its run folder alone: `cifar-ray status RUN_DIR` and the line a running sweep prints
-after each trial ends. Both come from `sweep_state`, the one place that counts trials and estimates the ETA.
+after each trial ends. Both come from `sweep_state`, the one place that counts trials and estimates the ETA; for
+sweep --until-settled also each comparison (questions): settled at which look, or open and the trials of the round
+under way that are for it, read from sweep.json's settle record and the trials' states.
 
 It reads sweep.json, each trial.json and metrics.jsonl (runlog), and imports neither torch nor Ray, nor pyarrow for
 a local folder, so it answers in well under a second while the sweep runs elsewhere (`ray job submit`).
@@ -28,7 +30,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
 from . import lease, runlog
@@ -84,6 +86,22 @@ class SweepState:
     stopped: bool  # trials are left but none progresses: the sweep's driver stopped (--resume continues it)
     driver_gone: str | None = None  # why the run has no live driver (lease absent or stale), read while trials run
     settled: str = ""  # sweep --until-settled: where its looks stand (settle_text); "" for another sweep
+    questions: list[Question] = field(default_factory=list)  # sweep --until-settled: each comparison (questions)
+    more_coming: bool = False  # load_state: a live driver holds the run and no look of --until-settled stopped it
+
+
+@dataclass
+class Question:
+    """One comparison of a sweep --until-settled, as its trials end: its verdict at the look that settled it, or
+    open, with the trials the round under way added for it (`trials`), how many of them ended and which run."""
+
+    comparison: str  # its label: `workers=2 vs 1`
+    verdict: str  # the look's verdict (report/verdicts.py), or OPEN_QUESTION
+    look: int  # the look that settled it, or the last look
+    seeds: int  # the seeds per configuration at that look
+    trials: list[str] = field(default_factory=list)  # the round under way's trials for it ([]: none runs for it)
+    ended: int = 0
+    running: list[str] = field(default_factory=list)
 
 
 def _unix(iso: str | None) -> float | None:
@@ -228,7 +246,14 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
         stopped=stopped,
         driver_gone=driver_gone,
         settled=settle_text(sweep.get(SETTLE_KEY) or {}),
+        questions=questions(sweep.get(SETTLE_KEY) or {}, states),
     )
+
+
+def looks_stopped(sweep: dict) -> bool:
+    """Whether a look of sweep --until-settled stopped its rounds: no trial comes after."""
+    looks = (sweep.get(SETTLE_KEY) or {}).get("rounds")
+    return bool(looks and looks[-1]["stop"])
 
 
 SETTLE_KEY = "settle"  # sweep.json's record of sweep --until-settled's looks (report/settle.py writes them)
@@ -264,6 +289,57 @@ def settle_text(settle: dict) -> str:
     }[last["stop"]]
 
 
+OPEN_QUESTION = "open"  # a comparison no look has settled yet (its record says report.verdicts.OPEN)
+
+
+def questions(settle: dict, trials: list[TrialState]) -> list[Question]:
+    """Each comparison of sweep --until-settled's last look (sweep.json's settle record, settle_text's), in its
+    order: settled (at the look that settled it) or open; for the open ones, when a round is under way, the trials it
+    added for them (the round's `questions`), how many ended, which run. [] before the first look."""
+    looks = settle.get("rounds") or []
+    if not looks:
+        return []
+    last, states = looks[-1], {t.trial: t for t in trials}
+    round_trials = last.get("questions", {}) if last["stop"] is None else {}
+    result = []
+    for label, verdict in last["verdicts"].items():
+        is_open = label in last["open"]
+        names = round_trials.get(label, []) if is_open else []
+        known = [states[name] for name in names if name in states]
+        result.append(
+            Question(
+                comparison=label,
+                verdict=OPEN_QUESTION if is_open else verdict["verdict"],
+                look=verdict["round"],
+                seeds=verdict["seeds"],
+                trials=names,
+                ended=sum(t.state not in UNFINISHED for t in known),
+                running=[t.trial for t in known if t.state == "running"],
+            )
+        )
+    return result
+
+
+def question_state(question: Question) -> str:
+    """`open, 3 of 8 added trials ended; running t012-..., t013-...` while a round runs for it, else its verdict at
+    its look: `CI excludes 0 at 3 seeds (look 1)`, `open at 10 seeds (look 4)`."""
+    if not question.trials:
+        return f"{question.verdict} at {counted(question.seeds, 'seed')} (look {question.look})"
+    running = f"; running {', '.join(question.running)}" if question.running else ""
+    return f"{question.verdict}, {question.ended} of {counted(len(question.trials), 'added trial')} ended{running}"
+
+
+def question_text(question: Question) -> str:
+    return f"{question.comparison}: {question_state(question)}"
+
+
+def round_line(state: SweepState) -> str:
+    """The round under way of a sweep --until-settled in one line, for the line a running sweep prints after each
+    trial ends: each open comparison's added trials ended and running; "" when no round is under way."""
+    running = [question_text(q) for q in state.questions if q.trials]
+    return f"until settled, this round: {'; '.join(running)}" if running else ""
+
+
 def totals_line(state: SweepState, explain: bool = False, elapsed: str = "elapsed") -> str:
     """`[3/12 done · 2 running · 6 pending · 1 failed] 25 min elapsed · ETA ~14 min`; `explain` adds how the
     ETA is computed, `elapsed` what the elapsed time measures."""
@@ -279,11 +355,12 @@ def totals_line(state: SweepState, explain: bool = False, elapsed: str = "elapse
     return f"[{' · '.join(counts)}] {' · '.join(parts)}".rstrip()
 
 
-def progress_line(run_dir: runlog.Where, session_s: float | None) -> str:
-    """The line a running sweep prints after each trial ends: the counts, `session_s` (this session's running time,
-    not the time since the run's first session began; None: left out) and the ETA."""
+def progress_lines(run_dir: runlog.Where, session_s: float | None) -> tuple[str, str]:
+    """What a running sweep prints after each trial ends: the counts, `session_s` (this session's running time,
+    not the time since the run's first session began; None: left out) and the ETA; and for a round of sweep
+    --until-settled, its round_line ("" otherwise)."""
     state = sweep_state(runlog.load_run(run_dir), time.time())
-    return totals_line(replace(state, elapsed_s=session_s), elapsed="elapsed this session")
+    return totals_line(replace(state, elapsed_s=session_s), elapsed="elapsed this session"), round_line(state)
 
 
 def swept_text(swept: dict) -> str:
@@ -327,7 +404,10 @@ def load_state(run_dir: runlog.Where, now: float | None = None) -> SweepState:
         raise RunFolderError(no_run_message(run_dir))
     run, now = runlog.load_run(run_dir), time.time() if now is None else now
     running = any(trial.status == "running" for trial in run.trials)
-    return sweep_state(run, now, lease.driver_gone(run_dir, now) if running else None)
+    gone = lease.driver_gone(run_dir, now)
+    # A live driver with every trial ended may add more: --until-settled's next round (the lease spans its rounds).
+    more = gone is None and not looks_stopped(run.sweep)
+    return replace(sweep_state(run, now, gone if running else None), more_coming=more)
 
 
 def render(run_dir: runlog.Where, as_json: bool = False, now: float | None = None) -> str:
@@ -348,6 +428,7 @@ def state_table(state: SweepState) -> str:
     lines += text_table(rows, pad_last=False).splitlines()
     lines.append(totals_line(state, explain=True))
     lines += [state.settled] if state.settled else []
+    lines += [f"  {question_text(q)}" for q in state.questions]
     return "\n".join(lines)
 
 
@@ -360,8 +441,9 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, screen cleared: the next table re
 
 
 def has_ended(state: SweepState) -> bool:
-    """Nothing more will happen: every trial has a final status, or none can progress (the sweep was stopped)."""
-    return state.stopped or not any(state.counts[name] for name in UNFINISHED)
+    """Nothing more will happen: every trial has a final status and no live driver may add more (a round of
+    --until-settled), or none can progress (the sweep was stopped)."""
+    return state.stopped or not (state.more_coming or any(state.counts[name] for name in UNFINISHED))
 
 
 @dataclass(frozen=True)
@@ -400,6 +482,7 @@ def watch(
         state = load_state(run_dir, now)
         stamp = time.strftime("%H:%M:%S", time.localtime(now))
         rows = {t.trial: f"{_state_text(t)}, {_epochs_text(t)}" for t in state.trials}
+        rows |= {q.comparison: question_state(q) for q in state.questions}  # --until-settled's, as trials end
         if in_place:
             title = f"{stamp} · every {interval_s:g} s until the sweep ends · Ctrl-C stops watching"
             write(f"{CLEAR_SCREEN}{title}\n\n{state_table(state)}\n")

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..core.errors import ConfigError
 from ..core.runlog import RunLog, Where
+from ..core.status import SETTLE_KEY
 from .compare import (
     RUN_FACTOR,
     RunComparison,
@@ -40,6 +41,7 @@ from .load import (
     trial_frame,
 )
 from .metrics import COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
+from .sequential import apply_looks
 from .sharing import shared_trials
 from .stats import (
     Overfit,
@@ -134,13 +136,19 @@ def build_report(
     seeds = int(trials["seed"].nunique()) if "seed" in trials.columns else 1
     pairing = Pairing(factors, grid, chosen, match, seeds)
     effects = {key: {accuracy: paired_effects(paired, key, pairing, accuracy, per_image=per_image)} for key in factors}
-    for key, judged in zip(factors, judge([effects[key][accuracy] for key in factors], margin_pp / 100, seeds)):
-        effects[key][accuracy] = judged
+    # sweep --until-settled: its looks' verdicts, every test at their level (report/settle.py), one run only
+    looks = None if comparison else sweep.get(SETTLE_KEY)
+    level = looks["level"] if looks and looks.get("rounds") else None
+    judged = judge([effects[key][accuracy] for key in factors], margin_pp / 100, seeds, level)
+    if level is not None:
+        apply_looks(dict(zip(factors, judged)), chosen, looks)
+    for key, frame in zip(factors, judged):
+        effects[key][accuracy] = frame
     interactions = find_interactions(paired, pairing, accuracy, per_image)
     for key in factors:
         effects[key][accuracy] = mark_dependent(effects[key][accuracy], key, interactions)
     comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
-    verdict_intervals([effects[key][accuracy] for key in factors], "mean_diff")
+    verdict_intervals([effects[key][accuracy] for key in factors], "mean_diff", level=level)
     noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
     finished = included(trials)
     shared = {name: why for name, why in shared_trials(run.trials).items() if name in set(finished["trial"])}

@@ -35,6 +35,7 @@ from .header import run_level_text
 from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
 from .load import config_value
 from .metrics import COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Metric
+from .sequential import look_text
 from .stats import PAIRS_DISAGREE, UNFINISHED, WITHIN, included, pooled_std, rows_with, scored_trials
 from .testset import testset_var
 from .verdicts import (
@@ -299,16 +300,18 @@ def run_level_note(report: Report, key: str) -> str:
 def verdict_text(report: Report, row: pd.Series) -> str:
     """The verdict of an accuracy comparison (verdicts.judge) in words."""
     verdict, depends = row["verdict"], row.get("depends_on") or ""
+    look = look_text(row)
     if verdict == DEPENDS_VERDICT:
-        return f"depends on {depends} (its effect per value: *Interactions*)"
+        return f"depends on {depends}{look} (its effect per value: *Interactions*)"
     if verdict == EQUIVALENT:
-        text = f"equivalent within ±{fmt_value(round(100 * report.margin, 6))} pp"
+        margin = row["look_margin"] if look and not is_missing(row["look_margin"]) else report.margin  # the look's
+        text = f"equivalent within ±{fmt_value(round(100 * margin, 6))} pp{look}"
     else:
         note = f": its CI excludes 0, but {row['vci_note']}" if row.get("vci_note") else ""
         if verdict == NO_VERDICT:
-            text = f"no verdict (fewer than {MIN_PAIRS} pairs{note})"
+            text = f"no verdict (fewer than {MIN_PAIRS} pairs{note}){look}"
         else:
-            text = f"{verdict} ({note[2:]})" if note else verdict
+            text = f"{verdict}{look} ({note[2:]})" if note else verdict + look
     return text + (f"; depends on {depends}" if depends else "")
 
 
@@ -327,6 +330,8 @@ def seeds_text(report: Report, row: pd.Series) -> str:
         return ""
     if row["testset_limited"]:
         return testset_text(report, row)
+    if is_missing(row["more_seeds"]) and row.get("vci_note"):  # open at its look, settled by its later pairs
+        return ""
     if is_missing(row["more_seeds"]):
         why = "one pair gives no spread" if row["n_pairs"] < 2 else f"not within {MAX_PAIRS} pairs"
         return f"; seeds that would resolve it: unknown ({why})"
@@ -395,9 +400,14 @@ def testset_text(report: Report, row: pd.Series) -> str:
 
 def ci_label(row: pd.Series) -> str:
     """What the interval beside an effect is (verdicts.verdict_intervals): `95 % CI`, `97.5 % CI, Holm`,
-    `90 % CI, equivalence (TOST)`; why one that excludes no effect stands beside no verdict is the verdict's."""
-    label = f"{round(100 * row['vci_level'], 1):g} % CI"
+    `90 % CI, equivalence (TOST)`, `99.8 % CI, repeated looks` (sweep --until-settled's level); why one that
+    excludes no effect stands beside no verdict is the verdict's."""
+    digits = 1
+    while round(100 * row["vci_level"], digits) == 100 and digits < 6:  # 99.96 % is not 100 %
+        digits += 1
+    label = f"{round(100 * row['vci_level'], digits):g} % CI"
     extra = (["Holm"] if row["vci_holm"] else []) + (["equivalence (TOST)"] if row["vci_tost"] else [])
+    extra += ["repeated looks"] if row.get("vci_looks") else []
     return ", ".join([label, *extra])
 
 

@@ -17,9 +17,9 @@ from .compare import RUN_FACTOR, RUN_MATCH_RULE, RunSource
 from .document import Block, Heading, Paragraph, Table
 from .format import best_phrase, fmt_date, fmt_duration, fmt_value, same_value
 from .load import config_value
-from .metrics import INCOMPLETE
+from .metrics import INCOMPLETE, PAIRED_METRICS
+from .sequential import Comparison, look_text
 from .stats import OVERFIT_RULE
-from .verdicts import OPEN
 
 DEFAULTS = {key: TrainConfig.model_fields[key].default for key in KEYS}
 
@@ -217,18 +217,21 @@ def _run_header(report: Report) -> list[Block]:
 
 def settle_line(report: Report) -> str:
     """How the rounds of `sweep --until-settled` ended and under which procedure (report/settle.py), with each
-    comparison's verdict at the look that settled it; "" for a run without rounds."""
+    comparison's verdict as the report's effects hold it: the look's (settle.apply_looks); "" for a run without
+    rounds."""
     record = report.run.sweep.get(SETTLE_KEY)
     if not record or not record.get("rounds"):
         return ""
-    verdicts = record["rounds"][-1]["verdicts"]
-    each = "; ".join(
-        f"{label}: {v['verdict']}" + (f" at {v['seeds']} seeds (look {v['round']})" if v["verdict"] != OPEN else "")
-        for label, v in verdicts.items()
-    )
+    accuracy = PAIRED_METRICS[0].column
+    each = [
+        f"{Comparison(key, row[key], report.baseline[key]).label}: {row['verdict']}{look_text(row)}"
+        for key in report.factors
+        for _, row in report.effects[key][accuracy].iterrows()
+        if row.get("look")
+    ]
     return (
-        f"{settle_text(record)}. {each}. {record['procedure']}. After these repeated looks, these verdicts hold, "
-        "not the single-look tests of all the seeds below"
+        ". ".join([settle_text(record), *(["; ".join(each)] if each else []), record["procedure"]])
+        + ". The accuracy verdicts below are these looks', each test at this level"
     )
 
 

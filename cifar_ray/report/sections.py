@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.runlog import TIME_PER_EPOCH_RULE
+from ..core.status import SETTLE_KEY
 from ..core.text import counted
 from .build import Report
 from .document import Block, Bullets, Document, Figure, Heading, Paragraph
@@ -187,6 +188,18 @@ def curves_section(report: Report, plots: Plots) -> list[Block]:
     return [Heading("Training curves"), *(Figure(file, caption) for file, caption in plots.get("", []))]
 
 
+def _looks_note(report: Report) -> str:
+    """The accuracy verdicts of a sweep --until-settled run are its looks' (report/settle.py apply_looks)."""
+    record = report.run.sweep.get(SETTLE_KEY) if not report.comparison else None
+    if not record or not record.get("rounds"):
+        return ""
+    return (
+        f" Not in this run: it added seeds until its comparisons settled (`--until-settled`), so each test is at "
+        f"the level its repeated looks spend, {record['level']:.3g}, with no Holm, and a comparison's verdict is "
+        "the one of the look that settled it (*Until settled*, above)."
+    )
+
+
 def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
     """Every definition the report relies on, each once."""
     margin = fmt_value(round(100 * report.margin, 6))
@@ -226,7 +239,7 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         f"pp* (two one-sided tests against that margin; `cifar-ray report --margin PP`, default 1 pp), else *not "
         f"conclusive*; fewer pairs: *no verdict*. Holm's correction across this report's accuracy comparisons "
         f"({report.comparisons} with {MIN_PAIRS} pairs or more) keeps the family-wise error at {ALPHA:.0%}, for each "
-        "test.",
+        "test." + _looks_note(report),
         f"**More seeds.** For an open comparison: the fewest pairs (at most {MAX_PAIRS}) at which its observed mean "
         f"and spread would be resolved either way at {ALPHA:.0%} / comparisons (Holm's strictest level, over the "
         "comparisons with any pair), the test set's part of its standard error held fixed (every seed is tested on "

@@ -18,36 +18,16 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET, trial_times
-from .build import Report
-from .format import fmt_value, same_value
+from .format import same_value
 from .metrics import PAIRED_METRICS
-from .sequential import describe, look_level, look_verdict
-from .verdicts import MIN_PAIRS, NO_VERDICT, OPEN, more_seeds, pairs_needed, settles_with_seeds
+from .sequential import Comparison, comparisons, describe, look_level, look_verdict
+from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, NO_VERDICT, OPEN, more_seeds, pairs_needed, settles_with_seeds
 
-
-@dataclass(frozen=True)
-class Comparison:
-    factor: str
-    value: Any  # a grid label
-    baseline: Any
-
-    @property
-    def label(self) -> str:
-        return f"{self.factor}={fmt_value(self.value)} vs {fmt_value(self.baseline)}"
-
-
-def comparisons(grid: dict[str, list], baseline: dict[str, Any]) -> list[Comparison]:
-    """Every accuracy comparison of a grid: each factor's other values against its baseline, in grid order."""
-    return [
-        Comparison(key, value, baseline[key])
-        for key, values in grid.items()
-        if key != "seed"
-        for value in values
-        if not same_value(value, baseline[key])
-    ]
+if TYPE_CHECKING:
+    from .build import Report
 
 
 def grid_points(grid: dict[str, list], comparison: Comparison) -> list[dict[str, Any]]:
@@ -69,7 +49,8 @@ def point_key(point: dict[str, Any]) -> tuple:
 @dataclass
 class Look:
     """One look at the run: each comparison's verdict (kept from an earlier look where it settled there), what is
-    open, and either why the rounds stop or the next round: `seeds` per configuration at `points`."""
+    open, and either why the rounds stop or the next round: `seeds` per configuration at `points`, and for each
+    point the open comparisons it informs (`informs`, as many as the point's place in the order asks)."""
 
     round: int
     verdicts: dict[str, dict]  # comparison label -> {verdict, mean_diff, n_pairs, seeds, round}
@@ -77,6 +58,7 @@ class Look:
     stop: str | None = None
     seeds: int | None = None
     points: list[dict[str, Any]] = field(default_factory=list)
+    informs: list[list[str]] = field(default_factory=list)  # per point: the labels of its open comparisons
     trials: int = 0  # the next round's new trials
     estimate_s: float | None = None  # its wall time, from this run's trial times (None: unknown)
 
@@ -85,10 +67,18 @@ class Look:
         return asdict(self)
 
 
-def settle_record(first_seeds: int, max_seeds: int, budget_s: float | None, comparisons_count: int) -> dict:
-    """sweep.json's `settle` as the first round starts: the fixed design the levels come from, no rounds yet."""
+def settle_record(
+    first_seeds: int,
+    max_seeds: int,
+    budget_s: float | None,
+    comparisons_count: int,
+    margin: float = DEFAULT_MARGIN_PP / 100,
+) -> dict:
+    """sweep.json's `settle` as the first round starts: the fixed design the levels come from, the equivalence
+    margin its looks judge by (a fraction; whatever margin a later report is asked for), no rounds yet."""
     looks = max_seeds - first_seeds + 1
     return {
+        "margin": margin,
         "first_seeds": first_seeds,
         "max_seeds": max_seeds,
         "budget_s": budget_s,
@@ -136,7 +126,7 @@ def _step(row, seeds: int, level: float, margin: float) -> int:
 def look(report: Report, settle: dict) -> Look:
     """The next look at `report`'s run, given sweep.json's `settle` record (settle_record, its rounds so far)."""
     grid = {key: report.grid[key] for key in report.factors}
-    level, margin, max_seeds = settle["level"], report.margin, settle["max_seeds"]
+    level, margin, max_seeds = settle["level"], settle.get("margin", report.margin), settle["max_seeds"]
     kept = {label: v for past in settle["rounds"] for label, v in past["verdicts"].items() if v["verdict"] != OPEN}
     planned = _planned([t.swept for t in report.run.trials])
     number = len(settle["rounds"]) + 1
@@ -174,7 +164,8 @@ def look(report: Report, settle: dict) -> Look:
         return result
     seeds = max(_seeds_at(grid_points(grid, comparison), planned) for comparison in growable)
     result.seeds = min(max_seeds, seeds + min(steps))
-    result.points = answer_first(grid, growable)
+    ordered = answer_first(grid, growable)
+    result.points, result.informs = [point for point, _ in ordered], [labels for _, labels in ordered]
     result.trials = sum(max(0, result.seeds - planned.get(point_key(p), 0)) for p in result.points)
     times = trial_times(report.run)
     if times is not None:
@@ -183,16 +174,28 @@ def look(report: Report, settle: dict) -> Look:
     budget = settle.get("budget_s")
     spent = report.run.sweep.get("wall_time_s") or 0.0
     if budget is not None and result.estimate_s is not None and spent + result.estimate_s > budget:
-        result.stop, result.seeds, result.points = BUDGET, None, []  # the round it would have run, not run
+        # the round it would have run, not run
+        result.stop, result.seeds, result.points, result.informs = BUDGET, None, [], []
     return result
 
 
-def answer_first(grid: dict[str, list], open_comparisons: list[Comparison]) -> list[dict[str, Any]]:
-    """The configurations of the open comparisons, those in the most of them first (grid order among equals)."""
-    points: dict[tuple, tuple[dict, int]] = {}
+def answer_first(grid: dict[str, list], open_comparisons: list[Comparison]) -> list[tuple[dict[str, Any], list[str]]]:
+    """The configurations of the open comparisons, each with the labels of those it informs, those in the most of
+    them first (grid order among equals)."""
+    points: dict[tuple, tuple[dict, list[str]]] = {}
     for comparison in open_comparisons:
         for point in grid_points(grid, comparison):
-            key = point_key(point)
-            points[key] = (point, points[key][1] + 1 if key in points else 1)
-    ordered = sorted(enumerate(points.values()), key=lambda item: (-item[1][1], item[0]))
-    return [point for _, (point, _) in ordered]
+            points.setdefault(point_key(point), (point, []))[1].append(comparison.label)
+    ordered = sorted(enumerate(points.values()), key=lambda item: (-len(item[1][1]), item[0]))
+    return [entry for _, entry in ordered]
+
+
+def asked(taken: Look, added: list[tuple[str, dict[str, Any]]]) -> dict[str, list[str]]:
+    """Which open comparison each of a round's new trials (name, swept values) is for: label -> trial names, in
+    the round's order; what status shows as the round runs."""
+    informs = {point_key(point): labels for point, labels in zip(taken.points, taken.informs)}
+    questions: dict[str, list[str]] = {}
+    for name, swept in added:
+        for label in informs[point_key(swept)]:
+            questions.setdefault(label, []).append(name)
+    return questions

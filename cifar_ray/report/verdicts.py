@@ -119,12 +119,13 @@ def more_seeds(needed: int, row: pd.Series, seeds: int) -> tuple[int, float]:
     return max(0, math.ceil(((needed - n) / survival - unfinished) / per_seed)), survival
 
 
-def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd.DataFrame]:
+def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int, level: float | None = None) -> list[pd.DataFrame]:
     """The accuracy effects of every factor with their verdicts, judged as one family: p_differs, p_equivalent,
     both Holm-adjusted (_holm), verdict, and for an open comparison: testset_limited (no number of seeds settles
     it) and testset_growth (how many times larger a test set would let seeds settle it), else pairs_needed, more_seeds
     and the survival they allow for (more_seeds()), at the strictest Holm level, ALPHA / the comparisons with any
-    pair."""
+    pair. `level` (sweep --until-settled: report/sequential.py's look_level): every test at that level instead,
+    already spent over the comparisons and looks, so no Holm: the _holm columns are then p x ALPHA / level."""
     frames = [frame.copy() for frame in effects]
     tested = [(f, i) for f, frame in enumerate(frames) for i in frame.index if frame.loc[i, "n_pairs"] >= MIN_PAIRS]
     family = max(sum(int((frame["n_pairs"] > 0).sum()) for frame in frames), 1)  # once each has enough pairs
@@ -142,7 +143,9 @@ def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd
         frames[f].loc[i, "p_differs"] = p_differs(row["mean_diff"], row["se"], df)
         frames[f].loc[i, "p_equivalent"] = p_equivalent(row["mean_diff"], row["se"], df, margin)
     for test in ("p_differs", "p_equivalent"):
-        for (f, i), p in zip(tested, holm([frames[f].loc[i, test] for f, i in tested])):
+        pvalues = [frames[f].loc[i, test] for f, i in tested]
+        adjusted = holm(pvalues) if level is None else [min(1.0, p * ALPHA / level) for p in pvalues]
+        for (f, i), p in zip(tested, adjusted):
             frames[f].loc[i, f"{test}_holm"] = p
     for frame in frames:
         for i, row in frame.iterrows():
@@ -162,14 +165,14 @@ def judge(effects: Sequence[pd.DataFrame], margin: float, seeds: int) -> list[pd
                 frame.loc[i, "verdict"] = OPEN
             if n < 2:
                 continue
-            level = ALPHA / family
-            if not settles_with_seeds(row["mean_diff"], row["testset_var"], margin, level):
+            strictest = ALPHA / family if level is None else level
+            if not settles_with_seeds(row["mean_diff"], row["testset_var"], margin, strictest):
                 frame.loc[i, "testset_limited"] = True
                 frame.loc[i, "testset_growth"] = testset_growth_needed(
-                    row["mean_diff"], row["testset_var"], margin, level
+                    row["mean_diff"], row["testset_var"], margin, strictest
                 )
                 continue
-            needed = pairs_needed(row["mean_diff"], row["std_diff"] ** 2, margin, level, row["testset_var"])
+            needed = pairs_needed(row["mean_diff"], row["std_diff"] ** 2, margin, strictest, row["testset_var"])
             if needed is not None:
                 frame.loc[i, "pairs_needed"] = needed
                 frame.loc[i, ["more_seeds", "survival"]] = more_seeds(needed, row, seeds)
@@ -214,12 +217,15 @@ def holm_multipliers(pvalues: Sequence[float]) -> list[int]:
     return multipliers
 
 
-def verdict_intervals(frames: Sequence[pd.DataFrame], mean: str, df: str | None = None) -> None:
+def verdict_intervals(
+    frames: Sequence[pd.DataFrame], mean: str, df: str | None = None, level: float | None = None
+) -> None:
     """Add to each judged frame the interval its verdict used, on the scale of `mean` (`df`: the column of degrees
     of freedom; n_pairs − 1 without): vci_level (0.95, 0.975, ...), vci_tost (the 1 − 2α/h interval of an
     equivalence), vci_holm (the Holm multiplier h > 1 widened it), vci_low, vci_high. Outside the family (no
     verdict) the plain 95 % interval. vci_note says why an interval that excludes 0 stands beside no verdict (too
-    few pairs or epochs) or "not conclusive" (Holm's step-down stopped at a smaller p)."""
+    few pairs or epochs) or "not conclusive" (Holm's step-down stopped at a smaller p). `level` (judge's): every
+    judged effect's interval at 1 − level (1 − 2 level for an equivalence), no Holm, and a vci_looks column."""
     tested = [
         (f, i) for f, frame in enumerate(frames) for i in frame.index if not math.isnan(frame.loc[i, "p_differs"])
     ]
@@ -229,23 +235,33 @@ def verdict_intervals(frames: Sequence[pd.DataFrame], mean: str, df: str | None 
         for column in ("vci_level", "vci_low", "vci_high"):
             frame[column] = math.nan
         frame["vci_tost"], frame["vci_holm"], frame["vci_note"] = False, False, ""
+        if level is not None:
+            frame["vci_looks"] = False
         for i, row in frame.iterrows():
             dof = int(row[df]) if df else int(row["n_pairs"]) - 1
             if dof < 1 or math.isnan(row["se"]):
                 continue
             tost = row["verdict"] == EQUIVALENT
             h = (h_equivalent if tost else h_differs).get((f, i), 1)
-            level = 1 - (2 if tost else 1) * ALPHA / h
-            half = t_quantile((1 + level) / 2, dof) * row["se"]
-            frame.loc[i, ["vci_level", "vci_low", "vci_high"]] = [level, row[mean] - half, row[mean] + half]
-            frame.loc[i, "vci_tost"], frame.loc[i, "vci_holm"] = tost, h > 1
+            looks = level is not None and (f, i) in h_differs
+            coverage = 1 - (2 if tost else 1) * (level if looks else ALPHA / h)
+            half = t_quantile((1 + coverage) / 2, dof) * row["se"]
+            frame.loc[i, ["vci_level", "vci_low", "vci_high"]] = [coverage, row[mean] - half, row[mean] + half]
+            frame.loc[i, "vci_tost"], frame.loc[i, "vci_holm"] = tost, h > 1 and not looks
+            if looks:
+                frame.loc[i, "vci_looks"] = True
             if abs(row[mean]) > half and row["verdict"] in (OPEN, NO_VERDICT):
-                frame.loc[i, "vci_note"] = (
-                    "Holm's step-down stopped at a smaller p before this one"
-                    if row["verdict"] == OPEN
-                    else f"{dof} degree{'s' if dof != 1 else ''} of freedom {'are' if dof != 1 else 'is'} too few to "
-                    "judge by"
-                )
+                if row["verdict"] == NO_VERDICT:
+                    frame.loc[i, "vci_note"] = (
+                        f"{dof} degree{'s' if dof != 1 else ''} of freedom {'are' if dof != 1 else 'is'} too few to "
+                        "judge by"
+                    )
+                else:  # with looks: the look was taken before the pairs its interval now has
+                    frame.loc[i, "vci_note"] = (
+                        "its last look came before some of these pairs: the next look judges them"
+                        if looks
+                        else "Holm's step-down stopped at a smaller p before this one"
+                    )
 
 
 def judge_ratios(effects: Sequence[pd.DataFrame], margin: float = RATIO_MARGIN) -> list[pd.DataFrame]:
