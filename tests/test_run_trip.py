@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import sys
 import types
 from pathlib import Path
 
@@ -138,3 +139,109 @@ def test_a_sweep_is_refused_or_admitted_once(tmp_path, monkeypatch, resume):
     assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, *["--resume"] * resume]) == 0
     expected = {"resume_refusal": 1, "changed_configs_refusal": 1} if resume else {"new_run_refusal": 1}
     assert dict(calls) == expected
+
+
+# The floors of the package's layers (tests/test_layers.py): a module calls only down, or along its floor.
+FLOORS = {"core": 0, "training": 1, "cluster": 2, "report": 3, "export": 3, "api": 4, "commands": 5, "cli": 6}
+
+
+def floor(module: str) -> int:
+    return FLOORS[module.split(".")[1]]
+
+
+class PlanTrip:
+    """The rooms (cifar_ray modules) a sweep's plan passes through: on every call and return of a function that
+    holds a SweepPlan among its arguments, the module of the innermost such function, a stay per change."""
+
+    def __init__(self):
+        self.holders: list = []  # the frames holding the plan, innermost last
+        self.stays: list[str] = []
+
+    def _enter(self, module: str) -> None:
+        if not self.stays or self.stays[-1] != module:
+            self.stays.append(module)
+
+    def profile(self, frame, event, arg) -> None:
+        from cifar_ray.core.sweep import SweepPlan
+
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("cifar_ray.") or event not in ("call", "return"):
+            return
+        code = frame.f_code
+        if event == "call":
+            names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            if any(isinstance(frame.f_locals.get(name), SweepPlan) for name in names):
+                self.holders.append(frame)
+                self._enter(module)
+        elif self.holders and self.holders[-1] is frame:
+            self.holders.pop()
+            if self.holders:
+                self._enter(self.holders[-1].f_globals["__name__"])
+
+    def climbs(self) -> int:
+        """Moves up a floor: each is a return to a caller after the plan went down."""
+        return sum(floor(b) > floor(a) for a, b in zip(self.stays, self.stays[1:]))
+
+    def returns(self) -> int:
+        """Stays in a room the plan had already left."""
+        return sum(module in self.stays[:i] for i, module in enumerate(self.stays))
+
+
+def follow_the_plan(monkeypatch, argv: list[str]) -> PlanTrip:
+    """The trip of the plan of `cifar-ray ARGV`, from run_plan_command to Tune's fit (where trials are handed to
+    Tune: the trip ends there). Run as a script, this file prints the trips."""
+    from cifar_ray.commands import common
+
+    trip = PlanTrip()
+    run_plan_command, fit = common.run_plan_command, FakeTuner.fit
+
+    def traced(plan, args):
+        sys.setprofile(trip.profile)
+        try:
+            return run_plan_command(plan, args)
+        finally:
+            sys.setprofile(None)
+
+    def handed_to_tune(self):
+        sys.setprofile(None)
+        fit(self)
+
+    monkeypatch.setattr(common, "run_plan_command", traced)
+    monkeypatch.setattr("cifar_ray.commands.sweep.run_plan_command", traced)
+    monkeypatch.setattr(FakeTuner, "fit", handed_to_tune)
+    drive(monkeypatch, argv)
+    return trip
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_the_trip_of_a_sweeps_plan_climbs_back_up_at_most_three_times(tmp_path, monkeypatch, resume):
+    """The plan goes down from the command to Tune and climbs back up a floor three times: from core after api asked
+    it whether the plan may run here (RunFolder.admit), from core.sweep as placement resolves the plan for the
+    cluster, and from core after orchestrate recorded the run's start (or compared a resume's configs). Measured
+    before this test (issue 37's 18 climbs were counted otherwise): 21 stays in 8 rooms, 4 climbs, 13 returns for a
+    resume (run_plan asked the run folder again); 19, 8, 2 and 11 for a new sweep. Now 19, 8, 3, 11 for a resume and
+    21, 8, 3, 13 for a new sweep: its refusal (RunFolder.admit) takes the plan down to core, where the old one took
+    its name."""
+    storage = ["--storage", str(tmp_path)]
+    if resume:
+        assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage], trains=1) == 130
+    trip = follow_the_plan(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, *["--resume"] * resume])
+    shown = " > ".join(m.removeprefix("cifar_ray.") for m in trip.stays)
+    assert trip.stays[0] == "cifar_ray.commands.common" and trip.stays[-1] == "cifar_ray.cluster.orchestrate", shown
+    assert len(set(trip.stays)) <= 8 and trip.climbs() <= 3, shown
+
+
+if __name__ == "__main__":  # python tests/test_run_trip.py: the trips, and their counts
+    import tempfile
+
+    for resume in (False, True):
+        with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
+            storage = ["--storage", folder]
+            if resume:
+                drive(patch, ["sweep", str(SWEEP), *ARGS, *storage], trains=1)
+            trip = follow_the_plan(patch, ["sweep", str(SWEEP), *ARGS, *storage, *["--resume"] * resume])
+        print(f"{'resume' if resume else 'new sweep'}: " + " > ".join(m.removeprefix("cifar_ray.") for m in trip.stays))
+        print(
+            f"  {len(trip.stays)} stays in {len(set(trip.stays))} modules, {trip.climbs()} climbs up a floor, "
+            f"{trip.returns()} returns to a module already left"
+        )

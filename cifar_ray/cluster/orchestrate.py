@@ -55,7 +55,8 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     capacity = cluster_capacity()
     plan = resolve_plan(plan, capacity, options.print_line)
     check_fits(plan, capacity)
-    run.admit(plan, options.resume)  # a no-op where api.execute_plan admitted it before Ray started
+    if not run.admitted:  # api.execute_plan asked before Ray started; bench and tests call run_plan directly
+        run.admit(plan, options.resume)
     changed = run.changed_configs_refusal(plan) if options.resume else None  # resolved configs: on Ray only
     if changed:
         raise ConfigError(changed)

@@ -71,7 +71,7 @@ class RunFolder:
         self._sweep: dict[str, Any] | None = None  # sweep.json as read or last written here
         self._records: dict[str, TrialRecord] = {}  # trial.json files as read or written while no session is open
         self._session_open = False
-        self._admitted = False  # admit() found nothing to refuse
+        self.admitted = False  # admit() found nothing to refuse
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -117,13 +117,11 @@ class RunFolder:
     def admit(self, plan: SweepPlan, resume: bool, resumable: bool = True) -> None:
         """ConfigError when `plan` may not run here (new_run_refusal, or resume_refusal with `resume`), from
         sweep.json alone, so before Ray starts. Asked once: the driver's later calls on this object (run_plan after
-        api.execute_plan asked, --until-settled's rounds resuming what this driver wrote) pass."""
-        if self._admitted:
-            return
+        api.execute_plan asked, --until-settled's rounds resuming what this driver wrote) see `admitted`."""
         refusal = self.resume_refusal(plan) if resume else self.new_run_refusal(plan.name, resumable)
         if refusal:
             raise ConfigError(refusal)
-        self._admitted = True
+        self.admitted = True
 
     def new_run_refusal(self, plan_name: str, resumable: bool = True) -> str | None:
         """Why a new run of `plan_name` may not start here, in one line; None when the folder holds no run: no
