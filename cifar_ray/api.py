@@ -263,10 +263,12 @@ def execute_plan(
             options = dataclasses.replace(options, estimate_s=_estimate_within(plan, options, budget))
         owns_ray = session.init_ray(address=address, verbose=verbose)
         try:
-            run_dir = orchestrate.run_plan(plan, options)
+            run_dir = orchestrate.run_plan(plan, options, run)
             if until_settled:
                 resumed = dataclasses.replace(options, resume=True, estimate_s=None)
-                _settle_rounds(plan, until_settled, run, lambda more: orchestrate.run_plan(more, resumed), print_line)
+                _settle_rounds(
+                    plan, until_settled, run, lambda more: orchestrate.run_plan(more, resumed, run), print_line
+                )
             return run_dir
         finally:
             if owns_ray:
@@ -353,9 +355,7 @@ def _refuse_before_ray(run: RunFolder, plan: SweepPlan, options: RunOptions, res
     refusal = lease.live_driver_refusal(run.path)
     if refusal:
         raise RunInUseError(refusal)
-    refusal = run.resume_refusal(plan) if options.resume else run.new_run_refusal(plan.name, resumable=resumable)
-    if refusal:
-        raise ConfigError(refusal)
+    run.admit(plan, options.resume, resumable)
 
 
 def sweep(

@@ -18,6 +18,7 @@ from cifar_ray.core.checkpoints import (
     fetch_checkpoint,
     store_checkpoint,
 )
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.storage import StoragePath
 
 
@@ -192,5 +193,5 @@ def test_resume_trains_again_a_finished_trial_that_lost_an_epochs_line_and_no_ot
         for epoch in range(1, logged + 1):
             runlog.append_epoch(run_dir / trial.name, {"epoch": epoch})
     capacity = {"per_node": [{"CPU": 2.0, "memory": 8e9}]}
-    slot_plan = plan_slots(plan, run_dir, capacity, max_concurrent=None, one_trial=False)
+    slot_plan = plan_slots(plan, RunFolder(run_dir), capacity, max_concurrent=None, one_trial=False)
     assert [spec.name for spec in slot_plan.specs] == [plan.trials[1].name]  # incomplete: trained again

@@ -367,7 +367,7 @@ def test_the_recorded_command_reruns_the_sweep_as_typed(tmp_path, monkeypatch):
 
     recorded = []
 
-    def run_plan(plan, options):
+    def run_plan(plan, options, run=None):
         recorded.append(options.command)
         raise RayStarted
 

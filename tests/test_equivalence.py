@@ -26,8 +26,8 @@ import torch
 from helpers import shared_ddp_run
 
 from cifar_ray.cluster import checks as ddp_checks
-from cifar_ray.training import check_runs
 from cifar_ray.training import checks as check
+from cifar_ray.training import loop
 from cifar_ray.training.check_runs import cached_splits
 from cifar_ray.training.data import iterate_train
 from cifar_ray.training.distributed import Worker
@@ -135,7 +135,7 @@ def test_train_steps_hands_dp_devices_to_dataparallel(monkeypatch):
         seen.append(args[3].devices)  # the worker's
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(check_runs, "build_training", recording_build)
+    monkeypatch.setattr(loop, "build_training", recording_build)  # start_training calls it
     cfg = check.make_config(norm="group", batch_size=32)
     trained = check.train_steps(cfg, 1, Worker(0, 1, [CPU]))
     assert seen == [[CPU]]

@@ -296,7 +296,7 @@ def test_terminal_summary_and_report_share_the_time_per_epoch(tmp_path):
     assert "time_per_epoch_s" in SUMMARY_COLUMNS and "epoch_time_s" not in SUMMARY_COLUMNS
     assert [trial_result(t)["time_per_epoch_s"] for t in run.trials] == [11.0, 22.0]
     assert report.trials["time_per_epoch_s"].tolist() == [11.0, 22.0]
-    answer = answer_lines(run_dir)
+    answer = answer_lines(report)
     assert answer[0] == "answer:" and answer[1:] == [f"  {line}" for line in answer_text(report)]
     assert answer[1].startswith("  workers=2 vs 1: time per epoch 2.00x slower")
 

@@ -34,7 +34,7 @@ from ..core.sweep import SweepPlan, build_plan
 from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits, normalise
 from ..training.distributed import Worker, versions
 from ..training.flops import device_peak, throughput, training_flops_per_image
-from ..training.loop import MEMORY_FORMAT, build_training, torch_threads, train_epoch
+from ..training.loop import MEMORY_FORMAT, start_training, torch_threads, train_epoch
 from ..training.models import build_model
 from ..training.timing import PhaseTimer
 
@@ -80,11 +80,14 @@ def bare_loop(cfg: TrainConfig) -> dict:
     """Our loop without Ray: train_epoch in this process, cfg.cpus_per_worker threads; its model FLOP/s and MFU."""
     cpu = torch.device("cpu")
     with torch_threads(cfg.cpus_per_worker):
-        torch.manual_seed(cfg.seed)
         train, _ = load_splits(cfg)
-        model = build_model(cfg).to(memory_format=MEMORY_FORMAT)
-        flops_per_image, peak = training_flops_per_image(model), device_peak(cpu, cfg.amp)
-        training = build_training(cfg, model, len(train) // cfg.effective_batch, Worker.single(cpu))
+        flops: list[float] = []  # of the model as built, before the wrapper
+
+        def as_built(model: torch.nn.Module) -> None:
+            flops.append(training_flops_per_image(model))
+
+        training = start_training(cfg, Worker.single(cpu), len(train) // cfg.effective_batch, prepare=as_built)
+        flops_per_image, peak = flops[0], device_peak(cpu, cfg.amp)
         rates, phases, times = [], [], []
         for epoch in range(1, cfg.epochs + 1):
             timer = PhaseTimer(cpu)

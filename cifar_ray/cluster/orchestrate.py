@@ -37,31 +37,36 @@ def _trial_folder_name(trial) -> str:
     return trial.config["trial"]["name"]
 
 
-def run_plan(plan: SweepPlan, options: RunOptions) -> StoragePath:
+def run_plan(plan: SweepPlan, options: RunOptions, run: RunFolder | None = None) -> StoragePath:
     """Run every trial of `plan` on the connected Ray as `options` say (core/run.py: RunOptions); returns the run
     folder (storage/name). Trial failures do not raise: they are recorded in each trial.json. With
     `options.resume`, an interrupted run of the same plan continues: finished trials are kept, the others continue
     from their last checkpoints; a plan whose resolved trial configs differ from the recorded ones is refused. The
-    driver holds the run folder's lease throughout (core/lease.py): a second driver is refused."""
-    with lease.hold(options.run_dir(plan.name), options.print_line):
-        return _run_held(plan, options)
+    driver holds the run folder's lease throughout (core/lease.py): a second driver is refused. `run`: the run
+    folder's owner the caller has already asked (api.execute_plan: its refusals, sweep.json read once)."""
+    run = run or RunFolder(options.run_dir(plan.name))
+    with lease.hold(run.path, options.print_line):
+        return _run_held(run, plan, options)
 
 
-def _run_held(plan: SweepPlan, options: RunOptions) -> StoragePath:
+def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePath:
     """run_plan, its lease held: refused before anything is written or started, then the run's start (or the
     trials a resume adds) recorded, then one session trains what is left."""
     capacity = cluster_capacity()
     plan = resolve_plan(plan, capacity, options.print_line)
     check_fits(plan, capacity)
-    run = RunFolder(options.run_dir(plan.name))
-    refusal = _refusal(run, plan, options.resume)
-    if refusal:
-        raise ConfigError(refusal)
+    if not run.admitted:  # api.execute_plan asked before Ray started; bench and tests call run_plan directly
+        run.admit(plan, options.resume)
+    changed = run.changed_configs_refusal(plan) if options.resume else None  # resolved configs: on Ray only
+    if changed:
+        raise ConfigError(changed)
     if capacity["nodes"] > 1 or is_ray_client():  # a Ray Client driver may sit on another machine
         check_shared_storage(run.path.parent, options.print_line)
     warm = run.sweep().get("warm", False) if options.resume else not options.isolate  # a resume keeps its choice
+    if not options.resume:
+        run.create(plan, _start_facts(capacity, options, warm))
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
-    slot_plan = slots.plan_slots(plan, run.path, capacity, options.max_concurrent, not warm, options.profile)
+    slot_plan = slots.plan_slots(plan, run, capacity, options.max_concurrent, not warm, options.profile)
     if options.resume and not slot_plan.specs:  # a no-op that writes nothing: no session, no provenance
         options.print_line(
             f"{run.path}: every trial has trained to its end; nothing to resume (--repeats N adds seeds)"
@@ -69,8 +74,6 @@ def _run_held(plan: SweepPlan, options: RunOptions) -> StoragePath:
         return run.path
     if options.resume:
         _add_seeds(run, plan)
-    else:
-        run.create(plan, _start_facts(capacity, options, warm))
     limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot running, and the next ones
     # A new Tune experiment of the trials still to train, never Tune's restore: a failed read of its saved state
     # makes Tune restart the experiment silently, and the slots go by trial.json, not by Tune's state.
@@ -80,13 +83,6 @@ def _run_held(plan: SweepPlan, options: RunOptions) -> StoragePath:
     options.print_line(sweep_header(plan, capacity, limit, run.path, untrained, options.estimate_s))
     _train_session(run, [t.name for t in plan.trials], slot_plan, tuner, options)
     return run.path
-
-
-def _refusal(run: RunFolder, plan: SweepPlan, resume: bool) -> str | None:
-    """Why `plan` may not run into `run` (api.execute_plan asked before Ray started; a caller of run_plan may not)."""
-    if resume:
-        return run.resume_refusal(plan) or run.changed_configs_refusal(plan)
-    return run.new_run_refusal(plan.name)
 
 
 def _add_seeds(run: RunFolder, plan: SweepPlan) -> None:
@@ -140,8 +136,7 @@ def _train_session(run: RunFolder, names: list[str], slot_plan: slots.SlotPlan, 
     finally:
         if started_slots is not None:
             started_slots.stop()
-        run.mark_interrupted(names)
-        run.close_session(run.all_final(names))
+        run.end_session(names)
 
 
 @contextlib.contextmanager

@@ -372,7 +372,7 @@ def slot_task():
 
 def plan_slots(
     plan: SweepPlan,
-    run_dir: StoragePath,
+    run: RunFolder,
     capacity: dict[str, Any],
     max_concurrent: int | None,
     one_trial: bool,
@@ -381,8 +381,9 @@ def plan_slots(
     """The slots of every shape of the plan's trials still to train (a failed or interrupted one continues from
     its checkpoint). Warm: as many per shape as copies of it fit the cluster (with max_concurrent, at most that
     many in all at once). one_trial: a slot per trial, as many at once as copies of each shape fit (or
-    max_concurrent), each shape's first ones first. `profile`: --profile, for every trial it trains."""
-    untrained = [RunTrial.of(t, run_dir, profile) for t in plan.trials if _to_train(run_dir / t.name)]
+    max_concurrent), each shape's first ones first. `profile`: --profile, for every trial it trains. `run`: the
+    run folder's owner, whose records say what is trained."""
+    untrained = [RunTrial.of(t, run.path, profile) for t in plan.trials if _to_train(run, t.name)]
     by_shape: dict[str, list[RunTrial]] = collections.defaultdict(list)
     for spec in untrained:
         by_shape[spec.shape].append(spec)
@@ -399,16 +400,16 @@ def plan_slots(
     placed.sort(key=lambda item: item[0])
     first_wave = sum(not beyond for (beyond, _), _ in placed)
     limit = max_concurrent or (first_wave if one_trial else None)
-    return SlotPlan(plan.name, run_dir, untrained, slots, [launch for _, launch in placed], limit, one_trial)
+    return SlotPlan(plan.name, run.path, untrained, slots, [launch for _, launch in placed], limit, one_trial)
 
 
-def _to_train(trial_dir: StoragePath) -> bool:
+def _to_train(run: RunFolder, name: str) -> bool:
     """Not trained to its end, or marked finished with an epoch's line lost (runlog.incomplete)."""
-    record = RunFolder(trial_dir.parent).trial(trial_dir.name)
+    record = run.trial(name)
     status, planned = record.status, (record.config or {}).get("epochs")
     if status not in runlog.TRAINED_STATUSES:
         return True
-    return runlog.incomplete(status, len(runlog.read_epochs(trial_dir)), planned)
+    return runlog.incomplete(status, len(runlog.read_epochs(run.path / name)), planned)
 
 
 def new_slot_name() -> str:

@@ -198,13 +198,12 @@ def best_trial_line(rows: list[dict[str, Any]], metric: str, mode: str) -> str |
     )
 
 
-def answer_lines(run_dir) -> list[str]:
-    """The report's answer to the sweep's question (report.findings.answer_text), the summary's last lines; none
-    where the report has nothing to say yet (no trial finished)."""
-    from ..report import build_report
+def answer_lines(report) -> list[str]:
+    """The report's answer to the sweep's question (report.findings.answer_text of a built report), the summary's
+    last lines; none where the report has nothing to say yet (no trial finished)."""
     from ..report.findings import answer_text
 
-    lines = answer_text(build_report(run_dir))
+    lines = answer_text(report)
     return ["answer:", *(f"  {line}" for line in lines)] if lines else []
 
 
@@ -239,7 +238,12 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
         run_dir = StoragePath.of(args.storage) / plan.name
         if not (run_dir / runlog.SWEEP_FILE).exists():  # stopped before the run began: nothing to show
             raise
-    run = runlog.load_run(run_dir)
+    built = None
+    if len(plan.trials) > 1:  # the report gives the answer, and the run it read gives the table
+        from ..report import build_report
+
+        built = build_report(run_dir)
+    run = built.run if built else runlog.load_run(run_dir)
     rows = summary_rows(run)
     out = sys.stderr if args.json else sys.stdout
     print(f"\n{plan.name}: {len(rows)} trial(s), logs in {run_dir}", file=out)
@@ -247,7 +251,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     best = best_trial_line(rows, *runlog.sweep_objective(run.sweep)) if len(rows) > 1 else None
     if best:
         print(best, file=out)
-    for line in answer_lines(run_dir) if len(rows) > 1 else []:
+    for line in answer_lines(built) if built else []:
         print(line, file=out)
     print(f"report: cifar-ray report {run_dir}", file=out)
     unfinished = [r["trial"] for r in rows if r["status"] not in runlog.FINAL_STATUSES]

@@ -5,11 +5,18 @@ sessions opened and closed), each trial.json (pending, then what its slot and th
 each session's provenance (core/provenance.py's format). It reads them for everyone else as typed records
 (core/record.py: TrialRecord), and it refuses what would mix two runs in one folder: a new run where one is, a
 resume of nothing, of another sweep, of changed configs. The file format is runlog's (core/runlog.py); the writes
-go through runlog's update_json, which never rewrites a file from a failed read.
+never start from a failed read (runlog.read_json raises).
+
+Each record is read once per RunFolder: the driver that holds the run's lease (core/lease.py) is the only writer of
+sweep.json, so what this object read or wrote is what the file holds; and while none of its sessions is open, no
+Dispatcher runs, so the same holds for trial.json. While a session is open the Dispatcher writes trial.json in
+another process: trial reads then go to the files. One RunFolder travels from api.execute_plan through
+cluster/orchestrate.run_plan and every round of --until-settled, so a sweep reads sweep.json once.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shlex
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import provenance, runlog
-from .errors import StorageError
+from .errors import ConfigError, StorageError
 from .record import TrialRecord
 from .storage import StoragePath
 
@@ -61,6 +68,10 @@ class RunFolder:
 
     def __init__(self, path: runlog.Where):
         self.path = StoragePath.of(path)
+        self._sweep: dict[str, Any] | None = None  # sweep.json as read or last written here
+        self._records: dict[str, TrialRecord] = {}  # trial.json files as read or written while no session is open
+        self._session_open = False
+        self.admitted = False  # admit() found nothing to refuse
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -75,15 +86,24 @@ class RunFolder:
         return self.path / name / runlog.TRIAL_FILE
 
     def sweep(self) -> dict[str, Any]:
-        """sweep.json's object; {} where there is none."""
-        return runlog.read_json(self.sweep_file)
+        """sweep.json's object (a copy of this object's); {} where there is none."""
+        if self._sweep is None:
+            self._sweep = runlog.read_json(self.sweep_file)
+        return copy.deepcopy(self._sweep)
 
     def holds_run(self) -> bool:
         return bool(self.sweep())
 
     def trial(self, name: str) -> TrialRecord:
         """Trial `name`'s record; an empty one (pending, no keys) where it has no trial.json."""
-        return TrialRecord.from_json(name, runlog.read_json(self.trial_file(name)))
+        if name in self._records:
+            return self._records[name]
+        return self._keep(TrialRecord.from_json(name, runlog.read_json(self.trial_file(name))))
+
+    def _keep(self, record: TrialRecord) -> TrialRecord:
+        if not self._session_open:
+            self._records[record.name] = record
+        return record
 
     def trials(self, names: list[str]) -> list[TrialRecord]:
         return [self.trial(name) for name in names]
@@ -93,6 +113,15 @@ class RunFolder:
         return all(record.status in runlog.FINAL_STATUSES for record in self.trials(names))
 
     # -- refusals ------------------------------------------------------------------------------------------------
+
+    def admit(self, plan: SweepPlan, resume: bool, resumable: bool = True) -> None:
+        """ConfigError when `plan` may not run here (new_run_refusal, or resume_refusal with `resume`), from
+        sweep.json alone, so before Ray starts. Asked once: the driver's later calls on this object (run_plan after
+        api.execute_plan asked, --until-settled's rounds resuming what this driver wrote) see `admitted`."""
+        refusal = self.resume_refusal(plan) if resume else self.new_run_refusal(plan.name, resumable)
+        if refusal:
+            raise ConfigError(refusal)
+        self.admitted = True
 
     def new_run_refusal(self, plan_name: str, resumable: bool = True) -> str | None:
         """Why a new run of `plan_name` may not start here, in one line; None when the folder holds no run: no
@@ -176,7 +205,7 @@ class RunFolder:
         """A new run of `plan`: sweep.json (the plan's summary, then `facts`: when, where, with what it started)
         and a pending trial.json per trial."""
         self.path.mkdir()
-        runlog.write_json(self.sweep_file, plan.summary() | facts)
+        self._write_sweep(plan.summary() | facts)
         self._add_pending(plan.trials)
 
     def add_trials(self, plan: SweepPlan, added: list[str]) -> None:
@@ -185,17 +214,21 @@ class RunFolder:
         touched."""
         summary = plan.summary()
         sweep = {k: v for k, v in self.sweep().items() if k != "finished_at"}
-        runlog.write_json(self.sweep_file, sweep | {k: summary[k] for k in ("trials", "repeats", "repeat_counts")})
+        self._write_sweep(sweep | {k: summary[k] for k in ("trials", "repeats", "repeat_counts")})
         self._add_pending([t for t in plan.trials if t.name in added])
 
     def _add_pending(self, trials: list[TrialSpec]) -> None:
         for trial in trials:
-            record = TrialRecord.from_json(trial.name, trial.as_dict() | {"status": "pending"})
-            runlog.write_json(self.trial_file(trial.name), record.to_json())
+            self._write_trial(TrialRecord.from_json(trial.name, trial.as_dict() | {"status": "pending"}))
+
+    def _write_sweep(self, sweep: dict[str, Any]) -> dict[str, Any]:
+        runlog.write_json(self.sweep_file, sweep)
+        self._sweep = copy.deepcopy(sweep)
+        return sweep
 
     def update_sweep(self, **fields: Any) -> dict[str, Any]:
         """Set `fields` in sweep.json, keeping its other keys (a mark that the run stopped, a round of seeds)."""
-        return runlog.update_json(self.sweep_file, **fields)
+        return self._write_sweep(self.sweep() | fields)
 
     def open_session(self, started: float) -> int:
         """This session's start into sweep.json's sessions, before any trial runs; returns its number (1-based). A
@@ -211,6 +244,7 @@ class RunFolder:
                 session |= {"end_unix": ended, "wall_s": ended - session["start_unix"], "end": "killed: last logged"}
         sessions.append({"start_unix": started})
         self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions))
+        self._session_open, self._records = True, {}  # the Dispatcher writes trial.json from now on
         return len(sessions)
 
     def close_session(self, done: bool) -> None:
@@ -220,6 +254,15 @@ class RunFolder:
         sessions[-1] |= {"end_unix": ended, "wall_s": ended - sessions[-1]["start_unix"]}
         finished = {"finished_at": runlog.now_iso()} if done else {}
         self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions), **finished)
+        self._session_open = False
+
+    def end_session(self, names: list[str]) -> None:
+        """Once the session's slots and Dispatcher are stopped: its trials `names` still running marked
+        interrupted, then the session closed (done when every trial is final), each trial.json read once."""
+        records = self.mark_interrupted(names)
+        self.close_session(all(record.status in runlog.FINAL_STATUSES for record in records))
+        for record in records:  # no Dispatcher writes them until the next session
+            self._records[record.name] = record
 
     def last_activity(self, since: float) -> float:
         """When the run's trials last logged something (an epoch's end, a trial's start or end) after `since`."""
@@ -236,8 +279,16 @@ class RunFolder:
     # -- writes: the trials --------------------------------------------------------------------------------------
 
     def update_trial(self, name: str, **fields: Any) -> TrialRecord:
-        """Set `fields` in trial `name`'s trial.json, keeping its other keys."""
-        return TrialRecord.from_json(name, runlog.update_json(self.trial_file(name), **fields))
+        """Set `fields` in trial `name`'s trial.json, keeping its other keys (read from the file, unless this object
+        holds it)."""
+        if name in self._records:
+            return self._write_trial(self._records[name], **fields)
+        return self._keep(TrialRecord.from_json(name, runlog.update_json(self.trial_file(name), **fields)))
+
+    def _write_trial(self, record: TrialRecord, **fields: Any) -> TrialRecord:
+        data = record.to_json() | fields
+        runlog.write_json(self.trial_file(record.name), data)
+        return self._keep(TrialRecord.from_json(record.name, data))
 
     def add_note(self, name: str, line: str) -> None:
         """A line trial `name`'s log must keep (a damaged checkpoint passed over): appended to its notes."""
@@ -261,11 +312,14 @@ class RunFolder:
             finished_unix=time.time(),
         )
 
-    def mark_interrupted(self, names: list[str]) -> None:
-        """Trials still `running` once the slots are stopped are not: interrupted, continued by --resume."""
-        for name in names:
-            if self.trial(name).status == "running":
-                self.update_trial(name, status="interrupted", interrupted_at=runlog.now_iso())
+    def mark_interrupted(self, names: list[str]) -> list[TrialRecord]:
+        """Trials still `running` once the slots are stopped are not: interrupted, continued by --resume. Returns
+        the records of `names` as they now are."""
+        records = self.trials(names)
+        return [
+            self._write_trial(r, status="interrupted", interrupted_at=runlog.now_iso()) if r.status == "running" else r
+            for r in records
+        ]
 
 
 def _wall(sessions: list[dict]) -> float:

@@ -16,8 +16,7 @@ from ..core.config import TrainConfig, parse_config
 from ..core.errors import ConfigError
 from .data import Split, iterate_train, load_splits
 from .distributed import Worker, reduce_train_totals
-from .loop import MEMORY_FORMAT, build_training, torch_threads, train_epoch
-from .models import build_model
+from .loop import MEMORY_FORMAT, start_training, torch_threads, train_epoch
 
 # GradScaler's initial scale in the checks: its default 65536 makes real fp16 gradients overflow in
 # the first steps, a natural skip that would spoil the comparison and the count of forced skips.
@@ -156,16 +155,17 @@ def train_steps(
 
 
 def _build(cfg, worker, dtype, scaler=None, prepare=None):
-    """(training split, initial parameters, Training) as train.run_trial builds them: seed, data, model, wrapper."""
-    device = worker.device
-    torch.manual_seed(cfg.seed)  # same order as train.run_trial: seed, data, model
-    train, _ = (split.to(device) for split in cached_splits(cfg))
-    model = build_model(cfg).to(device=device, dtype=dtype, memory_format=MEMORY_FORMAT)
-    initial = param_vector(model.parameters())
-    if prepare is not None:
-        prepare(model)
-    training = build_training(cfg, model, len(train) // cfg.effective_batch, worker, scaler)
-    return train, initial, training
+    """(training split, initial parameters, Training) as train.run_trial builds them (loop.start_training)."""
+    train, _ = (split.to(worker.device) for split in cached_splits(cfg))
+    initial = []
+
+    def as_built(model: nn.Module) -> None:
+        initial.append(param_vector(model.parameters()))
+        if prepare is not None:
+            prepare(model)
+
+    training = start_training(cfg, worker, len(train) // cfg.effective_batch, dtype, scaler, as_built)
+    return train, initial[0], training
 
 
 def _train_range(training, train, cfg, worker, dtype, steps: range) -> torch.Tensor:

@@ -102,7 +102,7 @@ def torch_threads(count: int):
 def build_training(
     cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, worker: Worker, scaler: torch.amp.GradScaler | None = None
 ) -> Training:
-    """The one setup around a built model on `worker`, shared by the worker loop, `cifar-ray check` and `bench`.
+    """The setup around a built model on `worker` (start_training's last step): wrapper, optimizer, schedule.
     Afterwards the global RNG (dropout) runs the worker's rank's own stream (rank_seed)."""
     device = worker.device
     wrapped = wrap_model(model, cfg, device, worker.world, worker.devices)
@@ -120,6 +120,25 @@ def build_training(
     )
     torch.manual_seed(rank_seed(cfg.seed, worker.rank))  # seeds the CUDA generators too
     return training
+
+
+def start_training(
+    cfg: TrainConfig,
+    worker: Worker,
+    steps_per_epoch: int,
+    dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    prepare: Callable[[nn.Module], object] | None = None,
+) -> Training:
+    """A trial's training as it starts, the one set-up of every path that trains a config (run_trial, `cifar-ray
+    check`, --estimate's step time, `bench`): the trial's seed (the same initial weights on every rank), its model
+    on the worker's device (in `dtype`, None: the model's own), `prepare(model)` on the model as built (before the
+    wrapper: network.json and FLOPs, a check's instruments), then build_training."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg).to(worker.device, dtype=dtype, memory_format=MEMORY_FORMAT)
+    if prepare is not None:
+        prepare(model)
+    return build_training(cfg, model, steps_per_epoch, worker, scaler)
 
 
 def train_epoch(
@@ -269,16 +288,20 @@ def run_trial(
     # trials left is freed, and what only a process's first trial pays (loading the data, the probes) is below it.
     release_trial(devices)
     at_start = resident_memory_mb(devices)
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     # The first train_eval_size training images (all, if fewer), evaluated like the test set each epoch.
     train_eval = train.head(cfg.train_eval_size) if cfg.train_eval_size else None
-    raw_model = build_model(cfg).to(device, memory_format=MEMORY_FORMAT)
-    if rank == 0:  # the network the trial trains, for the report (which reads no torch)
-        network = describe_network(raw_model, cfg, MEMORY_FORMAT)
-        runlog.write_json(StoragePath.of(trial_dir) / runlog.NETWORK_FILE, network)
     steps_per_epoch = len(train) // cfg.effective_batch
-    flops_per_image = training_flops_per_image(raw_model)
-    training = build_training(cfg, raw_model, steps_per_epoch, worker)
+    flops: list[float] = []
+
+    def as_built(model: nn.Module) -> None:
+        if rank == 0:  # the network the trial trains, for the report (which reads no torch)
+            runlog.write_json(
+                StoragePath.of(trial_dir) / runlog.NETWORK_FILE, describe_network(model, cfg, MEMORY_FORMAT)
+            )
+        flops.append(training_flops_per_image(model))
+
+    training = start_training(cfg, worker, steps_per_epoch, prepare=as_built)
+    raw_model, flops_per_image = training.raw_model, flops[0]
     parts = TrialParts(cfg, training, worker, steps_per_epoch, at_start, flops_per_image, peak)
 
     last_done = 0

@@ -16,8 +16,7 @@ from ..core.estimate import StepTime
 from . import gpu
 from .data import iterate_train, synthetic_cifar
 from .distributed import Worker
-from .loop import EVAL_BATCH, MEMORY_FORMAT, build_training, evaluate, torch_threads, train_epoch
-from .models import build_model
+from .loop import EVAL_BATCH, MEMORY_FORMAT, evaluate, start_training, torch_threads, train_epoch
 
 # After one warm-up step, steps are timed until they add up to TIMED_S (at least one, at most MAX_TIMED_STEPS); the
 # median is kept: on a shared machine a step now and then takes far longer.
@@ -65,9 +64,7 @@ def timed_step(cfg: TrainConfig) -> StepTime:
         return _synchronised_seconds(started, evaluate(training.raw_model, evaluated, cfg, Worker.single(device)))
 
     with torch_threads(cfg.cpus_per_worker):
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg).to(device, memory_format=MEMORY_FORMAT)
-        training = build_training(cfg, model, 1 + MAX_TIMED_STEPS, Worker.single(device))
+        training = start_training(cfg, Worker.single(device), 1 + MAX_TIMED_STEPS)
         first = one_step(1)
         steps = [one_step(2)]
         while sum(steps) < TIMED_S and len(steps) < MAX_TIMED_STEPS:

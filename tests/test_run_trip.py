@@ -1,0 +1,247 @@
+"""A sweep's driver, followed from the command to the trials with Ray left out (issue 37): how often it reads the run
+folder's records, and how far its plan travels through the package's layers.
+
+`drive` runs `cifar-ray sweep` (commands/common.py: run_plan_command, api.execute_plan, cluster/orchestrate.run_plan)
+with every Ray call replaced: the cluster's capacity is given, the slots start nothing, and Tune's fit trains the
+trials as the Dispatcher records them (a RunFolder of its own, as the Dispatcher's process has: a running trial, an
+epoch's line, its outcome). Everything else (the refusals, the lease, the run folder's writes, the summary and the
+report's answer) is the real code."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from cifar_ray.cli import main
+from cifar_ray.cluster import orchestrate, pool
+from cifar_ray.cluster import session as ray_session
+from cifar_ray.cluster.placement import capacity_of
+from cifar_ray.core import runlog
+from cifar_ray.core.run import RunFolder
+
+SWEEP = Path(__file__).parents[1] / "sweeps" / "quickstart.yaml"  # four trials
+ARGS = ["--set", "dataset=synthetic", "epochs=1", "train_subset=64", "test_subset=64"]
+
+
+class FakeTuner:
+    """Tune's fit without Ray: trains (as the Dispatcher records it) the first `budget[0]` trials not yet finished."""
+
+    def __init__(self, trials, run_dir, budget):
+        self.names, self.run_dir, self.budget = [t.name for t in trials], run_dir, budget
+
+    def fit(self) -> None:
+        dispatcher = RunFolder(self.run_dir)  # the Dispatcher's process has its own, and its reads are not counted
+        with DISPATCHER.reading():
+            for name in self.names[: self.budget[0]]:
+                dispatcher.update_trial(name, status="running", started_unix=1.0)
+                runlog.append_epoch(self.run_dir / name, {"epoch": 1, "test_acc": 0.5, "end_unix": 2.0})
+                dispatcher.record_outcome(name)
+
+
+def drive(monkeypatch, argv: list[str], trains: int = 99) -> int:
+    """`cifar-ray ARGV` with Ray replaced (see the module's docstring); Tune's fit trains at most `trains` trials
+    (fewer: the sweep stops as after a Ctrl-C, its other trials unfinished)."""
+    budget = [trains]
+    fake_slots = types.SimpleNamespace(
+        dispatcher=types.SimpleNamespace(end_events=types.SimpleNamespace(remote=lambda: None)),
+        wait=lambda: None,
+        stop=lambda: None,
+    )
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_session, "init_ray", lambda **options: False)  # Ray "already up", not ours to stop
+    monkeypatch.setattr(orchestrate, "cluster_capacity", lambda: capacity_of([{"CPU": 4.0}]))
+    monkeypatch.setattr(orchestrate, "is_ray_client", lambda: False)
+    monkeypatch.setattr(orchestrate, "write_provenance", lambda run_dir, session: None)
+    monkeypatch.setattr(pool, "start_slots", lambda slot_plan: fake_slots)
+    monkeypatch.setattr(orchestrate, "dispatcher_events", lambda dispatcher: None)
+    monkeypatch.setattr(orchestrate, "follow", lambda *args: contextlib.nullcontext())
+    monkeypatch.setattr(
+        orchestrate, "new_tuner", lambda trials, run_dir, name, limit: FakeTuner(trials, run_dir, budget)
+    )
+    return main(argv)
+
+
+class Elsewhere:
+    """Whether the code running now stands for another process than the driver's (the Dispatcher's)."""
+
+    def __init__(self):
+        self.now = False
+
+    @contextlib.contextmanager
+    def reading(self):
+        self.now = True
+        try:
+            yield
+        finally:
+            self.now = False
+
+
+DISPATCHER = Elsewhere()
+
+
+def counting_reads(monkeypatch) -> collections.Counter:
+    """Every read of a run folder's JSON record by the driver from now on, counted by the file's name."""
+    reads: collections.Counter = collections.Counter()
+    read = runlog.read_json
+
+    def counted(path):
+        if not DISPATCHER.now:
+            reads[Path(str(path)).name] += 1
+        return read(path)
+
+    monkeypatch.setattr(runlog, "read_json", counted)
+    return reads
+
+
+def counting_calls(monkeypatch, owner, *names: str) -> collections.Counter:
+    """Every call of `owner`'s methods `names` from now on, counted by name."""
+    calls: collections.Counter = collections.Counter()
+    for name in names:
+        method = getattr(owner, name)
+
+        def counted(*args, _method=method, _name=name, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_a_sweep_reads_sweep_json_once_and_each_trial_json_once_per_step(tmp_path, monkeypatch):
+    """A new sweep of 4 trials, stopped after the first, then resumed. The new run reads sweep.json once to refuse
+    (then holds what it wrote), the summary once; each trial.json is read after Tune's fit (did every trial end?),
+    at the session's end (mark the running ones interrupted, close the session) and for the summary. The resume
+    reads sweep.json for its plan and its refusal, each trial.json once more to compare the configs (which also
+    says what is left to train). Before: 8 and 24 reads, then 11 and 28 (the summary's two reads of everything
+    included)."""
+    storage = ["--storage", str(tmp_path)]
+    reads = counting_reads(monkeypatch)
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage], trains=1) == 130  # 3 trials unfinished
+    assert dict(reads) == {runlog.SWEEP_FILE: 1 + 1, runlog.TRIAL_FILE: 3 * 4}
+    reads.clear()
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, "--resume"]) == 0
+    assert dict(reads) == {runlog.SWEEP_FILE: 2 + 1, runlog.TRIAL_FILE: 4 * 4}
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_sweep_is_refused_or_admitted_once(tmp_path, monkeypatch, resume):
+    """api.execute_plan asks the run folder, before Ray starts, whether the plan may run there; run_plan, handed
+    the same RunFolder, does not ask again (it asked a second time before)."""
+    storage = ["--storage", str(tmp_path)]
+    if resume:
+        assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage], trains=1) == 130
+    calls = counting_calls(monkeypatch, RunFolder, "new_run_refusal", "resume_refusal", "changed_configs_refusal")
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, *["--resume"] * resume]) == 0
+    expected = {"resume_refusal": 1, "changed_configs_refusal": 1} if resume else {"new_run_refusal": 1}
+    assert dict(calls) == expected
+
+
+# The floors of the package's layers (tests/test_layers.py): a module calls only down, or along its floor.
+FLOORS = {"core": 0, "training": 1, "cluster": 2, "report": 3, "export": 3, "api": 4, "commands": 5, "cli": 6}
+
+
+def floor(module: str) -> int:
+    return FLOORS[module.split(".")[1]]
+
+
+class PlanTrip:
+    """The rooms (cifar_ray modules) a sweep's plan passes through: on every call and return of a function that
+    holds a SweepPlan among its arguments, the module of the innermost such function, a stay per change."""
+
+    def __init__(self):
+        self.holders: list = []  # the frames holding the plan, innermost last
+        self.stays: list[str] = []
+
+    def _enter(self, module: str) -> None:
+        if not self.stays or self.stays[-1] != module:
+            self.stays.append(module)
+
+    def profile(self, frame, event, arg) -> None:
+        from cifar_ray.core.sweep import SweepPlan
+
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("cifar_ray.") or event not in ("call", "return"):
+            return
+        code = frame.f_code
+        if event == "call":
+            names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            if any(isinstance(frame.f_locals.get(name), SweepPlan) for name in names):
+                self.holders.append(frame)
+                self._enter(module)
+        elif self.holders and self.holders[-1] is frame:
+            self.holders.pop()
+            if self.holders:
+                self._enter(self.holders[-1].f_globals["__name__"])
+
+    def climbs(self) -> int:
+        """Moves up a floor: each is a return to a caller after the plan went down."""
+        return sum(floor(b) > floor(a) for a, b in zip(self.stays, self.stays[1:]))
+
+    def returns(self) -> int:
+        """Stays in a room the plan had already left."""
+        return sum(module in self.stays[:i] for i, module in enumerate(self.stays))
+
+
+def follow_the_plan(monkeypatch, argv: list[str]) -> PlanTrip:
+    """The trip of the plan of `cifar-ray ARGV`, from run_plan_command to Tune's fit (where trials are handed to
+    Tune: the trip ends there). Run as a script, this file prints the trips."""
+    from cifar_ray.commands import common
+
+    trip = PlanTrip()
+    run_plan_command, fit = common.run_plan_command, FakeTuner.fit
+
+    def traced(plan, args):
+        sys.setprofile(trip.profile)
+        try:
+            return run_plan_command(plan, args)
+        finally:
+            sys.setprofile(None)
+
+    def handed_to_tune(self):
+        sys.setprofile(None)
+        fit(self)
+
+    monkeypatch.setattr(common, "run_plan_command", traced)
+    monkeypatch.setattr("cifar_ray.commands.sweep.run_plan_command", traced)
+    monkeypatch.setattr(FakeTuner, "fit", handed_to_tune)
+    drive(monkeypatch, argv)
+    return trip
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_the_trip_of_a_sweeps_plan_climbs_back_up_at_most_three_times(tmp_path, monkeypatch, resume):
+    """The plan goes down from the command to Tune and climbs back up a floor three times: from core after api asked
+    it whether the plan may run here (RunFolder.admit), from core.sweep as placement resolves the plan for the
+    cluster, and from core after orchestrate recorded the run's start (or compared a resume's configs). Measured
+    before this test (issue 37's 18 climbs were counted otherwise): 21 stays in 8 rooms, 4 climbs, 13 returns for a
+    resume (run_plan asked the run folder again); 19, 8, 2 and 11 for a new sweep. Now 19, 8, 3, 11 for a resume and
+    21, 8, 3, 13 for a new sweep: its refusal (RunFolder.admit) takes the plan down to core, where the old one took
+    its name."""
+    storage = ["--storage", str(tmp_path)]
+    if resume:
+        assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage], trains=1) == 130
+    trip = follow_the_plan(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, *["--resume"] * resume])
+    shown = " > ".join(m.removeprefix("cifar_ray.") for m in trip.stays)
+    assert trip.stays[0] == "cifar_ray.commands.common" and trip.stays[-1] == "cifar_ray.cluster.orchestrate", shown
+    assert len(set(trip.stays)) <= 8 and trip.climbs() <= 3, shown
+
+
+if __name__ == "__main__":  # python tests/test_run_trip.py: the trips, and their counts
+    import tempfile
+
+    for resume in (False, True):
+        with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
+            storage = ["--storage", folder]
+            if resume:
+                drive(patch, ["sweep", str(SWEEP), *ARGS, *storage], trains=1)
+            trip = follow_the_plan(patch, ["sweep", str(SWEEP), *ARGS, *storage, *["--resume"] * resume])
+        print(f"{'resume' if resume else 'new sweep'}: " + " > ".join(m.removeprefix("cifar_ray.") for m in trip.stays))
+        print(
+            f"  {len(trip.stays)} stays in {len(set(trip.stays))} modules, {trip.climbs()} climbs up a floor, "
+            f"{trip.returns()} returns to a module already left"
+        )
