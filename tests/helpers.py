@@ -346,11 +346,14 @@ def fake_gpus(monkeypatch, *gpus: tuple[str, tuple[int, int]]) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[index_of(device)][1])
 
 
-# multiprocessing's forkserver: its server imports torch and the training code once (this module, ~3 s), then each
-# process is forked from it in a fraction of a second; a spawned one imported torch again, ~3 s of two cores each.
-# As fresh as a spawned one: the server imports and never trains. Its server ends with the test session's process.
+# multiprocessing's forkserver: its server imports torch, the training code and what the test modules whose functions
+# run in a child import (the command line, the report: pandas) once, ~4 s; then each process is forked from it in a
+# fraction of a second, where a spawned one imported them again. As fresh as a spawned one: the server imports and
+# never trains (nor starts a thread). It ends with the test session's process.
 FRESH = "forkserver"
-multiprocessing.get_context(FRESH).set_forkserver_preload(["helpers", "cifar_ray.training.loop"])
+multiprocessing.get_context(FRESH).set_forkserver_preload(
+    ["helpers", "cifar_ray.training.loop", "cifar_ray.cli", "cifar_ray.report"]
+)
 
 
 def in_a_fresh_process(function, *args):
