@@ -61,14 +61,17 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 def session_processes() -> list[psutil.Process]:
     """The live processes this session started (its marker in their environment), this one and its parents aside,
-    and multiprocessing's resource tracker (it ends with this process)."""
+    and multiprocessing's resource tracker and forkserver (tests/helpers.py's FRESH): both end with this process.
+    A process forked from the forkserver is not spared: its cmdline is the server's, its parent the server."""
     mine, spared = os.environ[SESSION_MARKER], {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     found = []
     for proc in psutil.process_iter():
         try:
             if proc.pid not in spared and proc.status() != psutil.STATUS_ZOMBIE:
-                tracker = "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
-                if proc.environ().get(SESSION_MARKER) == mine and not tracker:
+                command = " ".join(proc.cmdline())
+                tracker = "multiprocessing.resource_tracker" in command
+                server = "multiprocessing.forkserver" in command and proc.ppid() == os.getpid()
+                if proc.environ().get(SESSION_MARKER) == mine and not (tracker or server):
                     found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass

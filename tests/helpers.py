@@ -9,7 +9,9 @@ tests/test_layers.py holds that). Fault injection lives apart, in tests/faults.p
 - `wait_for`: poll a condition while a real run goes on.
 - `COMPUTED`: the epoch metrics a trial computes, equal from run to run.
 - `fake_gpus`: this machine's GPUs as torch.cuda reports them, monkeypatched (no GPU here).
-- `two_gloo_ranks`: what a function finds on each of two gloo ranks (torch.multiprocessing, ~10 s).
+- `FRESH`, `in_a_fresh_process`: fresh processes that start in a fraction of a second (forked from a server that
+  imported torch once).
+- `two_gloo_ranks`: what a function finds on each of two gloo ranks, a fresh process each.
 - `assert_tensorboard_holds_every_epoch`: a trial folder's TensorBoard files against its metrics.jsonl.
 """
 
@@ -19,8 +21,10 @@ import functools
 import itertools
 import json
 import math
+import multiprocessing
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -342,6 +346,23 @@ def fake_gpus(monkeypatch, *gpus: tuple[str, tuple[int, int]]) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[index_of(device)][1])
 
 
+# multiprocessing's forkserver: its server imports torch, the training code and what the test modules whose functions
+# run in a child import (the command line, the report: pandas) once, ~4 s; then each process is forked from it in a
+# fraction of a second, where a spawned one imported them again. As fresh as a spawned one: the server imports and
+# never trains (nor starts a thread). It ends with the test session's process.
+FRESH = "forkserver"
+multiprocessing.get_context(FRESH).set_forkserver_preload(
+    ["helpers", "cifar_ray.training.loop", "cifar_ray.cli", "cifar_ray.report"]
+)
+
+
+def in_a_fresh_process(function, *args):
+    """`function(*args)` (a module-level function) in a fresh process: nothing an earlier test did here (memory
+    freed but kept resident, a process group, torch's state) reaches it. Its result, or its exception."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(FRESH)) as child:
+        return child.submit(function, *args).result()
+
+
 def _gloo_rank(rank: int, world: int, folder: str, findings) -> None:
     import torch.distributed as dist
 
@@ -355,10 +376,10 @@ def _gloo_rank(rank: int, world: int, folder: str, findings) -> None:
 
 def two_gloo_ranks(findings, folder: Path) -> list[dict]:
     """`findings(rank, world, folder)` (a module-level function, returning JSON) run on two gloo ranks of one
-    process group, one process each; its results in rank order."""
+    process group, a fresh process each; its results in rank order."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_gloo_rank, args=(2, str(folder), findings), nprocs=2, join=True)
+    mp.start_processes(_gloo_rank, args=(2, str(folder), findings), nprocs=2, join=True, start_method=FRESH)
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 

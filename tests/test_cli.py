@@ -23,11 +23,12 @@ from cifar_ray.commands import COMMANDS
 from cifar_ray.commands.common import rerun_command
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig, parse_overrides
+from cifar_ray.core.estimate import StepTime
 from cifar_ray.core.keys import key_rows, markdown_keys_table
 from cifar_ray.core.run import RunFolder
 from cifar_ray.core.strict_yaml import parse_value
 from cifar_ray.core.sweep import build_plan, load_sweep, single_run_plan
-from cifar_ray.training import data
+from cifar_ray.training import data, step_time
 
 SWEEPS = Path(__file__).parent.parent / "sweeps"
 
@@ -335,6 +336,8 @@ def help_examples(command: str, capsys) -> list[list[str]]:
 
 def test_every_help_example_parses_and_names_real_sweeps_and_runs(capsys, monkeypatch):
     monkeypatch.chdir(SWEEPS.parent)  # the examples use paths relative to the repository, as README does
+    timed = []  # `--estimate`'s step timing, the quickstart's full-size steps ~8 s here: test_estimate.py times steps
+    monkeypatch.setattr(step_time, "time_step", lambda cfg: timed.append(cfg) or StepTime(0.01, 1e-4, 0.5))
     sweeps = {plan.name: plan for plan in map(load_sweep, sorted(SWEEPS.glob("*.yaml")))}
     for command in COMMANDS:
         examples = help_examples(command, capsys)
@@ -354,6 +357,7 @@ def test_every_help_example_parses_and_names_real_sweeps_and_runs(capsys, monkey
                 if args.baseline:
                     key, _, value = args.baseline.partition("=")
                     assert parse_value(value) in sweeps[name].grid[key], args.baseline
+    assert timed  # an example estimates, up to its timing
 
 
 def test_the_recorded_command_reruns_the_sweep_as_typed(tmp_path, monkeypatch):

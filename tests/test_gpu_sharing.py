@@ -12,7 +12,8 @@ from helpers import fake_gpus, make_factorial, trial_name
 
 from cifar_ray.core import sysinfo
 from cifar_ray.core.runlog import TrialLog
-from cifar_ray.report import build_report, write_report
+from cifar_ray.report import build_report
+from cifar_ray.report.export import export
 from cifar_ray.report.findings import shared_note
 from cifar_ray.report.sharing import shared_trials
 from cifar_ray.training.distributed import Worker, worker_system
@@ -91,8 +92,9 @@ def test_report_notes_time_comparisons_of_trials_that_shared_a_gpu(tmp_path):
         "Time/epoch of trials that shared a device includes their neighbours' contention: "
         f"{trial_name(0)}, {trial_name(3)} (gpu_share 0.5); {trial_name(5)} (gpu_share 0.25)."
     )
-    assert shared_note(build_report(run_dir)) == note
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    report = build_report(run_dir)
+    assert shared_note(report) == note
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     findings = text.split("## Findings")[1].split("\n## ")[0].splitlines()
     fastest = next(i for i, line in enumerate(findings) if line.startswith("- **Fastest**"))
     assert findings[fastest + 1] == f"- {note}"
@@ -103,7 +105,6 @@ def test_report_says_nothing_of_sharing_for_whole_gpus_or_cpus(tmp_path):
     run_dir = tmp_path / "factorial"
     make_factorial(run_dir)
     share_gpus(run_dir, {0: 1.0})
-    assert shared_note(build_report(run_dir)) == ""
-    assert "trials that shared a device includes" not in write_report(run_dir, tmp_path / "out").read_text(
-        encoding="utf-8"
-    )
+    report = build_report(run_dir)
+    assert shared_note(report) == ""
+    assert "trials that shared a device includes" not in export(report, tmp_path / "out").read_text(encoding="utf-8")

@@ -1,7 +1,7 @@
 """Large-batch and communication-efficient training: LR scaling, LARS, DDP compression hooks,
 bytes per step, PowerSGD state across checkpoints (issue 9).
 
-Costs: one pair of 2 gloo ranks (torch.multiprocessing, ~7 s) and one real Ray run (~30 s)."""
+Costs: one pair of 2 gloo ranks (torch.multiprocessing, ~5 s) and one real Ray run (~30 s)."""
 
 import json
 import math
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FRESH, in_a_fresh_process
 from torch import nn
 
 from cifar_ray.core.config import ConfigError, TrainConfig, parse_config, parse_overrides
@@ -320,7 +321,7 @@ def _two_rank_worker(rank: int, world: int, folder: str) -> None:
 def test_hooks_bytes_and_powersgd_resume_on_two_gloo_ranks(tmp_path):
     import torch.multiprocessing as mp
 
-    mp.spawn(_two_rank_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
+    mp.start_processes(_two_rank_worker, args=(2, str(tmp_path)), nprocs=2, join=True, start_method=FRESH)
     for rank in (0, 1):
         findings = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for compression in ("fp16", "bf16", "powersgd"):
@@ -370,49 +371,34 @@ def test_powersgd_state_dict_round_trip_without_a_process_group():
     assert fresh.rng.randint(10**9) == expected_next.randint(10**9)  # the next random Q seed is the same
 
 
-# Run in a fresh Python: a gloo process group made in the pytest process is freed later from one of gloo's own
-# threads, whose ~ProcessGroupGloo joins itself and aborts the whole test session (seen in CI: SIGABRT in
-# ProcessGroupGloo::runLoop during the next test).
-POWERSGD_CPU_WITH_CUDA_VISIBLE = """
-import sys
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+def _powersgd_steps_on_cpu_with_cuda_visible(store: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
-from cifar_ray.core.config import TrainConfig
-from cifar_ray.training import comm
+    def no_sync(device=None):
+        raise AssertionError(f"torch.cuda.synchronize({device}) on a CPU bucket")
 
-
-def no_sync(device=None):
-    raise AssertionError(f"torch.cuda.synchronize({device}) on a CPU bucket")
-
-
-dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-torch.manual_seed(0)
-ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Flatten(), nn.Linear(48, 32), nn.Linear(32, 10)))
-cfg = TrainConfig(workers=2, batch_size=8, grad_compression="powersgd", powersgd_rank=1, powersgd_start_iter=2)
-state = comm.register_comm_hook(ddp, cfg)
-torch.cuda.is_available = lambda: True
-torch.cuda.synchronize = no_sync
-for _ in range(4):  # 2 plain all-reduces, then 2 compressed steps
-    ddp(torch.randn(8, 3, 4, 4)).sum().backward()
-assert state.iter == 4 and state.error_dict and state.q_memory_dict  # compression ran
-assert powersgd.torch is torch  # torch's module keeps its own `torch`
-print("ok")
-"""
+    dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Flatten(), nn.Linear(48, 32), nn.Linear(32, 10)))
+    cfg = TrainConfig(workers=2, batch_size=8, grad_compression="powersgd", powersgd_rank=1, powersgd_start_iter=2)
+    state = comm.register_comm_hook(ddp, cfg)
+    torch.cuda.is_available = lambda: True
+    torch.cuda.synchronize = no_sync
+    for _ in range(4):  # 2 plain all-reduces, then 2 compressed steps
+        ddp(torch.randn(8, 3, 4, 4)).sum().backward()
+    assert state.iter == 4 and state.error_dict and state.q_memory_dict  # compression ran
+    assert powersgd.torch is torch  # torch's module keeps its own `torch`
 
 
 def test_powersgd_on_cpu_tensors_never_synchronises_cuda(tmp_path):
     """A CPU worker sees the GPUs (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0): torch's powerSGD_hook then calls
     torch.cuda.synchronize with the CPU device, which raises. Here CUDA reads as available and any sync raises;
-    compressed steps on CPU must still run, and torch's own hook is left as it was."""
-    import subprocess
-    import sys
-
-    script = [sys.executable, "-c", POWERSGD_CPU_WITH_CUDA_VISIBLE, str(tmp_path / "store")]
-    done = subprocess.run(script, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    compressed steps on CPU must still run, and torch's own hook is left as it was. In a fresh process: a gloo
+    process group made in the pytest process is freed later from one of gloo's own threads, whose
+    ~ProcessGroupGloo joins itself and aborts the whole test session (seen in CI: SIGABRT in
+    ProcessGroupGloo::runLoop during the next test)."""
+    in_a_fresh_process(_powersgd_steps_on_cpu_with_cuda_visible, str(tmp_path / "store"))
 
 
 # --- end to end through Ray: `cifar-ray train` with PowerSGD on 2 gloo workers

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ FAKES = {
     "[[ $1 == start ]] && exec sleep 60\nexit 0\n",
     "cifar-ray": "exit 0\n",
 }
+# Not recorded: the script's polls (`sleep 5`) wait 0.1 s here; other sleeps are real.
+FAST_POLLS = f'#!/bin/bash\n[[ $* == 5 ]] && set -- 0.1\nexec {shlex.quote(shutil.which("sleep"))} "$@"\n'
 
 
 def run_slurm_script(tmp_path: Path, fakes: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
@@ -45,6 +48,8 @@ def run_slurm_script(tmp_path: Path, fakes: dict[str, str]) -> tuple[subprocess.
     for name, body in fakes.items():
         (bin_dir / name).write_text(RECORD.format(python=shlex.quote(sys.executable), name=name) + body)
         (bin_dir / name).chmod(0o755)
+    (bin_dir / "sleep").write_text(FAST_POLLS)
+    (bin_dir / "sleep").chmod(0o755)
     record = tmp_path / "record.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
     env |= {

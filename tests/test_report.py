@@ -36,6 +36,7 @@ from cifar_ray.report import (
     markdown_table,
     write_report,
 )
+from cifar_ray.report.export import export
 from cifar_ray.report.load import time_per_epoch
 from cifar_ray.report.stats import sample_stats
 
@@ -416,11 +417,12 @@ def test_no_finished_trial_still_reports(tmp_path):
     for i, workers in enumerate([1, 2]):
         swept = {"batch_size": 64, "workers": workers, "seed": 0}
         write_trial(run_dir, i, swept, "oom", healthy_epochs(i, swept, n=1), error="CUDA out of memory")
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    report = build_report(run_dir)
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     assert "No trial finished with every epoch logged: there is nothing to compare yet." in text
     assert "ran out of memory after 1 of 4 epochs — `CUDA out of memory`" in text
-    assert build_report(run_dir).groups["workers"]["n"].tolist() == [0, 0]
-    data = json.loads(write_report(run_dir, tmp_path / "out", fmt="json").read_text(encoding="utf-8"))
+    assert report.groups["workers"]["n"].tolist() == [0, 0]
+    data = json.loads(export(report, tmp_path / "out", fmt="json").read_text(encoding="utf-8"))
     assert data["factors"]["workers"]["rows"][0]["final_test_acc_mean"] is None
 
 

@@ -19,6 +19,7 @@ from cifar_ray.commands.common import SUMMARY_COLUMNS, answer_lines, trial_resul
 from cifar_ray.core import runlog
 from cifar_ray.core.runlog import TrialLog
 from cifar_ray.report import build_report, write_report
+from cifar_ray.report.export import export
 from cifar_ray.report.findings import answer_text, findings
 from cifar_ray.report.sharing import shared_trials
 from cifar_ray.report.stats import BETWEEN, WITHIN
@@ -126,12 +127,13 @@ def test_equal_times_are_no_difference_within_the_margin_with_a_labelled_90_perc
         for w in (1, 2)
     ]
     run_dir = cost_run(tmp_path / "run", trials, {"workers": [1, 2]})
-    row = build_report(run_dir).effects["workers"]["time_per_epoch_s"].iloc[0]
+    report = build_report(run_dir)
+    row = report.effects["workers"]["time_per_epoch_s"].iloc[0]
     logs = [math.log(r) for r in wobble.values()]
     se = statistics.stdev(logs) / 2
     assert row["verdict"] == "equivalent" and row["vci_level"] == pytest.approx(0.90) and row["vci_tost"]
     assert row["vci_high"] == pytest.approx(math.exp(statistics.fmean(logs) + T95[3] * se))
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     assert "(90 % CI, equivalence (TOST)) | within ±5 % |" in text
     assert "time per epoch 1.00x" in findings_text(run_dir, tmp_path / "out2")
 

@@ -22,6 +22,7 @@ from cifar_ray.report import (
     trial_overfitting,
     write_report,
 )
+from cifar_ray.report.export import export
 from cifar_ray.report.plots import curves_data, factor_plot_data
 
 CPU_MEASURE = "peak RSS of one worker process (the whole process: Python, torch, data)"
@@ -87,7 +88,7 @@ def test_factor_plots_lay_out_each_kind_of_factor(tmp_path):
     make_factorial(run_dir, {"workers": [1, 2, 4], "lr": [0.1, 0.001], "optimizer": ["momentum", "adam"]})
     report = build_report(run_dir)
     assert [factor_axis(report.groups[key][key].tolist()) for key in report.factors] == ["log2", "log10", "category"]
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     for key in report.factors:
         assert f"![Final test accuracy (= best in every trial) vs {key}]({key}_accuracy.png)" in text
         assert (tmp_path / "out" / f"{key}_accuracy.png").read_bytes()[:4] == b"\x89PNG"
@@ -96,7 +97,7 @@ def test_factor_plots_lay_out_each_kind_of_factor(tmp_path):
 def test_old_logs_render_with_the_per_worker_peak_and_running_train_metrics(old_logs, tmp_path):
     report = build_report(old_logs)
     assert report.trials["peak_mem_total_mb"].isna().all() and (report.trials["train_basis"] == "running").all()
-    text = write_report(old_logs, tmp_path).read_text(encoding="utf-8")
+    text = export(report, tmp_path).read_text(encoding="utf-8")
     findings = section(text, "Findings")
     line = next(line for line in findings.splitlines() if "**Least memory**" in line)
     assert "(by the peak per worker: not every configuration logged a total)" in line
@@ -111,7 +112,7 @@ def test_old_logs_render_with_the_per_worker_peak_and_running_train_metrics(old_
     assert "— where the logs have no total (peak_mem_total_mb)" in how
     assert f"Peak mem per worker: {CPU_MEASURE}" in how  # the trials ran on CPUs
     assert "Running train accuracy and loss are means over the epoch's training steps" in how
-    data = json.loads(write_report(old_logs, tmp_path, fmt="json").read_text(encoding="utf-8"))
+    data = json.loads(export(report, tmp_path, fmt="json").read_text(encoding="utf-8"))
     assert data["trials"][0]["peak_mem_total_mb"] is None and data["trials"][0]["train_basis"] == "running"
     assert data["sweep"]["memory_measure"] == CPU_MEASURE
 
@@ -153,7 +154,7 @@ def test_mixed_devices_and_bases_are_each_named(tmp_path):
     report = build_report(run_dir)
     assert report.memory_measure == f"{CPU_MEASURE} on CPU trials; {GPU_MEASURE} on GPU trials"
     assert set(MEMORY_MEASURES.values()) == {CPU_MEASURE, GPU_MEASURE}
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     trials = section(text, "Trials")
     old = next(line for line in trials.splitlines() if line.startswith(f"| `{trial_name(1)}`"))
     new = next(line for line in trials.splitlines() if line.startswith(f"| `{trial_name(0)}`"))

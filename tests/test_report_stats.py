@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from cifar_ray.core.runlog import OBJECTIVES as SWEEP_OBJECTIVES
 from cifar_ray.report import OBJECTIVES, build_report, seed_noise, t_quantile, write_report
+from cifar_ray.report.export import export
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,7 @@ def test_no_matched_pairs_is_said(tmp_path):
     )
     report = build_report(run_dir)
     assert report.effects["workers"]["final_test_acc"]["n_pairs"].tolist() == [0]
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     assert "**workers=2** vs 1: no matched pairs (no included trial with workers=1" in finding(text, "workers")
     section = text.split("## Effect of `workers`")[1].split("\n## ")[0]
     assert "| workers=2 | 0 of 6 | — | no matched pairs | — | no matched pairs | — | no matched pairs |" in section
@@ -209,7 +210,7 @@ def test_best_follows_the_sweep_metric_and_mode(tmp_path):
     )
     report = build_report(run_dir)
     assert (report.objective.column, report.objective.better) == ("final_test_loss", "min")
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     findings = text.split("## Findings")[1].split("\n## ")[0]
     best = next(line for line in findings.splitlines() if "**Best**" in line)
     assert best == (
@@ -231,7 +232,7 @@ def test_unknown_metric_falls_back_to_accuracy_and_says_so(tmp_path):
     make_factorial(run_dir, {"workers": [1, 2]}, metric="f1_score", mode="max")
     report = build_report(run_dir)
     assert report.objective.column == "final_test_acc" and "f1_score" in report.objective_note
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     assert (
         "**Best** means the highest final test acc (%) (fallback: sweep metric=f1_score, mode=max has no trial column)."
     ) in text

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import StorageError
 from cifar_ray.report import build_report, testset, write_report
+from cifar_ray.report.export import export
 from cifar_ray.report.testset import BOUND, MEASURED, ImageScores, Scored
 from cifar_ray.report.verdicts import DIFFERS
 
@@ -70,14 +71,15 @@ def test_an_old_run_without_the_log_falls_back_to_a_bound_named_and_never_smalle
     the bound is no smaller than what the per-image log measured; at 10,000 images it leaves +0.6 pp open."""
     new = accuracy_effect(shared_test_run(tmp_path / "new", seeds=20, images=10_000, gained=60, churn=100))
     run_dir = shared_test_run(tmp_path / "old", seeds=20, images=10_000, gained=60, churn=100, logged=False)
-    old = accuracy_effect(run_dir)
+    report = build_report(run_dir)
+    old = report.effects["workers"]["final_test_acc"].iloc[0]
     assert old["mean_diff"] == pytest.approx(new["mean_diff"]) and old["std_diff"] == pytest.approx(new["std_diff"])
     assert old["testset_noise"] == BOUND and old["testset_var"] >= new["testset_var"]
-    trials = build_report(run_dir).trials
+    trials = report.trials
     sd = {w: numpy.sqrt(p * (1 - p)) for w, p in trials.groupby("workers")["final_test_acc"]}
     assert old["testset_var"] == pytest.approx(float(numpy.mean(sd[2].to_numpy() + sd[1].to_numpy())) ** 2 / 9_999)
     assert old["ci_low"] < 0 < old["ci_high"] and old["verdict"] != DIFFERS
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     assert "test-set noise bounded: no per-image log." in text
 
 

@@ -23,6 +23,7 @@ from helpers import (
 
 from cifar_ray.cli import main
 from cifar_ray.report import build_report, write_report
+from cifar_ray.report.export import export
 from cifar_ray.report.verdicts import holm, judge, p_differs, p_equivalent, pairs_needed
 
 
@@ -156,7 +157,7 @@ def test_a_finished_trial_with_missing_epochs_is_excluded_as_incomplete(tmp_path
     assert (row["n_pairs"], row["n_planned"], row["lost"]) == (3, 4, "workers=2 incomplete in 1")
     assert row["mean_diff"] == pytest.approx(0.01)
     assert report.groups["workers"]["n"].tolist() == [4, 3]
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
     excluded = text.split("## Excluded trials")[1].split("\n## ")[0]
     assert f"`{trial['trial']}` (workers=2, seed=2): incomplete: marked finished with 1 of 3 epochs logged." in excluded
     assert "3 of 4 pairs (1 lost: workers=2 incomplete in 1)" in findings_line(text, "- **workers=2**")

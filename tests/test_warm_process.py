@@ -3,13 +3,8 @@ trained in a fresh process (on CPU): what lets warm worker processes run trial a
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
-from helpers import COMPUTED
+from helpers import COMPUTED, in_a_fresh_process
 
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig
@@ -59,18 +54,7 @@ def test_a_trial_after_others_in_one_process_equals_it_in_a_fresh_process(tmp_pa
         trial_metrics(values, str(tmp_path / f"other{i}"))
     warm = trial_metrics(TRIAL, str(tmp_path / "warm"))
 
-    script = (
-        "import json, sys; sys.path.insert(0, sys.argv[2]); from test_warm_process import TRIAL, trial_metrics; "
-        "print(json.dumps(trial_metrics(TRIAL, sys.argv[1])))"
-    )
-    fresh = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "fresh"), str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=str(tmp_path.cwd()),
-    )
-    assert warm == json.loads(fresh.stdout.strip().splitlines()[-1])
+    assert warm == in_a_fresh_process(trial_metrics, TRIAL, str(tmp_path / "fresh"))
     assert len(warm) == 2 and warm[0]["train_loss"] != warm[1]["train_loss"]
 
 

@@ -128,6 +128,12 @@ def default_out(report: Report) -> Path:
     )
 
 
+def export(report: Report, out: Path, fmt: str = "md") -> Path:
+    """`report` written into the folder `out` (made if missing) in format `fmt`; returns the main file."""
+    out.mkdir(parents=True, exist_ok=True)
+    return {"md": export_markdown, "csv": export_csv, "json": export_json, "html": export_html}[fmt](report, out)
+
+
 def write_report(
     run_dir: Where | Sequence[Where],
     out_dir: str | Path | None = None,
@@ -155,5 +161,4 @@ def write_report(
     refusal = local_write_refusal(out)
     if refusal:
         raise ConfigError(f"report --out {out}: cannot write there: {refusal}; allowed: a folder you can write")
-    out.mkdir(parents=True, exist_ok=True)
-    return {"md": export_markdown, "csv": export_csv, "json": export_json, "html": export_html}[fmt](report, out)
+    return export(report, out, fmt)
