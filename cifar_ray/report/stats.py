@@ -187,7 +187,7 @@ def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
 
 
 def _labels(frame: pd.DataFrame, keys: Sequence[str]) -> list[str]:
-    return [values_label(row, keys) for _, row in frame.iterrows()]
+    return [values_label(row, keys) for row in frame[list(keys)].to_dict("records")]
 
 
 def _lost_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match: Sequence[str], lost: set) -> str:
@@ -316,21 +316,29 @@ def _scored(
     frame: pd.DataFrame, keys: Sequence[str], column: str, per_image: Mapping[str, testset.ImageScores]
 ) -> dict[str, list[testset.Scored]]:
     """The trials of each cell (as _cells groups them, NaN `column` dropped) as the test set scored them."""
-    labels = pd.Series(_labels(frame, keys), index=frame.index, dtype=object)
-    cells = {label: scored_trials(frame[labels == label], column, per_image) for label in dict.fromkeys(labels)}
-    return {label: cell for label, cell in cells.items() if cell}
+    cells: dict[str, list[testset.Scored]] = {}
+    for label, scored in zip(_labels(frame, keys), _scored_rows(frame, column, per_image), strict=True):
+        if scored is not None:
+            cells.setdefault(label, []).append(scored)
+    return cells
 
 
 def scored_trials(
     frame: pd.DataFrame, column: str, per_image: Mapping[str, testset.ImageScores]
 ) -> list[testset.Scored]:
     """The trials of `frame` with a `column` value, as the test set scored them."""
+    return [scored for scored in _scored_rows(frame, column, per_image) if scored is not None]
+
+
+def _scored_rows(
+    frame: pd.DataFrame, column: str, per_image: Mapping[str, testset.ImageScores]
+) -> list[testset.Scored | None]:
+    """Each row of `frame` as the test set scored it; None where `column` has no value."""
     return [
-        testset.Scored(
-            row[column], None if pd.isna(row["test_images"]) else int(row["test_images"]), per_image.get(name)
-        )
-        for name, row in zip(frame["trial"], frame.to_dict("records"))
-        if not math.isnan(row[column])
+        None
+        if math.isnan(value)
+        else testset.Scored(value, None if pd.isna(images) else int(images), per_image.get(name))
+        for name, value, images in zip(frame["trial"], frame[column], frame["test_images"], strict=True)
     ]
 
 
