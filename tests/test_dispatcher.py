@@ -209,3 +209,21 @@ def test_a_trial_that_ended_before_its_tune_trial_started_still_has_its_news(tmp
         asyncio.run(d.epoch("t000", {"epoch": epoch}))
     assert runlog.read_json(trials[0].trial_file)["status"] == "finished"
     assert [event.get("epoch", {}).get("epoch") for event in news(d, "t000")][-2:] == [1, 2]
+
+
+def test_what_a_slot_tells_the_dispatcher_unpickles_without_torch():
+    """The Dispatcher imports no torch: a torch type in what a slot sends it (torch.__version__ is a TorchVersion)
+    made its first read of a trial's system record import torch, its event loop blocked for ~5 s while every slot
+    of a pooled sweep waited on it (reports/bench: 2c)."""
+    import pickle
+    import subprocess
+    import sys
+
+    import torch
+
+    from cifar_ray.training.distributed import Worker, worker_system
+
+    system = worker_system(Worker(0, 1, [torch.device("cpu")]), 0, {"node_id": None, "hostname": "h"})
+    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); assert 'torch' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(system), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-500:]

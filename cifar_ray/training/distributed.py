@@ -81,7 +81,7 @@ def versions() -> dict:
     training imports no Ray."""
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str: a TorchVersion made every reader of the record import torch
         "ray": metadata.version("ray"),
         "cuda": torch.version.cuda or "none",
     }
