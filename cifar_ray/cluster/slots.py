@@ -1,7 +1,7 @@
 """Worker slots: every trial runs in a slot, a Ray Train run whose workers take trials from a Dispatcher.
 
-A fresh `TorchTrainer.fit()` costs ~20 s here before and after its training (a controller, a worker group, a
-process group, every process importing torch: reports/bench). A **slot** is one `fit()` of a trial shape
+A fresh Ray Train `fit()` costs ~20 s here before and after its training (a controller, a worker group, a
+process group, every worker importing torch: reports/bench). A **slot** is one `fit()` of a trial shape
 (workers, CPUs and GPUs per worker, backend, strategy). Its workers loop: rank 0 takes the next trial of that
 shape from the Dispatcher, broadcasts it to every rank, and the ranks train it with the same code as a fresh
 run (`train.run_trial`: model, optimizer, DDP wrapper, hooks and every random stream are built from the trial's
@@ -213,10 +213,10 @@ def worker_deaths(dispatcher, slot: str):
 
 
 def run_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bool, broker=None) -> None:
-    """One slot: a TorchTrainer whose workers run slot_loop until their shape has no trial left, or, one_trial,
-    their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails). With a `broker` (a
-    pool's slot, cluster/pool.py; `dispatcher` None) it takes trials of one sweep after another until the pool
-    retires it."""
+    """One slot: a Ray Train run (trainer.torch_trainer) whose workers run slot_loop until their shape has no trial
+    left, or, one_trial, their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails). With
+    a `broker` (a pool's slot, cluster/pool.py; `dispatcher` None) it takes trials of one sweep after another until
+    the pool retires it."""
     loop_config = {
         "dispatcher": dispatcher,
         "broker": broker,

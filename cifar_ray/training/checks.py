@@ -8,7 +8,7 @@ then compares two ways of computing the same thing:
 - accumulation: k micro-batches of b == one batch of k*b (no batch-norm); with batch-norm the
   statistics are over b, not k*b, and the difference is measured (it must be far above the no-BN one);
 - DDP: W Ray Train workers (gloo on CPU, nccl on GPU) == one process on the same global batch,
-  parameters and all-reduced train metrics (one TorchTrainer run);
+  parameters and all-reduced train metrics (one Ray Train run, cluster/trainer.py);
 - strategies: single == ddp with one worker; dp == single over >= 2 GPUs (SKIP with the reason elsewhere:
   DataParallel without GPUs runs the bare model, which would compare the model with itself);
 - seeds: the same seed repeats exactly (CPU; within relative tolerances on CUDA), another seed differs;
