@@ -164,6 +164,10 @@ def slot_loop(loop_config: dict) -> None:
             torch.set_num_threads(cfg.cpus_per_worker)
             worker = Worker(rank, world, select_devices(cfg))
             system = worker_system(worker, trial_shape(cfg).gpus, worker_placement())  # GPUs per Ray worker, dp's all
+            # else imported by the first optimizer step: its objects would stay outside the freeze for the first trial
+            # only, whose collections would walk them (its epochs measurably slower than its slot's later trials')
+            import torch._dynamo  # noqa: F401
+
             keep_out_of_collections()
         if cfg.compile:  # dynamo's caches hold the previous trial's model: past 8 recompiles it runs eager
             torch._dynamo.reset()
