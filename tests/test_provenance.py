@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -84,6 +87,24 @@ def test_installed_packages_are_sorted_and_the_first_of_a_name_wins():
     assert found == {"Ray": "2.60.0", "torch": "2.14.1"}
     real = provenance.installed_packages()
     assert real["pytest"] == pytest.__version__
+
+
+def test_installed_packages_are_read_again_only_when_a_folder_on_the_path_changed(tmp_path, monkeypatch):
+    reads = []
+
+    def counted_read():
+        reads.append(1)
+        return {"pkg": str(len(reads))}
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    monkeypatch.setattr(provenance, "installed_packages", counted_read)
+    first, again = provenance.installed_packages_now(), provenance.installed_packages_now()
+    assert first == again == {"pkg": "1"} and len(reads) == 1
+    (site / "new-1.0.dist-info").mkdir()  # pip install adds its .dist-info folder
+    os.utime(site, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))  # a coarse clock may not tick in between
+    assert provenance.installed_packages_now() == {"pkg": "2"} and len(reads) == 2
 
 
 def fake_torch(gpus: int, nccl=(2, 27, 3)) -> SimpleNamespace:

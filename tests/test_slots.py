@@ -222,6 +222,11 @@ def test_a_slot_task_that_dies_is_reported_to_the_dispatcher_as_failed():
                 told.append(args)
                 return ray.put(None)
 
+        class slot_runs:  # these slots never started a Ray Train run
+            @staticmethod
+            def remote(slots):
+                return ray.put([])
+
     @ray.remote(num_cpus=0, max_retries=0)
     def dies():
         os._exit(1)
@@ -237,6 +242,36 @@ def test_a_slot_task_that_dies_is_reported_to_the_dispatcher_as_failed():
     assert len(started.tasks) == 2  # slot-b started when slot-a ended
     assert [(slot, shape, status) for slot, shape, status, _ in told] == [("slot-a", "shape", "failed")]
     assert "WorkerCrashedError" in told[0][3] or "died" in told[0][3], told
+
+
+@pytest.mark.slow
+def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reserved(tmp_path):
+    """A stopped sweep cancels its slot tasks, and each one's Ray Train controller dies with it: the placement group
+    of the controller's worker group would then stay reserved (its cores unusable by the next sweep of a notebook)
+    until the job ends. Ray Train's cleaner process is not started (trainer.LeanTrainer): StartedSlots.stop removes
+    the group, after the controller."""
+    from ray.util.placement_group import placement_group_table
+
+    from cifar_ray.cluster.placement import cluster_capacity, resolve_plan
+    from cifar_ray.cluster.slots import plan_slots
+    from cifar_ray.core.run import RunFolder
+    from cifar_ray.core.sweep import build_plan
+
+    def reserved() -> set[str]:
+        return {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+    before = reserved()
+    base = dict(item.split("=") for item in TINY) | {"epochs": 50, "train_subset": 2048}
+    plan = resolve_plan(build_plan({"name": "stopped", "base": base, "grid": {"seed": [0]}}), cluster_capacity(), print)
+    run = RunFolder(tmp_path / "stopped")
+    run.create(plan, {})
+    started = plan_slots(plan, run, cluster_capacity(), None, one_trial=False).start()
+    try:
+        wait_for(lambda: runlog.read_epochs(run.path / plan.trials[0].name), 180, "the trial's first epoch")
+        assert reserved() - before, "the slot's worker group holds a placement group while it trains"
+    finally:
+        started.stop()
+    wait_for(lambda: not reserved() - before, 10, "the stopped slot's placement group to be removed")
 
 
 def test_a_slot_whose_dispatcher_is_gone_ends_instead_of_restarting():

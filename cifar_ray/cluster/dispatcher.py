@@ -53,6 +53,29 @@ class RunTrial:
         return RunFolder(self.run_dir)
 
 
+@dataclasses.dataclass(frozen=True)
+class SlotRun:
+    """A slot's Ray Train run as its controller told it (slots.slot_callbacks): the controller's handle and the
+    placement group of its latest worker group, for the driver to end what a cancelled slot leaves
+    (slots.end_slot_runs)."""
+
+    controller: Any
+    placement_group: Any
+
+
+class SlotRunRecords:
+    """The SlotRun of each slot, kept by the actor its slots report to (the Dispatcher; a pool's SlotBroker)."""
+
+    def __init__(self):
+        self.slot_run: dict[str, SlotRun] = {}
+
+    async def record_slot_run(self, slot: str, run: SlotRun) -> None:
+        self.slot_run[slot] = run  # a restarted worker group's replaces the one before (Ray Train removed that)
+
+    async def slot_runs(self, slots: list[str]) -> list[SlotRun]:
+        return [self.slot_run[slot] for slot in slots if slot in self.slot_run]
+
+
 def tune_trial(trial: TrialSpec, run_dir: StoragePath) -> dict:
     """A thin Tune trial's value in the param_space: Tune sees the name as is (its folder and trial name are made
     from it before anything else is resolved), the RunTrial only once it runs the trial."""
@@ -64,13 +87,14 @@ def tune_run_trial(tune_config: dict) -> RunTrial:
     return tune_config["trial"]["run"]
 
 
-class Dispatcher:
+class Dispatcher(SlotRunRecords):
     """The trials not yet finished, per shape, and what happened to each (an async Ray actor), and the one
     writer of trial.json while a sweep runs. A slot takes trials from it and tells it what happens; a thin Tune
     trial waits on it for its trial's news (no polling: on 2 cores, five thin trials asking five times a second
     slowed the training next to them). `one_trial`: each slot takes one trial, then ends (--isolate)."""
 
     def __init__(self, specs: list[RunTrial], slots: dict[str, list[str]], one_trial: bool = False):
+        super().__init__()
         self.specs = {spec.name: spec for spec in specs}
         self.live = {shape: set(names) for shape, names in slots.items()}  # slots that may still take a trial
         self.pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)

@@ -74,7 +74,8 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
         return run.path
     if options.resume:
         _add_seeds(run, plan)
-    limit = slot_plan.count + slots.LOOK_AHEAD  # thin trials: one per slot running, and the next ones
+    limit = slot_plan.count  # thin trials: one per slot running (a trial taken before its thin trial starts is
+    # forwarded from its first epoch when it does)
     # A new Tune experiment of the trials still to train, never Tune's restore: a failed read of its saved state
     # makes Tune restart the experiment silently, and the slots go by trial.json, not by Tune's state.
     to_train = {spec.name for spec in slot_plan.specs}

@@ -210,6 +210,15 @@ def _resolved(config: TrainConfig, has_gpus: bool) -> TrainConfig:
     return resolved
 
 
+def remove_placement_groups(groups: list) -> None:
+    """Removes each placement group not removed yet (its reserved resources are freed)."""
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    for group in groups:
+        if placement_group_table(group).get("state") != "REMOVED":
+            remove_placement_group(group)
+
+
 def worker_placement() -> dict:
     """Where this process runs: its Ray node id (unique per node, also for several nodes on one
     machine; None outside Ray) and the hostname."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import slots as slots_module
-from .dispatcher import Dispatcher, broker_name
+from .dispatcher import Dispatcher, SlotRunRecords, broker_name
 from .slots import SlotLaunch, SlotPlan
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -88,12 +88,13 @@ class PooledDispatcher(Dispatcher):
         super().__init__(specs, slots)
 
 
-class SlotBroker:
+class SlotBroker(SlotRunRecords):
     """The pool's slots' source of trials (an async Ray actor): a slot asks it for its next trial; it asks the
     Dispatcher of the sweep now attached, and when that has none left for the slot, waits for the next sweep, or
     for the slot to be retired or the pool closed (the slot then ends)."""
 
     def __init__(self):
+        super().__init__()
         self.dispatcher = None  # the Dispatcher of the sweep now running, if any
         self.dispatchers: dict[str, Any] = {}  # run name -> its Dispatcher, for its thin trials (find_dispatcher)
         self.generation = 0  # counts the sweeps attached: a slot asks each sweep's Dispatcher until it has none left
@@ -261,6 +262,7 @@ class WarmPool:
             ended = [self.slots.pop(name) for name in busy if name in self.slots]
         for slot in ended:
             ray.cancel(slot.task, force=True)
+        slots_module.end_slot_runs(self.broker, [slot.launch.slot for slot in ended])
         ray.kill(dispatcher)
 
     def _retire(self, names: list[str]) -> None:
@@ -276,6 +278,7 @@ class WarmPool:
         _, running = ray.wait(tasks, num_returns=len(tasks), timeout=RETIRE_WAIT_S)
         for task in running:
             ray.cancel(task, force=True)
+        slots_module.end_slot_runs(self.broker, [slot.launch.slot for slot in ended if slot.task in running])
 
     def _watch(self) -> None:
         import ray
@@ -296,6 +299,7 @@ class WarmPool:
                     running = self.running
                 if running is not None and slot.launch.slot in running[1]:
                     slots_module.report_slot_failure(running[0], task, slot.launch)
+                slots_module.end_slot_runs(self.broker, [slot.launch.slot])
 
     def close(self) -> None:
         """Every slot ends; the broker goes. Safe to call twice, and after Ray has ended (nothing is left then)."""

@@ -305,7 +305,7 @@ def write_provenance(run_dir: StoragePath, session: int) -> None:
 
     git, diff = provenance.git_state(sysinfo.PACKAGE_DIR)
     RunFolder(run_dir).record_provenance(
-        session, git, diff, provenance.installed_packages(), provenance.gpu_stack(torch)
+        session, git, diff, provenance.installed_packages_now(), provenance.gpu_stack(torch)
     )
 
 

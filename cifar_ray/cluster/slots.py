@@ -12,7 +12,8 @@ worker group, with the same code, checkpoints and failure handling.
 Ray Tune stays the sweep engine: each trial is a Tune trial (names, results, callbacks), a
 thin one that holds no core and forwards the epochs the Dispatcher collected for it. The Dispatcher holds the
 whole plan, so slots never wait on Tune: a slot takes trials whether or not Tune has started their thin trial
-yet, and Tune runs only as many thin trials as slots run at once plus LOOK_AHEAD. Every shape gets as many
+yet, and Tune runs only as many thin trials as slots run at once (each is a process that imports Ray Tune, 2-3
+CPU-s: one more would only print a trial's start a moment sooner). Every shape gets as many
 slots as copies of it fit the cluster; Ray starts a slot's worker group when its resources are free (a
 placement group takes all its bundles or none), and a slot ends when its shape has no trial left (a one-trial
 slot: after its trial), so shapes never deadlock each other.
@@ -55,15 +56,15 @@ from ..core.run import RunFolder
 from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
-from .dispatcher import Dispatcher, RunTrial, broker_name, dispatcher_name, tune_run_trial
+from .dispatcher import Dispatcher, RunTrial, SlotRun, broker_name, dispatcher_name, tune_run_trial
 from .placement import thin_trial_bundles, trials_that_fit, worker_placement
 from .session import error_line, failure_status
 from .trainer import TrainRun, torch_trainer
 
-LOOK_AHEAD = 1  # thin trials started beyond the slots: a trial a slot takes is forwarded at once
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
 STARTED = "slot_started_after_epoch"  # the result a thin trial reports when its slot takes the trial
 NOTE = "trial_note"  # the result a thin trial reports for a line its trial's log must say (Dispatcher.note)
+CONTROLLER_END_S = 5.0  # how long a killed Ray Train controller may take to end before its placement group goes
 
 
 # ------------------------------------------------------------------------------------- the slot
@@ -198,13 +199,19 @@ def slot_loop(loop_config: dict) -> None:
         after_trial(worker.devices)
 
 
-def worker_deaths(dispatcher, slot: str):
-    """A Ray Train callback (run on the slot's controller) that tells the Dispatcher (a pool's slot: its broker,
-    which tells the Dispatcher of the sweep the slot serves) when a worker of the slot
-    died: no rank lives to say why, and the restarted group's rank 0 only gets the trial back. A local class:
-    slots.py imports no Ray at import time, and cloudpickle sends it to the controller by value."""
+def slot_callbacks(dispatcher, slot: str) -> list:
+    """The Ray Train callbacks of a slot's run (on its controller), telling the Dispatcher (a pool's slot: its
+    broker, which tells the Dispatcher of the sweep the slot serves) what no rank can:
+    - when a worker of the slot died: no rank lives to say why, and the restarted group's rank 0 only gets the
+      trial back;
+    - each worker group's placement group: a controller that dies with its slot task (cancelled by the driver)
+      leaves it reserved until the job ends; the driver removes it (placement.remove_placement_groups) in place
+      of Ray Train's cleaner process (trainer.LeanTrainer).
+    Local classes: slots.py imports no Ray at import time, and cloudpickle sends them to the controller by value."""
+    import ray
     from ray.train import UserCallback
     from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+    from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
     class WorkerDeaths(UserCallback):
         def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
@@ -213,7 +220,13 @@ def worker_deaths(dispatcher, slot: str):
                 # runs callbacks in its event loop; the restarted group's first question comes seconds later.
                 dispatcher.worker_died.remote(slot, failure_status(deaths[0]), error_line(deaths[0]))
 
-    return WorkerDeaths()
+    class PlacementGroupRecord(WorkerGroupCallback):
+        def after_worker_group_start(self, worker_group) -> None:
+            group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+            controller = ray.get_runtime_context().current_actor
+            ray.get(dispatcher.record_slot_run.remote(slot, SlotRun(controller, group)))  # before the group trains
+
+    return [WorkerDeaths(), PlacementGroupRecord()]
 
 
 def run_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bool, broker=None) -> None:
@@ -228,7 +241,7 @@ def run_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bo
         "slot": launch.slot,
         "launched_unix": time.time() if one_trial else None,
     }
-    run = TrainRun(launch.slot, storage, launch.restarts, [worker_deaths(broker or dispatcher, launch.slot)])
+    run = TrainRun(launch.slot, storage, launch.restarts, slot_callbacks(broker or dispatcher, launch.slot))
     torch_trainer(slot_loop, loop_config, launch.shape_cfg, run).fit()
 
 
@@ -241,6 +254,28 @@ def report_slot_failure(dispatcher, task, slot: SlotLaunch) -> None:
     except Exception as error:  # a task error, a worker crash, a lost node: any way a slot can end badly
         with contextlib.suppress(ray.exceptions.RayError):  # a stopped run's Dispatcher is gone: nothing waits
             ray.get(dispatcher.slot_failed.remote(slot.slot, slot.shape, failure_status(error), error_line(error)))
+
+
+def end_slot_runs(recorder, slots: list[str]) -> None:
+    """What the ended (or cancelled) slots' Ray Train runs may have left: a controller that outlived its slot task
+    for a moment, and the placement group of its last worker group, which a controller that dies with its slot
+    task does not remove (it would stay reserved until the job ends: the next sweep's slots would wait for its
+    cores). The controller goes first, so that it cannot start another worker group. `recorder`: the Dispatcher
+    or pool broker the slots' callbacks told (slot_callbacks); gone, it has nothing to say."""
+    import ray
+
+    from .placement import remove_placement_groups
+
+    try:
+        runs = ray.get(recorder.slot_runs.remote(slots))
+    except ray.exceptions.RayError:
+        return
+    for run in runs:
+        ray.kill(run.controller, no_restart=True)
+    for run in runs:
+        with contextlib.suppress(ray.exceptions.RayError):  # raised once it is dead, which is what is waited for
+            ray.get(run.controller.__ray_ready__.remote(), timeout=CONTROLLER_END_S)
+    remove_placement_groups([run.placement_group for run in runs])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +327,7 @@ class StartedSlots:
 
     def _report_failure(self, task) -> None:
         report_slot_failure(self.dispatcher, task, self.slot_of[task])
+        end_slot_runs(self.dispatcher, [self.slot_of[task].slot])
 
     def wait(self) -> None:
         """Until every slot has ended (each ends when its shape has no trial left) and its failure is told."""
@@ -308,6 +344,7 @@ class StartedSlots:
         _, running = ray.wait(self.tasks, num_returns=len(self.tasks), timeout=0)
         for task in running:
             ray.cancel(task, force=True)
+        end_slot_runs(self.dispatcher, [self.slot_of[task].slot for task in running])
         ray.kill(self.dispatcher)
 
 

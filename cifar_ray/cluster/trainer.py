@@ -29,20 +29,29 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
     says."""
     import ray.train
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from .backend import TorchProcessGroup
 
-    class NoDatasetsTrainer(DataParallelTrainer):
-        """Without Ray Train's DatasetsCallback: it starts a DatasetManager actor, a process, for every worker group
-        (each slot's start, each restart) even when no Ray Dataset is given; our workers load their own data."""
+    class LeanTrainer(DataParallelTrainer):
+        """Without two of Ray Train's callbacks that each start a process per run: DatasetsCallback's DatasetManager
+        actor (each worker group, even with no Ray Dataset; our workers load their own data) and
+        PlacementGroupCleanerCallback's PlacementGroupCleaner, a detached actor per run (2-3 CPU-s to start, then
+        a state-API query a second) that removes the worker group's placement group if the controller dies. The run's
+        owner does that instead: a slot's callbacks record each worker group's placement group
+        (slots.slot_callbacks) and the driver removes what an ended slot left (placement.remove_placement_groups);
+        cifar-ray check's run ends with its driver, and with it the job's placement groups."""
 
         def _create_default_callbacks(self):
             callbacks = super()._create_default_callbacks()
-            return [callback for callback in callbacks if self.datasets or not isinstance(callback, DatasetsCallback)]
+            unused = (
+                (PlacementGroupCleanerCallback,) if self.datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+            )
+            return [callback for callback in callbacks if not isinstance(callback, unused)]
 
     shape = trial_shape(cfg)
-    return NoDatasetsTrainer(
+    return LeanTrainer(
         train_loop,
         train_loop_config=loop_config,
         backend_config=TorchProcessGroup(backend=shape.backend),
