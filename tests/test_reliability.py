@@ -28,7 +28,9 @@ def _sweep_file(tmp_path: Path) -> Path:
     path.write_text(
         "name: kill\n"
         "description: driver kill and resume\n"
-        "base: {dataset: synthetic, train_subset: 2048, test_subset: 256, width: 8, epochs: 3, batch_size: 64,\n"
+        # Epochs of seconds: the kill needs a finished trial beside a running one past its first checkpoint, and
+        # with shorter ones the running trial could finish between two looks at the run folder.
+        "base: {dataset: synthetic, train_subset: 8192, test_subset: 256, width: 8, epochs: 3, batch_size: 64,\n"
         "       workers: 1, norm: none}\n"
         "grid:\n  lr: [0.05, 1.0e+12, 0.02]\n"  # the middle one diverges
     )
