@@ -97,6 +97,37 @@ def test_broker_hands_a_slot_each_sweep_in_turn_and_says_which_slots_are_busy():
     asyncio.run(scenario())
 
 
+def test_the_pools_dispatcher_serves_the_next_sweep_unless_a_slot_was_cut_off_in_a_trial(monkeypatch):
+    """A sweep every slot came back from leaves the pool's Dispatcher to the next sweep (no process to start); one
+    that ended with a slot still in a trial (cancelled) gets it replaced: a message of that slot may still be on
+    its way, naming a trial the next sweep may have too. On stand-ins for Ray's calls."""
+    import threading
+
+    import ray
+
+    from cifar_ray.cluster import slots
+
+    busy: list[str] = []
+    killed, cancelled, started = [], [], []
+
+    class Broker:
+        detach = type("detach", (), {"remote": staticmethod(lambda wait_s: list(busy))})
+
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    monkeypatch.setattr(ray, "kill", killed.append)
+    monkeypatch.setattr(ray, "cancel", lambda task, force: cancelled.append(task))
+    monkeypatch.setattr(slots, "end_slot_runs", lambda recorder, names: None)
+    monkeypatch.setattr(pool.WarmPool, "_new_dispatcher", staticmethod(lambda: started.append(1) or len(started)))
+    warm = object.__new__(pool.WarmPool)
+    warm.broker, warm.lock, warm.running, warm.dispatcher = Broker(), threading.Lock(), None, "first"
+    warm.slots = {"slot-a": pool.PoolSlot(slots.SlotLaunch(None, "shape", "slot-a", 1), ("shape", "code"), "task-a")}
+    warm._end_sweep("first", finished=True)
+    assert warm.dispatcher == "first" and not killed and not started
+    busy.append("slot-a")
+    warm._end_sweep("first", finished=False)
+    assert cancelled == ["task-a"] and killed == ["first"] and warm.dispatcher == 1 and "slot-a" not in warm.slots
+
+
 def _sweep(name: str, storage, **overrides):
     plan = {"name": name, "base": TINY | overrides, "grid": {"seed": [0]}}
     run = api.sweep(plan, name=name, storage=storage, print_line=lambda line: None)
@@ -114,6 +145,7 @@ def test_a_pool_reuses_slots_of_the_same_shape_and_code_only_and_ends_them_all(t
     storage = tmp_path / "runs"
     with api.pool():
         first = _sweep("p1", storage)
+        serving = pool.active().dispatcher
         assert _sweep("p2", storage) == first  # same shape, same code: the warm slot trains it
         other_shape = _sweep("p3", storage, cpus_per_worker=2)
         assert other_shape != first
@@ -121,6 +153,7 @@ def test_a_pool_reuses_slots_of_the_same_shape_and_code_only_and_ends_them_all(t
         assert _sweep("p4", storage, cpus_per_worker=2) != other_shape  # the code changed: a fresh slot
         pids = pool.active().slot_pids()
         name = dispatcher.broker_name()
+        assert pool.active().dispatcher is serving  # every sweep finished: one Dispatcher served all four
     assert set(pids) >= {first, other_shape}
     assert pool.active() is None
     with pytest.raises(ValueError):

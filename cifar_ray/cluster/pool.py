@@ -77,9 +77,10 @@ def start_slots(slot_plan: SlotPlan):
 
 
 class PooledDispatcher(Dispatcher):
-    """A Dispatcher started before its sweep is known: a pool starts the next sweep's while a sweep runs, so that
-    no sweep waits for its Dispatcher's process to start (2.5-7 s measured on a loaded 2-core machine; an empty
-    actor took as long). begin() gives it its sweep, once."""
+    """The pool's Dispatcher: one process serves one sweep after another (begin() gives it each sweep), so that no
+    sweep starts one (a process, 1-2 CPU-s; 2.5-7 s of wall measured on a loaded 2-core machine). It is replaced
+    by a new one after a sweep that ended with a slot cut off in its trial: that slot may have a message on its
+    way, naming a trial the next sweep may have too."""
 
     def __init__(self):
         super().__init__([], {})
@@ -201,7 +202,7 @@ class WarmPool:
         self.job = ray.get_runtime_context().get_job_id()
         here = slots_module.driver_node()
         self.broker = ray.remote(num_cpus=0)(SlotBroker).options(name=broker_name(), scheduling_strategy=here).remote()
-        self.spare = self._new_dispatcher()  # the next sweep's Dispatcher, its process started now
+        self.dispatcher = self._new_dispatcher()  # the next sweep's
         self.slots: dict[str, PoolSlot] = {}
         self.running: tuple[Any, set[str]] | None = None  # (Dispatcher, its slots) of the sweep running
         self.lock = threading.Lock()
@@ -229,7 +230,7 @@ class WarmPool:
         reused = list(self.slots)  # all of the shape serve: a slot the Dispatcher does not know could take a trial
         launches = slot_plan.launches[len(reused) :]
         plan = dataclasses.replace(slot_plan, slots={key[0]: reused + [launch.slot for launch in launches]})
-        dispatcher, self.spare = self.spare, self._new_dispatcher()
+        dispatcher = self.dispatcher
         try:
             with self.lock:
                 self.running = (dispatcher, set(plan.slots[key[0]]))
@@ -252,8 +253,8 @@ class WarmPool:
         return ray.remote(num_cpus=0)(PooledDispatcher).options(scheduling_strategy=slots_module.driver_node()).remote()
 
     def _end_sweep(self, dispatcher, finished: bool) -> None:
-        """Detaches the sweep: the slots still training its trials (none once it finished) are ended; the
-        Dispatcher goes."""
+        """Detaches the sweep: the slots still training its trials (none once it finished) are ended, and then the
+        Dispatcher is replaced (PooledDispatcher); after a sweep every slot came back from, it serves the next."""
         import ray
 
         busy = ray.get(self.broker.detach.remote(FINISH_WAIT_S if finished else 0.0))
@@ -263,7 +264,9 @@ class WarmPool:
         for slot in ended:
             ray.cancel(slot.task, force=True)
         slots_module.end_slot_runs(self.broker, [slot.launch.slot for slot in ended])
-        ray.kill(dispatcher)
+        if busy:
+            ray.kill(dispatcher)
+            self.dispatcher = self._new_dispatcher()
 
     def _retire(self, names: list[str]) -> None:
         """The slots end (their Ray Train runs shut down and free their resources), waited for."""
@@ -312,7 +315,7 @@ class WarmPool:
         if not ray.is_initialized() or ray.get_runtime_context().get_job_id() != self.job:
             return
         self._retire(list(self.slots))
-        ray.kill(self.spare)
+        ray.kill(self.dispatcher)
         ray.kill(self.broker)
 
 
