@@ -78,7 +78,7 @@ def start_slots(slot_plan: SlotPlan):
 
 class PooledDispatcher(Dispatcher):
     """The pool's Dispatcher: one process serves one sweep after another (begin() gives it each sweep), so that no
-    sweep starts one (a process, 1-2 CPU-s; 2.5-7 s of wall measured on a loaded 2-core machine). It is replaced
+    sweep starts one (a process: seconds of a core, during the sweep before). It is replaced
     by a new one after a sweep that ended with a slot cut off in its trial: that slot may have a message on its
     way, naming a trial the next sweep may have too."""
 

@@ -12,8 +12,8 @@ worker group, with the same code, checkpoints and failure handling.
 Ray Tune stays the sweep engine: each trial is a Tune trial (names, results, callbacks), a
 thin one that holds no core and forwards the epochs the Dispatcher collected for it. The Dispatcher holds the
 whole plan, so slots never wait on Tune: a slot takes trials whether or not Tune has started their thin trial
-yet, and Tune runs only as many thin trials as slots run at once (each is a process that imports Ray Tune, 2-3
-CPU-s: one more would only print a trial's start a moment sooner). Every shape gets as many
+yet, and Tune runs only as many thin trials as slots run at once (each is a process that imports Ray Tune: one
+more would only tell Tune of a trial's start a moment sooner). Every shape gets as many
 slots as copies of it fit the cluster; Ray starts a slot's worker group when its resources are free (a
 placement group takes all its bundles or none), and a slot ends when its shape has no trial left (a one-trial
 slot: after its trial), so shapes never deadlock each other.
