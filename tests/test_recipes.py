@@ -35,8 +35,8 @@ FAKES = {
     # `ray status` fails until a node started, then lists one node per `ray start` recorded so far (both run in the
     # background, so the sweep may run before a worker's start only if the script does not wait for it);
     # `ray start --block` blocks until the script's end kills it
-    "ray": '[[ $1 == status ]] && { n=$(grep -c \'"start"\' "$RECORD"); [[ $n -gt 0 ]] || exit 1; echo Active:; '
-    'for ((i = 0; i < n; i++)); do echo " 1 node_$i"; done; }\n'
+    "ray": '[[ $1 == status ]] && { n=$(grep -c \'^\\["ray", \\["start"\' "$RECORD"); [[ $n -gt 0 ]] || exit 1; '
+    'echo Active:; for ((i = 0; i < n; i++)); do echo " 1 node_$i"; done; }\n'
     "[[ $1 == start ]] && exec sleep 60\nexit 0\n",
     "cifar-ray": "exit 0\n",
 }
