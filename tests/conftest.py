@@ -48,7 +48,12 @@ def cifar_dir(tmp_path_factory) -> Path:
 
 
 def pytest_configure(config) -> None:
-    os.environ.setdefault(SESSION_MARKER, f"{os.getpid()}-{time.time_ns()}")
+    marker = os.environ.setdefault(SESSION_MARKER, f"{os.getpid()}-{time.time_ns()}")
+    # A pytest-xdist worker (`-n 2`) inherits the marker of the process that started it: it is a session of its own,
+    # with a marker of its own, so no worker's end stops what another worker still runs (nor the worker itself).
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not marker.endswith(f"-{worker}"):
+        os.environ[SESSION_MARKER] = f"{marker}-{worker}"
 
 
 def pytest_collection_modifyitems(config, items) -> None:

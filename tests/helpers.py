@@ -6,6 +6,7 @@ tests/test_layers.py holds that). Fault injection lives apart, in tests/faults.p
   Trials that `write_correct` gives a per-image log (test_correct.json) are as new versions write them; without
   one, as older versions did.
 - `shared_ddp_run`: the suite's one TorchTrainer run of the DDP checks.
+- `report_text`: README.md's text for a built report, its plots not drawn.
 - `wait_for`: poll a condition while a real run goes on.
 - `COMPUTED`: the epoch metrics a trial computes, equal from run to run.
 - `fake_gpus`: this machine's GPUs as torch.cuda reports them, monkeypatched (no GPU here).
@@ -35,6 +36,8 @@ import torch
 from cifar_ray.cluster import checks as ddp_checks
 from cifar_ray.cluster.live_view import TUNE_TAG
 from cifar_ray.core import runlog
+from cifar_ray.report.document import to_markdown
+from cifar_ray.report.sections import document
 from cifar_ray.training import checks as check
 
 CPU = torch.device("cpu")
@@ -288,6 +291,13 @@ def make_factorial(run_dir: Path, grid: dict = FACTORIAL_GRID, accuracy=None, lo
         )
         write_correct(run_dir, i, ranked_correct(acc, 10_000), FACTORIAL_EPOCHS)
     return finals
+
+
+def report_text(report) -> str:
+    """The README.md that `export(report, out)` writes for a built report, less its figures: for the tests of its
+    text, as drawing costs ~0.3 s a plot (tests/test_report.py holds the two equal; the tests of the plots and of the
+    written files write them)."""
+    return to_markdown(document(report, {}))
 
 
 _check_ddp = ddp_checks.check_ddp  # bound at import: test_check.py swaps ddp_checks.check_ddp for shared_ddp_run

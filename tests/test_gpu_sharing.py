@@ -8,12 +8,11 @@ import types
 
 import pytest
 import torch
-from helpers import fake_gpus, make_factorial, trial_name
+from helpers import fake_gpus, make_factorial, report_text, trial_name
 
 from cifar_ray.core import sysinfo
 from cifar_ray.core.runlog import TrialLog
 from cifar_ray.report import build_report
-from cifar_ray.report.export import export
 from cifar_ray.report.findings import shared_note
 from cifar_ray.report.sharing import shared_trials
 from cifar_ray.training.distributed import Worker, worker_system
@@ -94,7 +93,7 @@ def test_report_notes_time_comparisons_of_trials_that_shared_a_gpu(tmp_path):
     )
     report = build_report(run_dir)
     assert shared_note(report) == note
-    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(report)
     findings = text.split("## Findings")[1].split("\n## ")[0].splitlines()
     fastest = next(i for i, line in enumerate(findings) if line.startswith("- **Fastest**"))
     assert findings[fastest + 1] == f"- {note}"
@@ -107,4 +106,4 @@ def test_report_says_nothing_of_sharing_for_whole_gpus_or_cpus(tmp_path):
     share_gpus(run_dir, {0: 1.0})
     report = build_report(run_dir)
     assert shared_note(report) == ""
-    assert "trials that shared a device includes" not in export(report, tmp_path / "out").read_text(encoding="utf-8")
+    assert "trials that shared a device includes" not in report_text(report)

@@ -11,12 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import make_run
+from helpers import make_run, report_text
 
 from cifar_ray.core import provenance
 from cifar_ray.core.errors import RunFolderError
 from cifar_ray.core.storage import StoragePath
-from cifar_ray.report import write_report
+from cifar_ray.report import build_report
 
 SECRET_URI = "s3://alice:hunter2@bucket/runs"
 
@@ -201,7 +201,7 @@ def test_the_report_header_says_the_uncommitted_changes_and_the_revision_to_re_r
     sweep["command"] = "cifar-ray sweep sweeps/x.yaml"
     (run_dir / "sweep.json").write_text(json.dumps(sweep))
     record(run_dir, checkout, 1)
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(build_report(run_dir))
     commit = git(checkout, "rev-parse", "HEAD")[:10]
     assert (
         "| Git revision | `abc1234def`; uncommitted changes: 3 files (2 changed, 1 untracked; diff in "

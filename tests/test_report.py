@@ -21,6 +21,7 @@ from helpers import (
     healthy_epochs,
     make_run,
     overfitting_epochs,
+    report_text,
     trial_name,
     write_sweep,
     write_trial,
@@ -302,6 +303,15 @@ def test_plots_are_valid_png_and_linked(readme):
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
+def test_the_text_the_report_tests_read_is_the_readme_less_its_figures(run, readme):
+    """helpers.report_text, read by the tests of the report's text instead of README.md (which costs its plots)."""
+    blocks = readme.read_text(encoding="utf-8").rstrip("\n").split("\n\n")
+    figures = [block for block in blocks if block.startswith("![")]
+    assert len(figures) == 6
+    text = report_text(build_report(run[0]))
+    assert text.rstrip("\n").split("\n\n") == [block for block in blocks if block not in figures]
+
+
 def test_same_logs_give_byte_identical_files(run, readme, tmp_path):
     again = write_report(run[0], tmp_path / "again")
     assert again.read_bytes() == readme.read_bytes()
@@ -388,7 +398,7 @@ def test_single_cpu_run_without_grid(tmp_path):
     folder = run_dir / "t"
     write_trial(run_dir, 0, swept, "finished", epochs, gpus=False)
     (run_dir / trial_name(0)).rename(folder)
-    text = write_report(run_dir, tmp_path / "out").read_text()
+    text = report_text(build_report(run_dir))
     assert "CPU only: Test CPU, 16 cores, 8 CPUs in the Ray cluster on 1 node" in text
     assert "One configuration" in text and "Step-time" not in text and "## Effect of" not in text
     with pytest.raises(ConfigError, match="swept keys: none"):
@@ -442,7 +452,7 @@ def test_float_and_string_grid_with_cli_parsed_baseline(tmp_path):
     report = build_report(run_dir, baseline={"lr": parse_value("0.01"), "amp": parse_value("bf16")})
     assert report.baseline == {"lr": 0.01, "amp": "bf16"}
     assert report.groups["amp"]["n"].tolist() == [2, 1]  # the running trial is not aggregated
-    text = write_report(run_dir, tmp_path / "out", baseline={"lr": 0.01}).read_text(encoding="utf-8")
+    text = report_text(build_report(run_dir, baseline={"lr": 0.01}))
     assert "| 0.01 (baseline) |" in text and "still running: 2 of 4 epochs so far" in text
     assert "not finished" in text
     with pytest.raises(ConfigError, match="allowed: off, bf16"):

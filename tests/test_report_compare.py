@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import healthy_epochs, trial_name, write_sweep, write_trial
+from helpers import healthy_epochs, report_text, trial_name, write_sweep, write_trial
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
@@ -138,7 +138,7 @@ def test_one_run_is_todays_report_with_the_command_that_reruns_it(pair, tmp_path
     assert "run" not in trials.columns
     unrecorded = tmp_path / "unrecorded"
     write_run(unrecorded, [1])
-    assert "Re-run with" not in write_report(unrecorded, tmp_path / "out").read_text(encoding="utf-8")
+    assert "Re-run with" not in report_text(build_report(unrecorded))
 
 
 def test_runs_pair_on_configs_not_on_grid_labels(tmp_path):

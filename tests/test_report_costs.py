@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import trial_name, write_sweep, write_trial
+from helpers import report_text, trial_name, write_sweep, write_trial
 
 from cifar_ray.commands.common import SUMMARY_COLUMNS, answer_lines, trial_result
 from cifar_ray.core import runlog
 from cifar_ray.core.runlog import TrialLog
-from cifar_ray.report import build_report, write_report
-from cifar_ray.report.export import export
+from cifar_ray.report import build_report
 from cifar_ray.report.findings import answer_text, findings
 from cifar_ray.report.sharing import shared_trials
 from cifar_ray.report.stats import BETWEEN, WITHIN
@@ -67,8 +66,8 @@ def cost_run(run_dir: Path, trials: list[dict], grid: dict, extra_planned: int =
     return run_dir
 
 
-def findings_text(run_dir: Path, out: Path) -> str:
-    return write_report(run_dir, out).read_text(encoding="utf-8").split("## Findings")[1].split("\n## ")[0]
+def findings_text(run_dir: Path) -> str:
+    return report_text(build_report(run_dir)).split("## Findings")[1].split("\n## ")[0]
 
 
 ONE_SEED = {1: [30.0, 10.0, 10.4, 9.6, 10.0], 2: [20.0, 6.5, 6.3, 6.7, 6.5]}
@@ -133,9 +132,9 @@ def test_equal_times_are_no_difference_within_the_margin_with_a_labelled_90_perc
     se = statistics.stdev(logs) / 2
     assert row["verdict"] == "equivalent" and row["vci_level"] == pytest.approx(0.90) and row["vci_tost"]
     assert row["vci_high"] == pytest.approx(math.exp(statistics.fmean(logs) + T95[3] * se))
-    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(report)
     assert "(90 % CI, equivalence (TOST)) | within ±5 % |" in text
-    assert "time per epoch 1.00x" in findings_text(run_dir, tmp_path / "out2")
+    assert "time per epoch 1.00x" in findings_text(run_dir)
 
 
 def concurrent(start: float, end: float, slot: str) -> dict:
@@ -172,7 +171,7 @@ def test_a_shared_trial_against_an_exclusive_one_is_flagged_not_judged(tmp_path)
     assert time["verdict"] == "unfair" and len(time["unfair"]) == 2
     assert report.effects["optimizer"]["time_per_epoch_s"].iloc[0]["verdict"] != "unfair"  # shared vs shared
     assert report.effects["workers"][report.memory_column].iloc[0]["verdict"] != "unfair"
-    text = findings_text(run_dir, tmp_path / "out")
+    text = findings_text(run_dir)
     assert "time per epoch 1.54x faster" in text and "not judged, unfair: 2 of the 2 pairs" in text
     assert "Not a fair ranking" in text and f"{trial_name(0)} (beside {trial_name(1)} on one node's CPUs)" in text
 
@@ -204,7 +203,7 @@ def test_memory_is_one_number_per_trial_and_needs_pairs_over_seeds(tmp_path):
     ]
     row = build_report(cost_run(tmp_path / "one", one, {"workers": [1, 2]})).effects["workers"]["peak_mem_total_mb"]
     assert row.iloc[0]["verdict"] == "no verdict" and math.isnan(row.iloc[0]["se"])
-    text = findings_text(tmp_path / "one", tmp_path / "out1")
+    text = findings_text(tmp_path / "one")
     assert "peak memory (total over workers) 1.80x more (1,000 → 1,800 MB" in text
     assert "no verdict (one number per trial: needs pairs over several seeds, or 3 pairs)" in text
     three = [
@@ -327,7 +326,7 @@ def test_one_seeds_pairs_that_disagree_in_direction_are_not_conclusive(tmp_path)
     run_dir = cost_run(tmp_path / "run", trials, {"optimizer": ["momentum", "adam"], "workers": [1, 2]})
     row = build_report(run_dir).effects["optimizer"]["time_per_epoch_s"].iloc[0]
     assert row["n_pairs"] == 2 and row["ratio"] < 1 and row["verdict"] == "not conclusive"
-    line = next(x for x in findings_text(run_dir, tmp_path / "out").splitlines() if x.startswith("- **optimizer="))
+    line = next(x for x in findings_text(run_dir).splitlines() if x.startswith("- **optimizer="))
     assert (
         "not conclusive: its pairs disagree in direction" in line
         and "(value / baseline per pair: 1.03x, 0.84x)" in line

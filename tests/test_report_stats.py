@@ -13,13 +13,12 @@ from pathlib import Path
 import numpy
 import pandas as pd
 import pytest
-from helpers import FACTORIAL_GRID, FACTORIAL_SEEDS, make_factorial, ranked_correct
+from helpers import FACTORIAL_GRID, FACTORIAL_SEEDS, make_factorial, ranked_correct, report_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cifar_ray.core.runlog import OBJECTIVES as SWEEP_OBJECTIVES
 from cifar_ray.report import OBJECTIVES, build_report, seed_noise, t_quantile, write_report
-from cifar_ray.report.export import export
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +124,7 @@ def test_seed_noise_is_the_pooled_within_configuration_std(factorial):
 def test_paired_findings_separate_a_small_real_effect_from_none(factorial, tmp_path):
     """The pooled per-value means put the optimizer's 10 pp into workers' ± (about 5 pp) and called +1 pp not
     conclusive; matched pairs see the +1 pp with a 0.2 pp wide interval."""
-    text = write_report(factorial[0], tmp_path).read_text(encoding="utf-8")
+    text = report_text(build_report(factorial[0]))
     workers = finding(text, "workers=2")
     found = re.search(
         r"workers=2\*\* vs 1: time per epoch 2.00x faster .*; final test accuracy \+(\d\.\d\d) pp, 12 of 12 pairs: "
@@ -162,7 +161,7 @@ def test_no_matched_pairs_is_said(tmp_path):
     )
     report = build_report(run_dir)
     assert report.effects["workers"]["final_test_acc"]["n_pairs"].tolist() == [0]
-    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(report)
     assert "**workers=2** vs 1: no matched pairs (no included trial with workers=1" in finding(text, "workers")
     section = text.split("## Effect of `workers`")[1].split("\n## ")[0]
     assert "| workers=2 | 0 of 6 | — | no matched pairs | — | no matched pairs | — | no matched pairs |" in section
@@ -210,7 +209,7 @@ def test_best_follows_the_sweep_metric_and_mode(tmp_path):
     )
     report = build_report(run_dir)
     assert (report.objective.column, report.objective.better) == ("final_test_loss", "min")
-    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(report)
     findings = text.split("## Findings")[1].split("\n## ")[0]
     best = next(line for line in findings.splitlines() if "**Best**" in line)
     assert best == (
@@ -232,7 +231,7 @@ def test_unknown_metric_falls_back_to_accuracy_and_says_so(tmp_path):
     make_factorial(run_dir, {"workers": [1, 2]}, metric="f1_score", mode="max")
     report = build_report(run_dir)
     assert report.objective.column == "final_test_acc" and "f1_score" in report.objective_note
-    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(report)
     assert (
         "**Best** means the highest final test acc (%) (fallback: sweep metric=f1_score, mode=max has no trial column)."
     ) in text

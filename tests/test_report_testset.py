@@ -10,14 +10,21 @@ from pathlib import Path
 
 import numpy
 import pytest
-from helpers import FACTORIAL_EPOCHS, factorial_epochs, trial_name, write_correct, write_sweep, write_trial
+from helpers import (
+    FACTORIAL_EPOCHS,
+    factorial_epochs,
+    report_text,
+    trial_name,
+    write_correct,
+    write_sweep,
+    write_trial,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import StorageError
-from cifar_ray.report import build_report, testset, write_report
-from cifar_ray.report.export import export
+from cifar_ray.report import build_report, testset
 from cifar_ray.report.testset import BOUND, MEASURED, ImageScores, Scored
 from cifar_ray.report.verdicts import DIFFERS
 
@@ -61,7 +68,7 @@ def test_many_seeds_call_a_small_consistent_effect_real(tmp_path):
     assert row["mean_diff"] == pytest.approx(0.006, abs=0.0005) and row["n_pairs"] == 20
     assert row["testset_noise"] == MEASURED and row["ci_low"] > 0.003
     assert row["verdict"] == DIFFERS
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(build_report(run_dir))
     assert "20 of 20 pairs: CI excludes 0; test-set noise measured per image." in text
 
 
@@ -79,7 +86,7 @@ def test_an_old_run_without_the_log_falls_back_to_a_bound_named_and_never_smalle
     sd = {w: numpy.sqrt(p * (1 - p)) for w, p in trials.groupby("workers")["final_test_acc"]}
     assert old["testset_var"] == pytest.approx(float(numpy.mean(sd[2].to_numpy() + sd[1].to_numpy())) ** 2 / 9_999)
     assert old["ci_low"] < 0 < old["ci_high"] and old["verdict"] != DIFFERS
-    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(report)
     assert "test-set noise bounded: no per-image log." in text
 
 
@@ -223,6 +230,6 @@ def test_most_accurate_counts_the_shared_test_set_however_many_seeds(tmp_path):
     200 images were drawn could make that up. "Most accurate" names no single configuration (the older floor,
     p (1 - p) / n divided by the seeds, named workers=2 alone); the line says which noise it used."""
     run_dir = shared_test_run(tmp_path / "run", seeds=40, images=200, gained=3, churn=2)
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(build_report(run_dir))
     line = next(line for line in text.splitlines() if line.startswith("- **Most accurate**"))
     assert "within the seed and test-set noise of each other: workers=2" in line and "workers=1" in line, line

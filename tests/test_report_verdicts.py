@@ -15,6 +15,7 @@ from helpers import (
     factorial_epochs,
     make_factorial,
     ranked_correct,
+    report_text,
     trial_name,
     write_correct,
     write_sweep,
@@ -22,8 +23,7 @@ from helpers import (
 )
 
 from cifar_ray.cli import main
-from cifar_ray.report import build_report, write_report
-from cifar_ray.report.export import export
+from cifar_ray.report import build_report
 from cifar_ray.report.verdicts import holm, judge, p_differs, p_equivalent, pairs_needed
 
 
@@ -73,7 +73,7 @@ def test_equal_differences_on_a_small_test_set_are_not_a_zero_width_interval(tmp
     assert row["testset_var"] == pytest.approx((1 / 500) / 500) and row["se"] == pytest.approx(0.002)
     assert row["ci_high"] - row["ci_low"] > 0.015
     assert row["verdict"] == "equivalent"
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(build_report(run_dir))
     line = findings_line(text, "- **workers=2**")
     assert "3 of 3 pairs: equivalent within ±1 pp; test-set noise measured per image." in line
     assert "tested on 500 images" in text and "(n = 500 here" in text
@@ -84,7 +84,7 @@ def test_two_pairs_give_no_verdict_however_clear(tmp_path):
     row = workers_effect(run_dir)
     assert row["n_pairs"] == 2 and row["ci_low"] > 0  # the interval alone would call it
     assert row["verdict"] == "no verdict" and math.isnan(row["p_differs"])
-    text = write_report(run_dir, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(build_report(run_dir))
     # Its 95 % CI excludes 0: the verdict says why that is no verdict (item 5 of issue 35).
     no_verdict = "2 of 2 pairs: no verdict (fewer than 3 pairs: its CI excludes 0, but 1 degree of freedom is too few"
     line = findings_line(text, "- **workers=2**")
@@ -99,9 +99,10 @@ def test_no_effect_is_equivalent_within_the_margin_the_user_sets(tmp_path, capsy
     narrow = build_report(run_dir, margin_pp=0.05).effects["amp"]["final_test_acc"].iloc[0]
     assert narrow["verdict"] == "not conclusive"  # ±0.05 pp is finer than 10000 test images resolve
     out = tmp_path / "out"
-    assert main(["report", str(run_dir), "--out", str(out), "--margin", "2"]) == 0
-    text = (out / "README.md").read_text(encoding="utf-8")
-    assert findings_line(text, "- **amp=bf16**").endswith(
+    # JSON: the findings README.md lists, without drawing its plots
+    assert main(["report", str(run_dir), "--out", str(out), "--margin", "2", "--format", "json"]) == 0
+    found = json.loads((out / "report.json").read_text(encoding="utf-8"))["findings"]
+    assert next(line for line in found if line.startswith("**amp=bf16**")).endswith(
         "12 of 12 pairs: equivalent within ±2 pp; test-set noise measured per image."
     )
     capsys.readouterr()
@@ -157,7 +158,7 @@ def test_a_finished_trial_with_missing_epochs_is_excluded_as_incomplete(tmp_path
     assert (row["n_pairs"], row["n_planned"], row["lost"]) == (3, 4, "workers=2 incomplete in 1")
     assert row["mean_diff"] == pytest.approx(0.01)
     assert report.groups["workers"]["n"].tolist() == [4, 3]
-    text = export(report, tmp_path / "out").read_text(encoding="utf-8")
+    text = report_text(report)
     excluded = text.split("## Excluded trials")[1].split("\n## ")[0]
     assert f"`{trial['trial']}` (workers=2, seed=2): incomplete: marked finished with 1 of 3 epochs logged." in excluded
     assert "3 of 4 pairs (1 lost: workers=2 incomplete in 1)" in findings_line(text, "- **workers=2**")
