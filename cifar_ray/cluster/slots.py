@@ -272,9 +272,14 @@ def end_slot_runs(recorder, slots: list[str]) -> None:
         return
     for run in runs:
         ray.kill(run.controller, no_restart=True)
-    for run in runs:
-        with contextlib.suppress(ray.exceptions.RayError):  # raised once it is dead, which is what is waited for
-            ray.get(run.controller.__ray_ready__.remote(), timeout=CONTROLLER_END_S)
+    deadline = time.monotonic() + CONTROLLER_END_S
+    for run in runs:  # a kill is asynchronous: a call may still be answered just after it
+        while time.monotonic() < deadline:
+            try:
+                ray.get(run.controller.__ray_ready__.remote(), timeout=CONTROLLER_END_S)
+            except ray.exceptions.RayError:  # dead (or hung past the deadline): it starts nothing more
+                break
+            time.sleep(0.05)
     remove_placement_groups([run.placement_group for run in runs])
 
 
