@@ -30,9 +30,10 @@ from .data import IMAGE_SHAPE
 from .distributed import gather_ranks
 
 PROBE_SIZES = {"cpu": 1024, "cuda": 8192}  # n of the n x n GEMM: ~2 GFLOP on a CPU core, ~1 TFLOP on a GPU
-# (batch, channels in and out, side) of the 3x3 convolution probe: ~2 GFLOP forward + backward on a CPU, ~0.9 TFLOP on
-# a GPU; channels as a CIFAR network's middle layers have them
-CONV_PROBES = {"cpu": (8, 64, 32), "cuda": (256, 256, 32)}
+# (batch, channels in and out, side) of the 3x3 convolution probe: ~4 GFLOP forward + backward on a CPU, ~0.9 TFLOP on
+# a GPU; channels as a CIFAR network's wider layers have them (on CPU a 64-channel probe ran slower than resnet9's own
+# layers, and MFU came out above 1)
+CONV_PROBES = {"cpu": (16, 128, 16), "cuda": (256, 256, 32)}
 PROBE_RUNS = 5  # after one warm-up run; the fastest counts (a busy machine only ever slows a run down)
 # cfg.amp -> the dtype its convolutions and matmuls run in, and its name
 DTYPES = {"off": (torch.float32, "fp32"), "fp16": (torch.float16, "fp16"), "bf16": (torch.bfloat16, "bf16")}
