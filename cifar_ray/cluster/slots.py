@@ -266,6 +266,8 @@ def end_slot_runs(recorder, slots: list[str]) -> None:
 
     from .placement import remove_placement_groups
 
+    if not slots:  # a finished sweep's stop: no round trip to the recorder
+        return
     try:
         runs = ray.get(recorder.slot_runs.remote(slots))
     except ray.exceptions.RayError:
