@@ -46,6 +46,12 @@ class FakeTuner:
 def drive(monkeypatch, argv: list[str], trains: int = 99) -> int:
     """`cifar-ray ARGV` with Ray replaced (see the module's docstring); Tune's fit trains at most `trains` trials
     (fewer: the sweep stops as after a Ctrl-C, its other trials unfinished)."""
+    replace_ray(monkeypatch, trains)
+    return main(argv)
+
+
+def replace_ray(monkeypatch, trains: int = 99) -> None:
+    """drive's stand-ins for every Ray call."""
     budget = [trains]
     fake_slots = types.SimpleNamespace(
         dispatcher=types.SimpleNamespace(end_events=types.SimpleNamespace(remote=lambda: None)),
@@ -63,7 +69,6 @@ def drive(monkeypatch, argv: list[str], trains: int = 99) -> int:
     monkeypatch.setattr(
         orchestrate, "new_tuner", lambda trials, run_dir, name, limit: FakeTuner(trials, run_dir, budget)
     )
-    return main(argv)
 
 
 class Elsewhere:
@@ -245,3 +250,25 @@ if __name__ == "__main__":  # python tests/test_run_trip.py: the trips, and thei
             f"  {len(trip.stays)} stays in {len(set(trip.stays))} modules, {trip.climbs()} climbs up a floor, "
             f"{trip.returns()} returns to a module already left"
         )
+
+
+def test_the_slots_start_before_the_driver_records_provenance_and_builds_the_tune_experiment(tmp_path, monkeypatch):
+    """A slot's processes take seconds to start (reports/bench, start-up); the driver records the session's provenance
+    (it imports torch) and builds the Tune experiment (it imports Ray Tune) meanwhile, not before it starts them."""
+    order: list[str] = []
+    replace_ray(monkeypatch)
+    start_slots, new_tuner = pool.start_slots, orchestrate.new_tuner
+
+    def starting(slot_plan):
+        order.append("slots")
+        return start_slots(slot_plan)
+
+    def building(*args):
+        order.append("tune")
+        return new_tuner(*args)
+
+    monkeypatch.setattr(pool, "start_slots", starting)
+    monkeypatch.setattr(orchestrate, "write_provenance", lambda run_dir, session: order.append("provenance"))
+    monkeypatch.setattr(orchestrate, "new_tuner", building)
+    assert main(["sweep", str(SWEEP), *ARGS, "--storage", str(tmp_path)]) == 0
+    assert order == ["slots", "provenance", "tune"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from cifar_ray.cluster.trainer import TrainRun, torch_trainer
 from cifar_ray.core.config import parse_config
 from cifar_ray.core.storage import StoragePath
@@ -41,3 +43,60 @@ assert "torch" not in sys.modules, "torch imported"
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_slots_ray_train_run_asks_no_autoscaling_coordinator(tmp_path, monkeypatch):
+    """Ray Train's fixed-size policy asks an AutoscalingCoordinator (a detached actor: a process importing Ray Data,
+    waited for up to 5 s before the first worker group starts) for the run's resources; a slot's run asks none. The
+    stock policy, exercised the same way, does ask: the check can fail."""
+    import types
+
+    from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as client
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    asked: list[str] = []
+    for method in ("send_resource_request", "maybe_send_resource_request"):
+        monkeypatch.setattr(client.TrainAutoscalingCoordinatorClient, method, lambda *a, m=method, **k: asked.append(m))
+    given: dict = {}
+    monkeypatch.setattr(
+        DataParallelTrainer, "_initialize_and_run_controller", lambda self, **kwargs: given.update(kwargs)
+    )
+    trainer = torch_trainer(
+        lambda config: None, {}, parse_config({"dataset": "synthetic"}), TrainRun("t", StoragePath.of(tmp_path))
+    )
+    stock = FixedScalingPolicy(trainer.scaling_config)
+    trainer._initialize_and_run_controller(scaling_policy=stock)
+
+    def exercise(policy) -> list[str]:  # what a controller does with its policy before and while its group runs
+        asked.clear()
+        policy.after_controller_start(types.SimpleNamespace(run_id="r"))
+        policy.make_decision_for_non_running_worker_group()
+        policy.make_decision_for_running_worker_group(None, None)
+        return list(asked)
+
+    assert given["scaling_policy"] is not stock
+    assert exercise(given["scaling_policy"]) == []
+    assert exercise(stock) != []
+
+
+def test_the_driver_reads_gpus_and_versions_without_importing_torch():
+    """Before its slots start, the driver counts the local GPUs for Ray's start and records the versions in
+    sweep.json: importing torch for either (~2 s) would delay the first trial. The versions are torch's own."""
+    import subprocess
+    import sys
+
+    import torch
+
+    script = """
+import json, sys
+from cifar_ray.cluster.session import local_resources
+from cifar_ray.core import sysinfo
+resources = local_resources()
+assert "torch" not in sys.modules, "torch imported"
+print(json.dumps(sysinfo.versions()))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    versions = json.loads(done.stdout.splitlines()[-1])
+    assert versions["torch"] == torch.__version__ and versions["cuda"] == (torch.version.cuda or "none")

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..core import lease, runlog, sysinfo
@@ -79,10 +79,10 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     # A new Tune experiment of the trials still to train, never Tune's restore: a failed read of its saved state
     # makes Tune restart the experiment silently, and the slots go by trial.json, not by Tune's state.
     to_train = {spec.name for spec in slot_plan.specs}
-    tuner = new_tuner([t for t in plan.trials if t.name in to_train], run.path, plan.name, limit)
     untrained = len(slot_plan.specs) if options.resume else None
     options.print_line(sweep_header(plan, capacity, limit, run.path, untrained, options.estimate_s))
-    _train_session(run, [t.name for t in plan.trials], slot_plan, tuner, options)
+    tune_trials = [t for t in plan.trials if t.name in to_train]
+    _train_session(run, plan, slot_plan, lambda: new_tuner(tune_trials, run.path, plan.name, limit), options)
     return run.path
 
 
@@ -95,13 +95,11 @@ def _add_seeds(run: RunFolder, plan: SweepPlan) -> None:
 
 def _start_facts(capacity: dict[str, Any], options: RunOptions, warm: bool) -> dict[str, Any]:
     """What sweep.json records of a new run's start beyond its plan: when, where, with what, how it was asked."""
-    from ..training.distributed import versions  # imports torch: not on the refusals' fast path
-
     return {
         "started_at": runlog.now_iso(),
         "git_revision": sysinfo.git_revision(sysinfo.PACKAGE_DIR),
         "host": sysinfo.host_info(),
-        "versions": versions(),
+        "versions": sysinfo.versions(),
         "cluster": capacity,
         "command": options.command,
         "estimate_s": options.estimate_s,
@@ -110,15 +108,22 @@ def _start_facts(capacity: dict[str, Any], options: RunOptions, warm: bool) -> d
     }
 
 
-def _train_session(run: RunFolder, names: list[str], slot_plan: slots.SlotPlan, tuner, options: RunOptions) -> None:
-    """One session of the run: opened in sweep.json with its provenance, the slots started, Tune run; however it
-    ends, the slots are stopped, the trials `names` still running are marked interrupted and the session closed."""
+def _train_session(
+    run: RunFolder, plan: SweepPlan, slot_plan: slots.SlotPlan, make_tuner: Callable[[], Any], options: RunOptions
+) -> None:
+    """One session of the run: opened in sweep.json, the slots started, its provenance recorded, Tune run; however it
+    ends, the slots are stopped, the plan's trials still running are marked interrupted and the session closed.
+    The slots start first, inside the try (every way out stops them): their processes take seconds to start, while
+    this driver records the provenance (it imports torch) and builds the Tune experiment (`make_tuner`: it imports
+    Ray Tune)."""
+    names = [t.name for t in plan.trials]
     started_slots = None
     started = time.time()
     session = run.open_session(started)
     try:
+        started_slots = pool.start_slots(slot_plan)
         write_provenance(run.path, session)
-        started_slots = pool.start_slots(slot_plan)  # started last, inside the try: every way out stops them
+        tuner = make_tuner()
         view = SweepProgress(run.path, slot_plan.specs, options.print_line, started, options.stream)
         dispatcher = started_slots.dispatcher
         with follow(dispatcher_events(dispatcher), view, dispatcher.end_events.remote):  # all printed before stop

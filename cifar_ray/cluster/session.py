@@ -214,12 +214,17 @@ def _check_reachable(address: str) -> None:
 
 
 def _local_gpu_count() -> int:
-    try:
-        import torch
+    """The GPUs Ray itself gives a local node it detects them on: its GPU manager's count (NVML), capped by the
+    devices CUDA_VISIBLE_DEVICES leaves visible. Not torch's count: importing torch (~2 s) would delay Ray's start."""
+    from ray._private.accelerators import get_accelerator_manager_for_resource
 
-        return torch.cuda.device_count()
-    except Exception:  # a broken CUDA install means no usable GPU, not a crash
+    try:
+        manager = get_accelerator_manager_for_resource("GPU")
+        count = manager.get_current_node_num_accelerators()
+        visible = manager.get_current_process_visible_accelerator_ids()
+    except Exception:  # a broken driver install means no usable GPU, not a crash
         return 0
+    return count if visible is None else min(count, len(visible))
 
 
 def _storage_probe(marker: StoragePath) -> dict[str, Any]:
@@ -299,7 +304,7 @@ def check_shared_storage(
 
 
 def write_provenance(run_dir: StoragePath, session: int) -> None:
-    """Session `session`'s provenance (core/provenance.py), gathered on the driver before any trial starts: the
+    """Session `session`'s provenance (core/provenance.py), gathered on the driver as the session starts: the
     checkout cifar_ray runs from, the installed packages, this machine's GPU stack (workers' GPUs: trial.json)."""
     import torch
 

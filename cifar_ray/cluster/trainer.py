@@ -30,18 +30,32 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
     import ray.train
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from .backend import TorchProcessGroup
 
+    class FixedWorkers(FixedScalingPolicy):
+        """Ray Train's fixed-size policy without its AutoscalingCoordinator: a detached actor (a process importing
+        Ray Data, started by the first run of a Ray session) that the controller asks, waiting up to 5 s before its
+        first worker group starts, to tell an autoscaler of the run's resources. A sweep sizes its slots to the
+        cluster it finds (placement.capacity_of), and a worker group's placement group already asks the cluster for
+        its bundles."""
+
+        def after_controller_start(self, train_run_context) -> None:
+            pass
+
+        def _maybe_send_resource_request(self) -> None:
+            pass
+
     class LeanTrainer(DataParallelTrainer):
-        """Without two of Ray Train's callbacks that each start a process per run: DatasetsCallback's DatasetManager
-        actor (each worker group, even with no Ray Dataset; our workers load their own data) and
-        PlacementGroupCleanerCallback's PlacementGroupCleaner, a detached actor per run (a process importing Ray
-        Train, then a state-API query a second) that removes the worker group's placement group if the controller
-        dies. The run's owner does that instead: a slot's callbacks record each worker group's placement group
-        (slots.slot_callbacks) and the driver removes what an ended slot left (slots.end_slot_runs); cifar-ray
-        check's run ends with its driver, and with it the job's placement groups."""
+        """Without what starts a process per run or per session that no run of ours uses: DatasetsCallback's
+        DatasetManager actor (each worker group, even with no Ray Dataset; our workers load their own data), the
+        AutoscalingCoordinator (FixedWorkers) and PlacementGroupCleanerCallback's PlacementGroupCleaner, a detached
+        actor per run (a process importing Ray Train, then a state-API query a second) that removes the worker
+        group's placement group if the controller dies. The run's owner does that instead: a slot's callbacks record
+        each worker group's placement group (slots.slot_callbacks) and the driver removes what an ended slot left
+        (slots.end_slot_runs); cifar-ray check's run ends with its driver, and with it the job's placement groups."""
 
         def _create_default_callbacks(self):
             callbacks = super()._create_default_callbacks()
@@ -49,6 +63,10 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
                 (PlacementGroupCleanerCallback,) if self.datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
             )
             return [callback for callback in callbacks if not isinstance(callback, unused)]
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs):
+            controller_init_kwargs["scaling_policy"] = FixedWorkers(self.scaling_config)
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     shape = trial_shape(cfg)
     return LeanTrainer(

@@ -1,5 +1,5 @@
 """Provenance: what a sweep session ran with, beyond sweep.json's revision and versions. The driver writes one record
-per session (the first and each --resume) before any trial starts, into the run folder:
+per session (the first and each --resume) as the session starts (while its slots start), into the run folder:
 
     provenance/session-N.json   the git checkout (commit, changed and untracked files), the installed packages with
                                 versions (importlib.metadata), and the driver machine's GPU stack (CUDA, cuDNN,

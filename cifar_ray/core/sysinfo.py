@@ -4,10 +4,12 @@ where a worker runs)."""
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import socket
 import subprocess
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
 # The cifar_ray package's folder: in a checkout, the checkout whose revision and changes a run records.
@@ -39,6 +41,31 @@ def git_revision(path: str | Path = ".") -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+@lru_cache(maxsize=1)
+def torch_build() -> dict[str, str]:
+    """torch's version and the CUDA it was built for, as `torch.__version__` and `torch.version.cuda` give them, read
+    from the torch/version.py its build generated (plain assignments) without importing torch (~2 s): the driver
+    records them before it starts the first trial."""
+    spec = importlib.util.find_spec("torch")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    version_spec = importlib.util.spec_from_file_location("cifar_ray_torch_version", folder / "version.py")
+    module = importlib.util.module_from_spec(version_spec)
+    version_spec.loader.exec_module(module)
+    return {"torch": str(module.__version__), "cuda": module.cuda or "none"}
+
+
+def versions() -> dict:
+    """The versions a run records (sweep.json, trial.json's system), read from the installed packages: neither torch
+    nor Ray is imported."""
+    build = torch_build()
+    return {
+        "python": platform.python_version(),
+        "torch": build["torch"],
+        "ray": metadata.version("ray"),
+        "cuda": build["cuda"],
+    }
 
 
 def host_info() -> dict:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass
-from importlib import metadata
 
 import torch
 import torch.distributed as dist
@@ -62,7 +60,7 @@ def worker_system(worker: Worker, gpus_per_rank: float, placement: dict) -> dict
         | sysinfo.placement_of(every)  # node id + hostname of every rank, in rank order
         | {"world_size": worker.world}
         | gpus
-        | {"versions": versions()}
+        | {"versions": sysinfo.versions()}
     )
 
 
@@ -74,17 +72,6 @@ def gather_ranks(mine: dict) -> list[dict]:
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
     return every
-
-
-def versions() -> dict:
-    """The versions a run records (sweep.json, trial.json's system); Ray's read from its installed package, so that
-    training imports no Ray."""
-    return {
-        "python": platform.python_version(),
-        "torch": str(torch.__version__),  # a plain str: a TorchVersion made every reader of the record import torch
-        "ray": metadata.version("ray"),
-        "cuda": torch.version.cuda or "none",
-    }
 
 
 def rank_seed(seed: int, rank: int) -> int:
