@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from cifar_ray.cluster.bench import GOALS
+from cifar_ray.cluster.bench import GOALS, cold_sweep
 from cifar_ray.commands.bench import run_bench
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -38,9 +38,10 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
             0 < trial["training_s"] < trial["wall_s"] and trial["worker_start_s"] > 0 and 0 <= trial["data_share"] < 1
         )
     assert "sweep" not in record  # the 8-trial sweep is skipped with --quick
-    assert len(record["pool"]) == 3
+    assert [sweep["trials"] for sweep in record["pool"]] == [2, 2, 1, 1, 1]
     for sweep in record["pool"]:
         assert 0 < sweep["training_s"] < sweep["wall_s"]
+    assert "cold" not in record  # Ray was up: no start from nothing to measure (test_a_cold_sweep_...)
     warm = record["warm"]
     few, more = warm["runs"]
     assert [few["trials"], more["trials"]] == [2, 4] and 1 <= more["slots"] <= 2
@@ -65,3 +66,13 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
     ):
         assert heading in text
     assert "Ray was already running" in text  # the session's Ray was reused, so ray.init is not timed
+
+
+def test_a_cold_sweep_is_timed_from_the_command_to_its_trials_steps_and_its_exit(tmp_path):
+    """Section 2d's measure: `cifar-ray sweep` of one trial in a process of its own (its own Ray)."""
+    cold = cold_sweep({"dataset": "synthetic", "epochs": 1, "width": 8, "train_subset": 256}, tmp_path)
+    steps = list(cold["steps_s"].values())
+    assert 0 < steps[0] < steps[1] < steps[2] <= steps[3] and steps == sorted(steps)
+    assert 0 < cold["training_s"] < steps[3] and cold["beyond_training_s"] == pytest.approx(
+        steps[3] - cold["training_s"]
+    )

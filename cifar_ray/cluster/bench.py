@@ -32,7 +32,7 @@ from ..core.run import RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, build_plan
 from ..training.data import CIFAR_MEAN, CIFAR_STD, iterate_train, load_splits, normalise
-from ..training.distributed import Worker, versions
+from ..training.distributed import Worker
 from ..training.flops import device_peak, throughput, training_flops_per_image
 from ..training.loop import MEMORY_FORMAT, start_training, torch_threads, train_epoch
 from ..training.models import build_model
@@ -47,6 +47,8 @@ GOALS = {
     "warm_marginal_ratio": 1.10,
     "handoff_gap_s": 0.15,
     "pool_beyond_training_s": 1.5,
+    "cold_first_epoch_s": 6.0,
+    "cold_beyond_training_s": 8.0,
     "estimate_factor": 1.5,
 }
 
@@ -422,24 +424,58 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
 
 
 def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], None]) -> list[dict]:
-    """The same sweep of identical-shape 1-worker trials three times in one warm pool (cluster/pool.py): the first
-    starts the slots, the others train in them. Per sweep: its wall, its training (the busiest slot's epochs) and
-    the wall beyond that training."""
+    """Sweeps of identical-shape 1-worker trials in one warm pool (cluster/pool.py): the first (`trials` trials)
+    starts the slots, a second like it and three of one trial each (what a notebook's next call of a short sweep
+    costs: the issue's measure) train in them. Per sweep: its trials, its wall, its training (the busiest slot's
+    epochs) and the wall beyond that training."""
     from .pool import activate
 
     sweeps = []
     with activate():
-        for i in range(3):
+        for i, size in enumerate([trials, trials, 1, 1, 1]):
             options = RunOptions(storage, print_line=say)  # warm: the pool's slots
             run_dir, wall = run_sweep(
-                f"bench-pool-{i + 1}", base | {"workers": 1}, {"seed": list(range(trials))}, options
+                f"bench-pool-{i + 1}", base | {"workers": 1}, {"seed": list(range(size))}, options
             )
             per_slot: dict[str, float] = collections.defaultdict(float)
             for trial in runlog.load_run(run_dir).trials:
                 per_slot[trial.meta.get("slot")] += sum(row["epoch_time_s"] for row in trial.epochs)
             training = max(per_slot.values())
-            sweeps.append({"wall_s": wall, "training_s": training, "beyond_training_s": wall - training})
+            sweeps.append(
+                {"trials": size, "wall_s": wall, "training_s": training, "beyond_training_s": wall - training}
+            )
     return sweeps
+
+
+def cold_sweep(base: dict, storage: Path) -> dict:
+    """`cifar-ray sweep` of one sub-second trial as a new user runs it: a process of its own that starts (and stops)
+    its own Ray. Seconds from the command to each step of its trial (trial.json, metrics.jsonl) and to its exit; the
+    trial's training; the exit beyond it. Run while no other Ray runs here."""
+    import json
+    import subprocess
+    import sys
+
+    folder = storage / "bench-cold-sweep"
+    folder.mkdir(parents=True, exist_ok=True)
+    trial = base | {"workers": 1, "train_subset": 1024, "test_subset": 256}
+    sweep_file = folder / "one-trial.yaml"
+    sweep_file.write_text(json.dumps({"name": "bench-cold", "description": "cifar-ray bench", "base": trial}))
+    command = [sys.executable, "-m", "cifar_ray.cli", "sweep", str(sweep_file), "--storage", str(folder)]
+    called = time.time()
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    exited = time.time() - called
+    (only,) = runlog.load_run(StoragePath.of(folder) / "bench-cold").trials
+    training = sum(row["epoch_time_s"] for row in only.epochs)
+    return {
+        "training_s": training,
+        "beyond_training_s": exited - training,
+        "steps_s": {
+            "its slot took the trial": only.meta["started_unix"] - called,
+            "its first epoch began (data and model ready)": only.meta["timeline"]["ready_unix"] - called,
+            "its first epoch ended": only.epochs[0]["end_unix"] - called,
+            "the command exited": exited,
+        },
+    }
 
 
 def loop_peer(base: dict, trials: int) -> dict:
@@ -513,7 +549,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
     import tempfile
 
     from .placement import cluster_capacity
-    from .session import init_ray
+    from .session import cluster_address, init_ray
 
     storage = Path(storage or tempfile.mkdtemp(prefix="cifar-ray-bench-"))
     started = time.perf_counter()
@@ -522,7 +558,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         "date": runlog.now_iso(),
         "git_revision": sysinfo.git_revision(Path(__file__).parent),
         "host": sysinfo.host_info(),
-        "versions": versions(),
+        "versions": sysinfo.versions(),
         "goals": GOALS,
     }
     base_cfg = bench_config(quick)
@@ -531,6 +567,16 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "epochs")
     }
 
+    base = {
+        k: getattr(base_cfg, k)
+        for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "test_subset", "epochs")
+    }
+    short = base | {"epochs": 1, "width": 8}  # the issue-36 trials: one epoch of about a second
+    import ray
+
+    if not ray.is_initialized() and cluster_address(None) is None:  # a start from nothing, before this bench's Ray
+        say("bench 0/7: a cold start: `cifar-ray sweep` of one sub-second trial, Ray's start included")
+        record["cold"] = cold_sweep(short, storage)
     # Ray is up (and idle) for every measurement, the bare loop's included: both compete with the
     # same background processes, and the bare loop is not favoured by running before Ray exists.
     t0 = time.perf_counter()
@@ -549,10 +595,6 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         say("bench 2/7: data path, ours vs torchvision DataLoader + PIL transforms")
         record["data_path"] = loader_comparison(base_cfg, batches=8 if quick else 32)
 
-        base = {
-            k: getattr(base_cfg, k)
-            for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "test_subset", "epochs")
-        }
         rounds = 1 if quick else 3
         say(
             f"bench 3/7: {rounds} round(s) of bare PyTorch loops (contiguous, channels_last), our loop without Ray, "
@@ -602,8 +644,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
                 "training_s_per_trial_for_goal": fixed / (GOALS["sweep_wall_vs_training"] - 1),
             }
 
-        # The issue-36 grid: one-epoch trials of about a second (width 8), few and more of them.
-        short = base | {"epochs": 1, "width": 8}
+        # The issue-36 grid: few and more short trials.
         sizes = (2, 4) if quick else (20, 120)
         say(
             f"bench 6/7: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the first {sizes[0]} in one "
@@ -612,7 +653,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         record["warm"] = warm_sweeps(short, sizes, storage, say)
         record["loop_peer"] = loop_peer(short, sizes[0])
         record["tune_peer"] = tune_peer(short, sizes[0], storage)
-        say(f"bench 7/7: a warm pool: the same {sizes[0]}-trial sweep three times, the later ones in its slots")
+        say(f"bench 7/7: a warm pool: a {sizes[0]}-trial sweep twice, then three one-trial sweeps, in its slots")
         record["pool"] = pooled_sweeps(short, sizes[0], storage, say)
     finally:
         if owns_ray:
