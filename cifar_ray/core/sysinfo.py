@@ -1,6 +1,6 @@
-"""What a result needs to be trusted, without torch or Ray: the host, the git revision, the GPU and placement keys of
-trial.json from what the workers found (training/distributed.py finds the devices and versions, cluster/placement.py
-where a worker runs)."""
+"""What a result needs to be trusted, without importing torch or Ray: the host, the git revision, the versions, the GPU
+and placement keys of trial.json from what the workers found (training/distributed.py finds the devices,
+cluster/placement.py where a worker runs)."""
 
 from __future__ import annotations
 
