@@ -46,7 +46,7 @@ def test_the_page_shows_the_gap_the_cpu_per_added_trial_the_start_up_the_estimat
     few = run | {"wall_s": 12.0, "training_s": 4.0, "estimate_s": 10.0, "estimate_range_s": [6.0, 18.0]}
     warm = {
         "runs": [
-            few | {"startup_s": {"ray::run_slot started": 1.5, "its first epoch ended": 9.0}},
+            few | {"startup_s": {"ray::TrainController started": 1.5, "its first epoch ended": 9.0}},
             run | {"trials": 4, "wall_s": 16.0, "training_s": 8.0, "estimate_s": 8.0, "estimate_range_s": [5.0, 14.0]},
         ],
         "median_handoff_gap_s": 0.1,

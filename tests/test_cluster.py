@@ -487,9 +487,9 @@ def test_a_sweep_that_loses_a_node_finishes_every_trial_with_every_epoch_once(tm
         killed_at = time.monotonic()
         print("killed:", *killed, sep="\n  ")
         assert {"raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= {title.split()[0] for title in killed}
-        # only workers live off the driver's node: the Dispatcher, slot tasks, their controllers and thin trials
+        # only workers live off the driver's node: the Dispatcher, the slots' controllers and thin trials
         # are pinned to it (any of them lost with the node once failed or hung the sweep)
-        pinned = ("Dispatcher", "run_slot", "TrainController", "thin_trial", "ImplicitFunc")
+        pinned = ("Dispatcher", "TrainController", "thin_trial", "ImplicitFunc")
         assert not [title for title in killed if any(name in title for name in pinned)], killed
         before = trial_progress(run_dir)[lost][1]
         assert len(before) < epochs, f"{lost} ended before its node was lost: {before}"

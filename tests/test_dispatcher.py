@@ -142,8 +142,8 @@ def test_a_worker_killed_for_memory_reads_as_oom_however_ray_wraps_it():
 
     death = oom_killed_actor()
     group = worker_group_error(death)
-    trace = "".join(traceback.format_exception(group))  # what the slot task's process sends back with its error
-    task = RayTaskError("run_slot", trace, group).as_instanceof_cause()
+    trace = "".join(traceback.format_exception(group))  # what a Ray call that raised it sends back
+    task = RayTaskError("TrainController.run", trace, group).as_instanceof_cause()
     for error in (death, WorkerHealthCheckFailedError("health check failed", failure=death), group, task):
         assert failure_status(error) == "oom", type(error)
     assert failure_status(worker_group_error(RuntimeError("SIGSEGV"))) == "failed"
@@ -169,7 +169,7 @@ def test_a_cuda_library_out_of_memory_reads_as_oom_however_ray_wraps_it(message)
 
     cause = RuntimeError(message)
     group = worker_group_error(cause)
-    task = RayTaskError("run_slot", "".join(traceback.format_exception(group)), group).as_instanceof_cause()
+    task = RayTaskError("TrainController.run", "".join(traceback.format_exception(group)), group).as_instanceof_cause()
     for error in (cause, group, task):
         assert failure_status(error) == "oom", (type(error), message)
 

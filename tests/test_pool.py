@@ -99,33 +99,34 @@ def test_broker_hands_a_slot_each_sweep_in_turn_and_says_which_slots_are_busy():
 
 def test_the_pools_dispatcher_serves_the_next_sweep_unless_a_slot_was_cut_off_in_a_trial(monkeypatch):
     """A sweep every slot came back from leaves the pool's Dispatcher to the next sweep (no process to start); one
-    that ended with a slot still in a trial (cancelled) gets it replaced: a message of that slot may still be on
-    its way, naming a trial the next sweep may have too. On stand-ins for Ray's calls."""
+    that ended with a slot still in a trial (its controller killed) gets it replaced: a message of that slot may
+    still be on its way, naming a trial the next sweep may have too. On stand-ins for Ray's calls."""
     import threading
 
     import ray
 
     from cifar_ray.cluster import slots
+    from cifar_ray.cluster.trainer import StartedRun
 
     busy: list[str] = []
-    killed, cancelled, started = [], [], []
+    killed, started = [], []
 
     class Broker:
         detach = type("detach", (), {"remote": staticmethod(lambda wait_s: list(busy))})
 
     monkeypatch.setattr(ray, "get", lambda ref: ref)
-    monkeypatch.setattr(ray, "kill", killed.append)
-    monkeypatch.setattr(ray, "cancel", lambda task, force: cancelled.append(task))
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart=True: killed.append(actor))
     monkeypatch.setattr(slots, "end_slot_runs", lambda recorder, names: None)
     monkeypatch.setattr(pool.WarmPool, "_new_dispatcher", staticmethod(lambda: started.append(1) or len(started)))
     warm = object.__new__(pool.WarmPool)
     warm.broker, warm.lock, warm.running, warm.dispatcher = Broker(), threading.Lock(), None, "first"
-    warm.slots = {"slot-a": pool.PoolSlot(slots.SlotLaunch(None, "shape", "slot-a", 1), ("shape", "code"), "task-a")}
+    run = StartedRun("controller-a", "ended-a")
+    warm.slots = {"slot-a": pool.PoolSlot(slots.SlotLaunch(None, "shape", "slot-a", 1), ("shape", "code"), run)}
     warm._end_sweep("first", finished=True)
     assert warm.dispatcher == "first" and not killed and not started
     busy.append("slot-a")
     warm._end_sweep("first", finished=False)
-    assert cancelled == ["task-a"] and killed == ["first"] and warm.dispatcher == 1 and "slot-a" not in warm.slots
+    assert killed == ["controller-a", "first"] and warm.dispatcher == 1 and "slot-a" not in warm.slots
 
 
 def _sweep(name: str, storage, **overrides):

@@ -1,8 +1,8 @@
 """Worker slots on real Ray (warm by default; `--isolate` gives each trial a one-trial slot): trials one after
 another in one worker group give the metrics of fresh runs; a diverged trial does not end its slot; a worker
 killed during a slot's second trial continues that trial from its own checkpoint; --resume trains a failed trial
-again; a slot task that dies is reported to the Dispatcher; a slot whose Dispatcher is gone ends; no slot outlives
-a sweep that fails before Tuner.fit."""
+again; a slot whose run fails or whose controller dies is reported to the Dispatcher; a slot whose Dispatcher is
+gone ends; no slot outlives a sweep that fails before Tuner.fit."""
 
 from __future__ import annotations
 
@@ -206,12 +206,16 @@ def test_no_slot_outlives_a_sweep_whose_tuner_fails_to_build(tmp_path):
     assert [t.status for t in run.trials] == ["pending", "pending"]
 
 
-def test_a_slot_task_that_dies_is_reported_to_the_dispatcher_as_failed():
-    """A slot task lost with its node cannot tell the Dispatcher anything: StartedSlots, watching the tasks, does
-    (here a task whose process exits, as when its node dies), and the next slot starts in its place."""
+def test_a_slot_whose_run_fails_or_whose_controller_dies_is_reported_to_the_dispatcher_as_failed():
+    """A slot's Ray Train controller lost (here its process exits, as when it is killed) cannot tell the Dispatcher
+    anything, nor can a run that gave up: StartedSlots, watching the runs' ends, does, and the next slot starts in
+    its place. A run that ends well is not reported."""
     import os
+    import types
 
     import ray
+
+    from cifar_ray.cluster.trainer import StartedRun
 
     told = []
 
@@ -222,32 +226,43 @@ def test_a_slot_task_that_dies_is_reported_to_the_dispatcher_as_failed():
                 told.append(args)
                 return ray.put(None)
 
-        class slot_runs:  # these slots never started a Ray Train run
+        class slot_runs:  # these slots never started a worker group
             @staticmethod
             def remote(slots):
                 return ray.put([])
 
-    @ray.remote(num_cpus=0, max_retries=0)
-    def dies():
-        os._exit(1)
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Controller:  # as Ray Train's: run, then get_result
+        def __init__(self, ending: str):
+            self.ending = ending
 
-    @ray.remote(num_cpus=0)
-    def ends():
-        return None
+        def run(self) -> None:
+            if self.ending == "dies":
+                os._exit(1)
 
-    tasks = {"slot-a": dies, "slot-b": ends}
-    launches = [SlotLaunch(TrainConfig(), "shape", name, 0) for name in tasks]
-    started = StartedSlots(FakeDispatcher(), lambda slot: tasks[slot.slot].remote(), launches, limit=1)
+        def get_result(self):
+            return types.SimpleNamespace(error=ValueError("the run gave up") if self.ending == "fails" else None)
+
+    def launch(slot: SlotLaunch) -> StartedRun:
+        controller = Controller.remote(slot.slot.split("-")[1])
+        return StartedRun(controller, controller.run.remote())
+
+    launches = [SlotLaunch(TrainConfig(), "shape", name, 0) for name in ("slot-dies", "slot-ends", "slot-fails")]
+    started = StartedSlots(FakeDispatcher(), launch, launches, limit=1)
     started.wait()
-    assert len(started.tasks) == 2  # slot-b started when slot-a ended
-    assert [(slot, shape, status) for slot, shape, status, _ in told] == [("slot-a", "shape", "failed")]
-    assert "WorkerCrashedError" in told[0][3] or "died" in told[0][3], told
+    assert len(started.runs) == 3  # each slot started when the one before ended
+    assert [(slot, shape, status) for slot, shape, status, _ in told] == [
+        ("slot-dies", "shape", "failed"),
+        ("slot-fails", "shape", "failed"),
+    ]
+    assert "ActorDiedError" in told[0][3] or "died" in told[0][3], told
+    assert told[1][3] == "ValueError: the run gave up"
 
 
 @pytest.mark.slow
 def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reserved(tmp_path):
-    """A stopped sweep cancels its slot tasks, and each one's Ray Train controller dies with it: the placement group
-    of the controller's worker group would then stay reserved (its cores unusable by the next sweep of a notebook)
+    """A stopped sweep kills its slots' Ray Train controllers: the placement group of a killed controller's worker
+    group would then stay reserved (its cores unusable by the next sweep of a notebook)
     until the job ends. Ray Train's cleaner process is not started (trainer.LeanTrainer): StartedSlots.stop removes
     the group, after the controller."""
     from ray.util.placement_group import placement_group_table

@@ -20,9 +20,9 @@ def test_a_slots_ray_train_run_starts_no_dataset_manager(tmp_path):
 
 
 def test_the_processes_that_build_and_run_a_slots_trainer_import_no_torch(tmp_path):
-    """The slot task builds the trainer and Ray Train's controller unpickles its backend config and runs its
-    backend's set-up; neither trains, and Ray's TorchConfig made each import torch (~2-4 CPU-s on the start's
-    critical path). Only the workers import it (cluster/backend.py)."""
+    """The driver builds the trainer and Ray Train's controller unpickles its backend config and runs its backend's
+    set-up; neither trains, and Ray's TorchConfig made each import torch (~2-4 CPU-s on the start's critical path).
+    Only the workers import it (cluster/backend.py)."""
     import subprocess
     import sys
 

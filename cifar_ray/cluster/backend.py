@@ -1,7 +1,7 @@
 """The torch process group of a slot's workers, set up by a Ray Train backend that imports torch only where it trains.
 
-Ray's TorchConfig imports torch in every process that unpickles it: the slot task that builds the trainer and Ray
-Train's controller that runs the backend, two processes on the critical path of a sweep's start that never train
+Ray's TorchConfig imports torch in every process that unpickles it: Ray Train's controller that runs the backend,
+a process on the critical path of a sweep's start that never trains
 (reports/bench/README.md: the start-up's steps). This backend does what Ray's torch backend does on a worker group
 of ours (ray.train.torch.config's _TorchBackend: the master's address, the torch.distributed environment variables,
 init_process_group on every rank, its shutdown) by handing Ray's own worker-side functions to the workers by name:

@@ -208,7 +208,7 @@ def trial_overheads(run_dir: runlog.Where) -> list[dict]:
 
 def process_kind(process) -> str:
     """What a process of this sweep is, by its title: Ray names its workers `ray::Actor.method` or `ray::task`
-    (`ray::RayTrainWorker`, `ray::TrainController`, `ray::run_slot`, the thin trials' `ray::ImplicitFunc`),
+    (`ray::RayTrainWorker`, `ray::TrainController`, the thin trials' `ray::ImplicitFunc`),
     its daemons by their executables (raylet, gcs_server); an idle pooled worker is `ray::IDLE`. A named actor's
     name (the run's Dispatcher's) is dropped: the kind is its class."""
     try:
@@ -371,7 +371,6 @@ def startup_phases(run_dir: runlog.Where, called: float, returned: float, cpu: P
 
 # The processes of a sweep's start, in the order they start (process_kind's names).
 STARTUP_PROCESSES = (
-    "ray::run_slot",
     "ray::ImplicitFunc",
     "ray::TrainController",
     "ray::SynchronizationActor",

@@ -30,6 +30,7 @@ from typing import Any
 from . import slots as slots_module
 from .dispatcher import Dispatcher, SlotRunRecords, broker_name
 from .slots import SlotLaunch, SlotPlan
+from .trainer import StartedRun
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 RETIRE_WAIT_S = 30.0  # how long a retired slot may take to end on its own (its Ray Train run's shutdown) before
@@ -189,11 +190,11 @@ class SlotBroker(SlotRunRecords):
 class PoolSlot:
     launch: SlotLaunch
     key: tuple[str, str]  # (trial shape, source_hash) it was started with
-    task: Any
+    run: StartedRun
 
 
 class WarmPool:
-    """The driver's side of a pool: its broker, its slots' tasks, and a thread that tells the Dispatcher of the
+    """The driver's side of a pool: its broker, its slots' runs, and a thread that tells the Dispatcher of the
     sweep running when one of its slots ends with an error (as StartedSlots does outside a pool)."""
 
     def __init__(self):
@@ -235,9 +236,9 @@ class WarmPool:
             with self.lock:
                 self.running = (dispatcher, set(plan.slots[key[0]]))
             ray.get(self.broker.attach.remote(plan.run_name, dispatcher, plan.specs, plan.slots))
-            task, storage = slots_module.slot_task(), plan.run_dir / ".slots"
+            storage = plan.run_dir / ".slots"
             for launch in launches:
-                started = task.remote(launch, None, storage, False, self.broker)
+                started = slots_module.start_slot(launch, None, storage, False, self.broker)
                 with self.lock:
                     self.slots[launch.slot] = PoolSlot(launch, key, started)
         except BaseException:
@@ -261,9 +262,9 @@ class WarmPool:
         with self.lock:
             self.running = None
             ended = [self.slots.pop(name) for name in busy if name in self.slots]
-        for slot in ended:
-            ray.cancel(slot.task, force=True)
         slots_module.end_slot_runs(self.broker, [slot.launch.slot for slot in ended])
+        for slot in ended:  # those end_slot_runs knew nothing of: no worker group started yet
+            ray.kill(slot.run.controller, no_restart=True)
         if busy:
             ray.kill(dispatcher)
             self.dispatcher = self._new_dispatcher()
@@ -277,32 +278,33 @@ class WarmPool:
         if not ended:
             return
         ray.get(self.broker.retire.remote([slot.launch.slot for slot in ended]))
-        tasks = [slot.task for slot in ended]
-        _, running = ray.wait(tasks, num_returns=len(tasks), timeout=RETIRE_WAIT_S)
-        for task in running:
-            ray.cancel(task, force=True)
-        slots_module.end_slot_runs(self.broker, [slot.launch.slot for slot in ended if slot.task in running])
+        runs = [slot.run.ended for slot in ended]
+        _, running = ray.wait(runs, num_returns=len(runs), timeout=RETIRE_WAIT_S)
+        slots_module.end_slot_runs(self.broker, [slot.launch.slot for slot in ended if slot.run.ended in running])
+        for slot in ended:
+            ray.kill(slot.run.controller, no_restart=True)
 
     def _watch(self) -> None:
         import ray
 
         while not self.closed.is_set():
             with self.lock:
-                tasks = {slot.task: slot for slot in self.slots.values()}
-            if not tasks:
+                runs = {slot.run.ended: slot for slot in self.slots.values()}
+            if not runs:
                 self.closed.wait(0.5)
                 continue
-            ended, _ = ray.wait(list(tasks), num_returns=1, timeout=0.5)
-            for task in ended:
-                slot = tasks[task]
+            ended, _ = ray.wait(list(runs), num_returns=1, timeout=0.5)
+            for run in ended:
+                slot = runs[run]
                 with self.lock:
                     if self.slots.get(slot.launch.slot) is not slot:  # retired or ended by the pool itself
                         continue
                     del self.slots[slot.launch.slot]
                     running = self.running
                 if running is not None and slot.launch.slot in running[1]:
-                    slots_module.report_slot_failure(running[0], task, slot.launch)
+                    slots_module.report_slot_failure(running[0], slot.run, slot.launch)
                 slots_module.end_slot_runs(self.broker, [slot.launch.slot])
+                ray.kill(slot.run.controller, no_restart=True)
 
     def close(self) -> None:
         """Every slot ends; the broker goes. Safe to call twice, and after Ray has ended (nothing is left then)."""

@@ -21,14 +21,15 @@ slot: after its trial), so shapes never deadlock each other.
 Run state has one writer: the Dispatcher, pinned to the driver's node, writes trial.json from what the slots
 tell it (running, system, slot, timeline, each epoch's end, the outcome, failures and error.txt); rank 0 of a
 slot writes only metrics.jsonl and checkpoints; the driver writes sweep.json and the trials' first trial.json.
-The slot tasks (and with them their Ray Train controllers) live on the driver's node too, and the thin trials on
-the head (the driver's node wherever a sweep is started from): a lost node takes only workers with it.
+The slots' Ray Train controllers, started by the driver (no process of ours waits in `fit()`), live on the driver's
+node too, and the thin trials on the head (the driver's node wherever a sweep is started from): a lost node takes
+only workers with it.
 
 Failures: checkpoints are the trial's own (in the trial folder: core/checkpoints.py). A worker that dies, or a trial
 that raises, ends the slot's worker group; Ray Train starts a new one, whose rank 0 gets the same trial back
 from the Dispatcher and continues it from its last checkpoint, up to the trial's max_failures times; then the
 trial is failed (oom when memory ran out) and the slot goes on with the next. A slot whose Ray Train run gives
-up, or whose task dies with its node, hands its trial to a surviving slot of its shape while the trial has
+up, or whose controller is lost, hands its trial to a surviving slot of its shape while the trial has
 attempts left, else fails it. A diverged trial just ends: the slot goes on. `--resume` trains a failed,
 interrupted or incomplete trial again from its last checkpoint. A stored checkpoint that does not load is passed
 over for the one before (training.state.resume_newest; the trial's progress line says so); when none loads the
@@ -59,7 +60,7 @@ from ..core.sweep import SweepPlan
 from .dispatcher import Dispatcher, RunTrial, SlotRun, broker_name, dispatcher_name, tune_run_trial
 from .placement import thin_trial_bundles, trials_that_fit, worker_placement
 from .session import error_line, failure_status
-from .trainer import TrainRun, torch_trainer
+from .trainer import StartedRun, TrainRun, torch_trainer
 
 NEWS_WAIT_S = 30.0  # the longest a thin trial's question for news waits before it asks again
 STARTED = "slot_started_after_epoch"  # the result a thin trial reports when its slot takes the trial
@@ -204,8 +205,8 @@ def slot_callbacks(dispatcher, slot: str) -> list:
     broker, which tells the Dispatcher of the sweep the slot serves) what no rank can:
     - when a worker of the slot died: no rank lives to say why, and the restarted group's rank 0 only gets the
       trial back;
-    - each worker group's placement group: a controller that dies with its slot task (cancelled by the driver)
-      leaves it reserved until the job ends; the driver removes it (placement.remove_placement_groups) in place
+    - each worker group's placement group: a controller the driver kills (a stopped or ended slot) leaves it
+      reserved until the job ends; the driver removes it (placement.remove_placement_groups) in place
       of Ray Train's cleaner process (trainer.LeanTrainer).
     Local classes: slots.py imports no Ray at import time, and cloudpickle sends them to the controller by value."""
     import ray
@@ -229,11 +230,11 @@ def slot_callbacks(dispatcher, slot: str) -> list:
     return [WorkerDeaths(), PlacementGroupRecord()]
 
 
-def run_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bool, broker=None) -> None:
+def start_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bool, broker=None) -> StartedRun:
     """One slot: a Ray Train run (trainer.torch_trainer) whose workers run slot_loop until their shape has no trial
-    left, or, one_trial, their one trial is done (a Ray task; StartedSlots tells the Dispatcher when it fails). With
-    a `broker` (a pool's slot, cluster/pool.py; `dispatcher` None) it takes trials of one sweep after another until
-    the pool retires it."""
+    left, or, one_trial, their one trial is done; started from this driver, its controller on this node (StartedSlots
+    tells the Dispatcher when it fails). With a `broker` (a pool's slot, cluster/pool.py; `dispatcher` None) it
+    takes trials of one sweep after another until the pool retires it."""
     loop_config = {
         "dispatcher": dispatcher,
         "broker": broker,
@@ -242,25 +243,26 @@ def run_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bo
         "launched_unix": time.time() if one_trial else None,
     }
     run = TrainRun(launch.slot, storage, launch.restarts, slot_callbacks(broker or dispatcher, launch.slot))
-    torch_trainer(slot_loop, loop_config, launch.shape_cfg, run).fit()
+    return torch_trainer(slot_loop, loop_config, launch.shape_cfg, run).start()
 
 
-def report_slot_failure(dispatcher, task, slot: SlotLaunch) -> None:
-    """The ended slot task's error, if it ended with one, told to the Dispatcher of its sweep."""
+def report_slot_failure(dispatcher, started: StartedRun, slot: SlotLaunch) -> None:
+    """The ended slot's error, if its run ended with one, told to the Dispatcher of its sweep; its controller, done,
+    ends."""
     import ray
 
-    try:
-        ray.get(task)
-    except Exception as error:  # a task error, a worker crash, a lost node: any way a slot can end badly
+    error = started.ended_with()
+    ray.kill(started.controller, no_restart=True)
+    if error is not None:  # a failed run, a controller lost with its node: any way a slot can end badly
         with contextlib.suppress(ray.exceptions.RayError):  # a stopped run's Dispatcher is gone: nothing waits
             ray.get(dispatcher.slot_failed.remote(slot.slot, slot.shape, failure_status(error), error_line(error)))
 
 
 def end_slot_runs(recorder, slots: list[str]) -> None:
-    """What the ended (or cancelled) slots' Ray Train runs may have left: a controller that outlived its slot task
-    for a moment, and the placement group of its last worker group, which a controller that dies with its slot
-    task does not remove (it would stay reserved until the job ends: the next sweep's slots would wait for its
-    cores). The controller goes first, so that it cannot start another worker group. `recorder`: the Dispatcher
+    """What the ended (or stopped) slots' Ray Train runs may have left: a controller still running, and the placement
+    group of its last worker group, which a killed controller does not remove (it would stay reserved until the job
+    ends: the next sweep's slots would wait for its cores). The controller goes first, so that it cannot start
+    another worker group. `recorder`: the Dispatcher
     or pool broker the slots' callbacks told (slot_callbacks); gone, it has nothing to say."""
     import ray
 
@@ -296,15 +298,17 @@ class SlotLaunch:
 
 
 class StartedSlots:
-    """The Dispatcher and the slot tasks of a run, watched by a thread here: a slot task that ends with an error
-    (its Ray Train run gave up, or it died with its node, where nothing in it could tell) is reported to the
-    Dispatcher as failed; with a limit, at most that many slots run at once, the next started as one ends, so
-    `--max-concurrent N` means N trials at once across shapes."""
+    """The Dispatcher and the slots of a run, watched by a thread here: a slot whose run ends with an error (its Ray
+    Train run gave up, or its controller was lost) is reported to the Dispatcher as failed; with a limit, at most
+    that many slots run at once, the next started as one ends, so `--max-concurrent N` means N trials at once across
+    shapes."""
 
-    def __init__(self, dispatcher, launch: Callable[[SlotLaunch], Any], launches: list[SlotLaunch], limit: int | None):
+    def __init__(
+        self, dispatcher, launch: Callable[[SlotLaunch], StartedRun], launches: list[SlotLaunch], limit: int | None
+    ):
         self.dispatcher, self.launch = dispatcher, launch
         self.waiting = list(launches)
-        self.slot_of: dict[Any, SlotLaunch] = {}  # task -> its slot
+        self.slot_of: dict[Any, tuple[StartedRun, SlotLaunch]] = {}  # the reference of a run's end -> its slot
         for _ in range(min(limit or len(launches), len(launches))):
             self._start_next()
         self.stopped = threading.Event()
@@ -312,46 +316,47 @@ class StartedSlots:
         self.watcher.start()
 
     @property
-    def tasks(self) -> list:
+    def runs(self) -> list:
+        """The references that resolve as the slots' runs end, in the order the slots started."""
         return list(self.slot_of)
 
     def _start_next(self):
         slot = self.waiting.pop(0)
-        task = self.launch(slot)
-        self.slot_of[task] = slot
-        return task
+        started = self.launch(slot)
+        self.slot_of[started.ended] = (started, slot)
+        return started.ended
 
     def _watch(self) -> None:
         import ray
 
-        running = self.tasks
+        running = self.runs
         while running and not self.stopped.is_set():
             ended, running = ray.wait(running, num_returns=1, timeout=1.0)
-            for task in ended:
-                self._report_failure(task)
+            for run in ended:
+                self._report_failure(run)
                 if self.waiting and not self.stopped.is_set():
                     running.append(self._start_next())
 
-    def _report_failure(self, task) -> None:
-        report_slot_failure(self.dispatcher, task, self.slot_of[task])
-        end_slot_runs(self.dispatcher, [self.slot_of[task].slot])
+    def _report_failure(self, run) -> None:
+        started, slot = self.slot_of[run]
+        report_slot_failure(self.dispatcher, started, slot)
+        end_slot_runs(self.dispatcher, [slot.slot])
 
     def wait(self) -> None:
         """Until every slot has ended (each ends when its shape has no trial left) and its failure is told."""
         self.watcher.join()
 
     def stop(self) -> None:
-        """Ends the slots (their worker groups go with them) and the Dispatcher; a no-op once they ended."""
+        """Ends the slots (their worker groups go with their controllers) and the Dispatcher; a no-op once they
+        ended."""
         import ray
 
         self.stopped.set()
         self.watcher.join(timeout=5)
-        # Only the running ones: cancelling a task as it completes crashes the driver in Ray 2.60 ("Check
-        # failed: it != submissible_tasks_.end()" in task_manager.cc, seen here after a sweep's last trial).
-        _, running = ray.wait(self.tasks, num_returns=len(self.tasks), timeout=0)
-        for task in running:
-            ray.cancel(task, force=True)
-        end_slot_runs(self.dispatcher, [self.slot_of[task].slot for task in running])
+        _, running = ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
+        end_slot_runs(self.dispatcher, [self.slot_of[run][1].slot for run in running])
+        for run in self.slot_of:  # those end_slot_runs knew nothing of: no worker group started yet
+            ray.kill(self.slot_of[run][0].controller, no_restart=True)
         ray.kill(self.dispatcher)
 
 
@@ -389,10 +394,10 @@ class SlotPlan:
         import ray
 
         dispatcher = self.start_dispatcher()
-        task, storage = slot_task(), self.run_dir / ".slots"
+        storage = self.run_dir / ".slots"
 
-        def launch(slot: SlotLaunch):
-            return task.remote(slot, dispatcher, storage, self.one_trial)
+        def launch(slot: SlotLaunch) -> StartedRun:
+            return start_slot(slot, dispatcher, storage, self.one_trial)
 
         try:
             return StartedSlots(dispatcher, launch, self.launches, self.limit)
@@ -407,15 +412,6 @@ def driver_node():
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-
-
-def slot_task():
-    """run_slot as a Ray task on this driver's node: a slot task hosts its Ray Train controller (which follows the
-    task's node), so only workers live on other nodes. No retry: a slot lost all the same is reported to the
-    Dispatcher."""
-    import ray
-
-    return ray.remote(num_cpus=0, max_retries=0)(run_slot).options(scheduling_strategy=driver_node())
 
 
 def plan_slots(

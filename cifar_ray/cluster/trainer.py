@@ -1,4 +1,4 @@
-"""The one place a Ray Train run is built from a trial config: a slot's (slots.run_slot) and `cifar-ray check`'s DDP
+"""The one place a Ray Train run is built from a trial config: a slot's (slots.start_slot) and `cifar-ray check`'s DDP
 run (checks.run_ddp) get the same backend, workers, per-worker resources, storage and restarts for the same config."""
 
 from __future__ import annotations
@@ -23,10 +23,30 @@ class TrainRun:
     callbacks: Sequence[Any] = ()
 
 
+@dataclass(frozen=True)
+class StartedRun:
+    """A Ray Train run started without waiting for it (LeanTrainer.start): its controller actor and the reference that
+    resolves when the run ends (then `ended_with` says how)."""
+
+    controller: Any
+    ended: Any  # ObjectRef of controller.run
+
+    def ended_with(self) -> BaseException | None:
+        """The run's error once it has ended (a failed training, a controller lost on the way), or None."""
+        import ray
+
+        try:
+            ray.get(self.ended)
+            return ray.get(self.controller.get_result.remote()).error
+        except Exception as error:  # the controller died, was killed, or its run raised
+            return error
+
+
 def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any], cfg: TrainConfig, run: TrainRun):
     """A Ray Train data-parallel trainer of `cfg`'s shape running `train_loop(loop_config)` on every worker with a
     torch process group (TorchTrainer's, set up without torch outside the workers: cluster/backend.py), as `run`
     says."""
+    import ray
     import ray.train
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
@@ -67,6 +87,36 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
         def _initialize_and_run_controller(self, **controller_init_kwargs):
             controller_init_kwargs["scaling_policy"] = FixedWorkers(self.scaling_config)
             return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+        def start(self) -> StartedRun:
+            """fit() without waiting for it, from this process: the run's controller, started on this node as fit()
+            starts it (Ray 2.60's DataParallelTrainer.fit and _initialize_and_run_controller, less their blocking
+            gets and Ctrl-C handler), so that no process of its own has to wait in fit() (a slot's run: the driver
+            starts it)."""
+            from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
+            from ray.train.v2._internal.constants import (
+                DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
+                get_env_vars_to_propagate,
+            )
+            from ray.train.v2._internal.execution.controller import TrainController
+            from ray.train.v2._internal.execution.failure_handling import create_failure_policy
+            from ray.train.v2._internal.util import ObjectRefWrapper
+
+            env_vars = get_env_vars_to_propagate()
+            env_vars.setdefault(
+                RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE
+            )
+            node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
+            controller_class = ray.remote(num_cpus=0, label_selector=node, runtime_env={"env_vars": env_vars})
+            controller = controller_class(TrainController).remote(
+                train_fn_ref=ObjectRefWrapper(self._get_train_func()),
+                scaling_policy=FixedWorkers(self.scaling_config),
+                failure_policy=create_failure_policy(self.run_config.failure_config),
+                train_run_context=self.train_run_context,
+                callbacks=self._create_default_callbacks(),
+                validation_config=self.validation_config,
+            )
+            return StartedRun(controller, controller.run.remote())
 
     shape = trial_shape(cfg)
     return LeanTrainer(

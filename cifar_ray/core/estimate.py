@@ -42,7 +42,7 @@ STEP_KEYS = (
     "strategy",
 )
 # Fixed costs measured on 2-core machines (issue 36; reports/bench/README.md, section 2b): ray.init ~4 s; the first
-# warm slot's start (Tune, the slot task, Ray Train's controller and workers, the process group, the first trial's
+# warm slot's start (Tune, Ray Train's controller and workers, the process group, the first trial's
 # data and model) and its teardown ~20 s; a later shape's slots start beside the first ones and wait for cores, so
 # its switch costs ~8 s (7.9 s measured on the quickstart); a trial handed over in a warm slot ~0.3 s (0.6 s on a
 # machine at load 20, 0.07 CPU-s of it in the slot's worker).
