@@ -424,18 +424,17 @@ def warm_sweeps(base: dict, sizes: tuple[int, int], storage: Path, say: Callable
 
 def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], None]) -> list[dict]:
     """Sweeps of identical-shape 1-worker trials in one warm pool (cluster/pool.py): the first (`trials` trials)
-    starts the slots, a second like it and three of one trial each (what a notebook's next call of a short sweep
-    costs: the issue's measure) train in them. Per sweep: its trials, its wall, its training (the busiest slot's
-    epochs) and the wall beyond that training."""
+    starts the slots, a second like it and three of one sub-second trial each (what a notebook's next call of a
+    short sweep costs: the issue's measure; a longer trial would hide the start of its thin Tune trial) train in
+    them. Per sweep: its trials, its wall, its training (the busiest slot's epochs) and the wall beyond it."""
     from .pool import activate
 
     sweeps = []
     with activate():
         for i, size in enumerate([trials, trials, 1, 1, 1]):
             options = RunOptions(storage, print_line=say)  # warm: the pool's slots
-            run_dir, wall = run_sweep(
-                f"bench-pool-{i + 1}", base | {"workers": 1}, {"seed": list(range(size))}, options
-            )
+            trial = base | {"workers": 1} | (SUB_SECOND if size == 1 else {})
+            run_dir, wall = run_sweep(f"bench-pool-{i + 1}", trial, {"seed": list(range(size))}, options)
             per_slot: dict[str, float] = collections.defaultdict(float)
             for trial in runlog.load_run(run_dir).trials:
                 per_slot[trial.meta.get("slot")] += sum(row["epoch_time_s"] for row in trial.epochs)
@@ -444,6 +443,9 @@ def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], N
                 {"trials": size, "wall_s": wall, "training_s": training, "beyond_training_s": wall - training}
             )
     return sweeps
+
+
+SUB_SECOND = {"train_subset": 1024, "test_subset": 256}  # a short trial's data cut to under a second of training
 
 
 def cold_sweep(base: dict, storage: Path) -> dict:
@@ -456,7 +458,7 @@ def cold_sweep(base: dict, storage: Path) -> dict:
 
     folder = storage / "bench-cold-sweep"
     folder.mkdir(parents=True, exist_ok=True)
-    trial = base | {"workers": 1, "train_subset": 1024, "test_subset": 256}
+    trial = base | {"workers": 1} | SUB_SECOND
     sweep_file = folder / "one-trial.yaml"
     sweep_file.write_text(json.dumps({"name": "bench-cold", "description": "cifar-ray bench", "base": trial}))
     command = [sys.executable, "-m", "cifar_ray.cli", "sweep", str(sweep_file), "--storage", str(folder)]
@@ -652,7 +654,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         record["warm"] = warm_sweeps(short, sizes, storage, say)
         record["loop_peer"] = loop_peer(short, sizes[0])
         record["tune_peer"] = tune_peer(short, sizes[0], storage)
-        say(f"bench 7/7: a warm pool: a {sizes[0]}-trial sweep twice, then three one-trial sweeps, in its slots")
+        say(f"bench 7/7: a warm pool: a {sizes[0]}-trial sweep twice, then three of one sub-second trial, in its slots")
         record["pool"] = pooled_sweeps(short, sizes[0], storage, say)
     finally:
         if owns_ray:
