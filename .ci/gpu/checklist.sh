@@ -181,6 +181,8 @@ if ! "$PY" -c 'import pydantic, cifar_ray.core.config' 2>"$WORK/import.log"; the
 fi
 "$PY" -c 'import ray, ray.train.torch, ray.tune' 2>"$WORK/ray-import.log" && HAVE_RAY=1
 ((HAVE_RAY)) || say "NOTE: Ray does not import ($(tail -1 "$WORK/ray-import.log")): only the Ray-free steps run (probe, part of pytest)"
+# The GPUs a local Ray is started with come from Ray's NVML count (session._local_gpu_count), not torch's: both said.
+((HAVE_RAY)) && say "GPUs a local Ray gets (NVML): $("$PY" -c 'from cifar_ray.cluster.session import local_resources as r; print(r()["GPU"])' 2>&1 | tail -1); torch sees: $NGPU"
 say "torch $("$PY" -c 'import torch; print(torch.__version__)') sees $NGPU GPU(s); Ray importable: $HAVE_RAY"
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.14.1") else 1)' \
     || say "NOTE: torch is not the pinned 2.14.1: results are for this torch"
