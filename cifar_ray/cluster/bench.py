@@ -433,8 +433,8 @@ def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], N
     with activate():
         for i, size in enumerate([trials, trials, 1, 1, 1]):
             options = RunOptions(storage, print_line=say)  # warm: the pool's slots
-            trial = base | {"workers": 1} | (SUB_SECOND if size == 1 else {})
-            run_dir, wall = run_sweep(f"bench-pool-{i + 1}", trial, {"seed": list(range(size))}, options)
+            config = base | {"workers": 1} | (SUB_SECOND if size == 1 else {})
+            run_dir, wall = run_sweep(f"bench-pool-{i + 1}", config, {"seed": list(range(size))}, options)
             per_slot: dict[str, float] = collections.defaultdict(float)
             for trial in runlog.load_run(run_dir).trials:
                 per_slot[trial.meta.get("slot")] += sum(row["epoch_time_s"] for row in trial.epochs)

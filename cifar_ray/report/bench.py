@@ -109,9 +109,9 @@ def _pool_lines(pooled: list[dict] | None, goals: dict) -> list[str]:
     if not pooled:
         return []
     later = pooled[1:]
-    judged = [sweep for sweep in later if sweep.get("trials") == 1] or later
-    worst = max(sweep["beyond_training_s"] for sweep in judged)
-    what = "one-trial sweeps" if judged is not later else "sweeps"
+    one_trial = [sweep for sweep in later if sweep.get("trials") == 1]
+    worst = max(sweep["beyond_training_s"] for sweep in one_trial or later)
+    what = "one-trial sweeps" if one_trial else "sweeps"
     lines = [
         "",
         "## 2c. A warm pool: sweeps that reuse the slots of the sweep before (`cifar_ray.pool()`)",
@@ -134,7 +134,7 @@ def _pool_lines(pooled: list[dict] | None, goals: dict) -> list[str]:
         f"The later {what}, in the first sweep's slots, cost at most {worst:.1f} s beyond their training: "
         f"{_goal(worst, goals['pool_beyond_training_s'], higher_is_better=False)}.",
     ]
-    if judged is not later:
+    if one_trial:
         lines[-1] += (
             " A sweep of more trials also pays each trial's own cost in its slot (section 2b) for every trial its "
             "busiest slot runs after the first."
