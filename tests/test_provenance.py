@@ -128,7 +128,7 @@ H100S = "NVIDIA H100 80GB HBM3, 570.86.15\nNVIDIA H100 80GB HBM3, 570.86.15\n"
 
 
 def test_gpu_stack_on_a_gpu_machine_and_on_a_cpu_one():
-    stack = provenance.gpu_stack(fake_torch(2), smi=lambda: provenance.nvidia_smi(smi(H100S)))
+    stack = provenance.gpu_stack(2, lambda: fake_torch(2), smi=lambda: provenance.nvidia_smi(smi(H100S)))
     assert stack == {
         "cuda": "12.8",
         "cudnn": 91002,
@@ -136,9 +136,17 @@ def test_gpu_stack_on_a_gpu_machine_and_on_a_cpu_one():
         "gpus": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"],
         "driver": "570.86.15",
     }
-    no_nccl = provenance.gpu_stack(fake_torch(1, nccl=RuntimeError("no NCCL")), smi=dict)
+    no_nccl = provenance.gpu_stack(1, lambda: fake_torch(1, nccl=RuntimeError("no NCCL")), smi=dict)
     assert no_nccl["nccl"] == "none (no NCCL)"
-    assert provenance.gpu_stack(fake_torch(0)) == {
+    no_gpu = {"gpus": [], "why": "no CUDA GPU visible to the sweep's driver process"}
+    assert provenance.gpu_stack(1, lambda: fake_torch(0)) == no_gpu  # NVML sees one; CUDA does not work
+
+
+def test_gpu_stack_does_not_import_torch_where_no_gpu_is_seen():
+    def no_torch():
+        raise AssertionError("torch imported on a node with no GPU")
+
+    assert provenance.gpu_stack(0, no_torch, smi=no_torch) == {
         "gpus": [],
         "why": "no CUDA GPU visible to the sweep's driver process",
     }

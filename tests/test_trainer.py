@@ -80,23 +80,37 @@ def test_a_slots_ray_train_run_asks_no_autoscaling_coordinator(tmp_path, monkeyp
     assert exercise(stock) != []
 
 
-def test_the_driver_reads_gpus_and_versions_without_importing_torch():
+def test_the_driver_reads_gpus_and_versions_without_importing_torch(tmp_path):
     """Before its slots start, the driver counts the local GPUs for Ray's start and records the versions in
-    sweep.json: importing torch for either (~2 s) would delay the first trial. The versions are torch's own."""
+    sweep.json: importing torch for either (~2 s) would delay the first trial. The versions are torch's own. On a
+    machine with no GPU, neither the session's provenance nor the live view's TensorBoard writer (both made beside
+    the first trial's start) imports it either."""
     import subprocess
     import sys
 
     import torch
 
-    script = """
+    script = f"""
 import json, sys
-from cifar_ray.cluster.session import local_resources
+from cifar_ray.cluster.session import local_resources, write_provenance
 from cifar_ray.core import sysinfo
+from cifar_ray.core.storage import StoragePath
 resources = local_resources()
 assert "torch" not in sys.modules, "torch imported"
 print(json.dumps(sysinfo.versions()))
+write_provenance(StoragePath.of({str(tmp_path)!r}), 1)
+from cifar_ray.cluster.live_view import live_tensorboard, logged_epochs
+live_tensorboard(StoragePath.of({str(tmp_path)!r}))  # the live view's callback, as new_tuner makes it
+from tensorboardX import SummaryWriter
+with SummaryWriter({str(tmp_path)!r}) as writer:  # and its writer works without torch
+    writer.add_scalar("ray/tune/timesteps_total", 1.0, 3)
+assert logged_epochs({str(tmp_path)!r}) == {{3}}
+print(json.dumps({{"gpus": resources["GPU"], "torch": "torch" in sys.modules}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    versions = json.loads(done.stdout.splitlines()[-1])
+    versions, provenance = map(json.loads, done.stdout.splitlines()[-2:])
     assert versions["torch"] == torch.__version__ and versions["cuda"] == (torch.version.cuda or "none")
+    assert list(tmp_path.glob("**/session-1.json")), "no provenance written"
+    if provenance["gpus"] == 0:
+        assert not provenance["torch"], "the driver imported torch on a machine with no GPU"

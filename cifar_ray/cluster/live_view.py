@@ -16,6 +16,7 @@ local files.
 from __future__ import annotations
 
 import struct
+import sys
 import uuid
 from pathlib import Path
 
@@ -50,6 +51,20 @@ def logged_epochs(trial_dir: str | Path) -> set[int]:
     return epochs
 
 
+def import_tensorboardx_without_torch() -> None:
+    """Import tensorboardX as if torch were not installed, unless either is imported already: its writer module
+    imports torch (~2 CPU-s in the driver, beside a sweep's start) only to name torch.Tensor in type hints, and the
+    live view writes floats. A `None` in sys.modules makes `import torch` raise ImportError (Python's documented
+    import protocol) for that moment only."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import tensorboardX  # noqa: F401
+    finally:
+        del sys.modules["torch"]
+
+
 def live_tensorboard(run_dir: StoragePath) -> list:
     """The Tune callbacks of the live view: [RunFolderTensorBoard] for a local run folder, [] (Tune's own) for a URI."""
     if not run_dir.is_local:
@@ -59,6 +74,7 @@ def live_tensorboard(run_dir: StoragePath) -> list:
 
     class RunFolderTensorBoard(TBXLoggerCallback):
         def __init__(self):
+            import_tensorboardx_without_torch()
             super().__init__()
             self._logged: dict = {}  # trial -> the epochs its event files hold, read at its first epoch here
 

@@ -306,11 +306,9 @@ def check_shared_storage(
 def write_provenance(run_dir: StoragePath, session: int) -> None:
     """Session `session`'s provenance (core/provenance.py), gathered on the driver as the session starts: the
     checkout cifar_ray runs from, the installed packages, this machine's GPU stack (workers' GPUs: trial.json)."""
-    import torch
-
     git, diff = provenance.git_state(sysinfo.PACKAGE_DIR)
     RunFolder(run_dir).record_provenance(
-        session, git, diff, provenance.installed_packages_now(), provenance.gpu_stack(torch)
+        session, git, diff, provenance.installed_packages_now(), provenance.gpu_stack(_local_gpu_count())
     )
 
 

@@ -150,11 +150,16 @@ def nvidia_smi(run: Runner = subprocess.run) -> dict:
     return {"gpus": [name.strip() for name, _ in rows], "driver": rows[0][1].strip()}
 
 
-def gpu_stack(torch: Any, smi: Callable[[], dict] = nvidia_smi) -> dict:
-    """The CUDA stack the driver process sees: CUDA, cuDNN and NCCL versions from `torch` (the module, or a stand-in
-    with the same attributes) and the GPU models and NVIDIA driver from `smi`; {"gpus": [], "why": ...} without a
-    GPU."""
-    if not torch.cuda.is_available():
+def gpu_stack(
+    visible_gpus: int,
+    load_torch: Callable[[], Any] = lambda: importlib.import_module("torch"),
+    smi: Callable[[], dict] = nvidia_smi,
+) -> dict:
+    """The CUDA stack the driver process sees: CUDA, cuDNN and NCCL versions from torch (`load_torch` gives the
+    module, or a stand-in with the same attributes) and the GPU models and NVIDIA driver from `smi`; {"gpus": [],
+    "why": ...} without a GPU. `visible_gpus`: the GPUs the driver's node shows (NVML); with none, torch is not
+    imported (~2 s of CPU beside a sweep's start)."""
+    if not visible_gpus or not (torch := load_torch()).cuda.is_available():
         return {"gpus": [], "why": "no CUDA GPU visible to the sweep's driver process"}
     try:
         nccl = torch.cuda.nccl.version()
