@@ -226,7 +226,7 @@ def test_a_slot_whose_run_fails_or_whose_controller_dies_is_reported_to_the_disp
                 told.append(args)
                 return ray.put(None)
 
-        class slot_runs:  # these slots never started a worker group
+        class placement_groups:  # these slots never started a worker group
             @staticmethod
             def remote(slots):
                 return ray.put([])

@@ -53,27 +53,19 @@ class RunTrial:
         return RunFolder(self.run_dir)
 
 
-@dataclasses.dataclass(frozen=True)
-class SlotRun:
-    """A slot's Ray Train run as its controller told it (slots.slot_callbacks): the controller's handle and the
-    placement group of its latest worker group, for the driver to end what a cancelled slot leaves
-    (slots.end_slot_runs)."""
-
-    controller: Any
-    placement_group: Any
-
-
-class SlotRunRecords:
-    """The SlotRun of each slot, kept by the actor its slots report to (the Dispatcher; a pool's SlotBroker)."""
+class PlacementGroupRecords:
+    """The placement group of each slot's latest worker group (slots.slot_callbacks tells it), kept by the actor its
+    slots report to (the Dispatcher; a pool's SlotBroker), for the driver to remove what an ended slot's killed
+    controller leaves (slots.end_slot_runs)."""
 
     def __init__(self):
-        self.slot_run: dict[str, SlotRun] = {}
+        self.placement_group: dict[str, Any] = {}
 
-    async def record_slot_run(self, slot: str, run: SlotRun) -> None:
-        self.slot_run[slot] = run  # a restarted worker group's replaces the one before (Ray Train removed that)
+    async def record_placement_group(self, slot: str, group: Any) -> None:
+        self.placement_group[slot] = group  # a restarted worker group's replaces the one before (Ray Train removed it)
 
-    async def slot_runs(self, slots: list[str]) -> list[SlotRun]:
-        return [self.slot_run[slot] for slot in slots if slot in self.slot_run]
+    async def placement_groups(self, slots: list[str]) -> list:
+        return [self.placement_group[slot] for slot in slots if slot in self.placement_group]
 
 
 def tune_trial(trial: TrialSpec, run_dir: StoragePath) -> dict:
@@ -87,7 +79,7 @@ def tune_run_trial(tune_config: dict) -> RunTrial:
     return tune_config["trial"]["run"]
 
 
-class Dispatcher(SlotRunRecords):
+class Dispatcher(PlacementGroupRecords):
     """The trials not yet finished, per shape, and what happened to each (an async Ray actor), and the one
     writer of trial.json while a sweep runs. A slot takes trials from it and tells it what happens; a thin Tune
     trial waits on it for its trial's news (no polling: on 2 cores, five thin trials asking five times a second

@@ -57,7 +57,7 @@ from ..core.run import RunFolder
 from ..core.shapes import trial_shape
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
-from .dispatcher import Dispatcher, RunTrial, SlotRun, broker_name, dispatcher_name, tune_run_trial
+from .dispatcher import Dispatcher, RunTrial, broker_name, dispatcher_name, tune_run_trial
 from .placement import thin_trial_bundles, trials_that_fit, worker_placement
 from .session import error_line, failure_status
 from .trainer import StartedRun, TrainRun, torch_trainer
@@ -224,8 +224,7 @@ def slot_callbacks(dispatcher, slot: str) -> list:
     class PlacementGroupRecord(WorkerGroupCallback):
         def after_worker_group_start(self, worker_group) -> None:
             group = worker_group.get_worker_group_state().placement_group_handle.placement_group
-            controller = ray.get_runtime_context().current_actor
-            ray.get(dispatcher.record_slot_run.remote(slot, SlotRun(controller, group)))  # before the group trains
+            ray.get(dispatcher.record_placement_group.remote(slot, group))  # before the group trains
 
     return [WorkerDeaths(), PlacementGroupRecord()]
 
@@ -247,44 +246,42 @@ def start_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: 
 
 
 def report_slot_failure(dispatcher, started: StartedRun, slot: SlotLaunch) -> None:
-    """The ended slot's error, if its run ended with one, told to the Dispatcher of its sweep; its controller, done,
-    ends."""
+    """The ended slot's error, if its run ended with one, told to the Dispatcher of its sweep."""
     import ray
 
     error = started.ended_with()
-    ray.kill(started.controller, no_restart=True)
     if error is not None:  # a failed run, a controller lost with its node: any way a slot can end badly
         with contextlib.suppress(ray.exceptions.RayError):  # a stopped run's Dispatcher is gone: nothing waits
             ray.get(dispatcher.slot_failed.remote(slot.slot, slot.shape, failure_status(error), error_line(error)))
 
 
-def end_slot_runs(recorder, slots: list[str]) -> None:
-    """What the ended (or stopped) slots' Ray Train runs may have left: a controller still running, and the placement
-    group of its last worker group, which a killed controller does not remove (it would stay reserved until the job
-    ends: the next sweep's slots would wait for its cores). The controller goes first, so that it cannot start
-    another worker group. `recorder`: the Dispatcher
-    or pool broker the slots' callbacks told (slot_callbacks); gone, it has nothing to say."""
+def end_slot_runs(recorder, runs: dict[str, StartedRun]) -> None:
+    """Ends the slots' Ray Train runs (slot name -> its run), ended or not: each controller is killed (one whose run
+    ended stays until then) and waited for, so that it cannot start another worker group; then the placement group of
+    its last worker group goes, which a killed controller leaves reserved until the job ends (the next sweep's slots
+    would wait for its cores). `recorder`: the Dispatcher or pool broker the slots' callbacks told (slot_callbacks);
+    gone, it has nothing to say. A slot whose run started no worker group has no placement group."""
     import ray
 
     from .placement import remove_placement_groups
 
-    if not slots:  # a finished sweep's stop: no round trip to the recorder
+    if not runs:
         return
-    try:
-        runs = ray.get(recorder.slot_runs.remote(slots))
-    except ray.exceptions.RayError:
-        return
-    for run in runs:
-        ray.kill(run.controller, no_restart=True)
+    for started in runs.values():
+        ray.kill(started.controller, no_restart=True)
     deadline = time.monotonic() + CONTROLLER_END_S
-    for run in runs:  # a kill is asynchronous: a call may still be answered just after it
+    for started in runs.values():  # a kill is asynchronous: a call may still be answered just after it
         while time.monotonic() < deadline:
             try:
-                ray.get(run.controller.__ray_ready__.remote(), timeout=CONTROLLER_END_S)
+                ray.get(started.controller.__ray_ready__.remote(), timeout=CONTROLLER_END_S)
             except ray.exceptions.RayError:  # dead (or hung past the deadline): it starts nothing more
                 break
             time.sleep(0.05)
-    remove_placement_groups([run.placement_group for run in runs])
+    try:
+        groups = ray.get(recorder.placement_groups.remote(list(runs)))
+    except ray.exceptions.RayError:
+        return
+    remove_placement_groups(groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +306,7 @@ class StartedSlots:
         self.dispatcher, self.launch = dispatcher, launch
         self.waiting = list(launches)
         self.slot_of: dict[Any, tuple[StartedRun, SlotLaunch]] = {}  # the reference of a run's end -> its slot
+        self.ended: set = set()  # the runs whose end was told and whose leftovers went (end_slot_runs)
         for _ in range(min(limit or len(launches), len(launches))):
             self._start_next()
         self.stopped = threading.Event()
@@ -333,14 +331,12 @@ class StartedSlots:
         while running and not self.stopped.is_set():
             ended, running = ray.wait(running, num_returns=1, timeout=1.0)
             for run in ended:
-                self._report_failure(run)
-                if self.waiting and not self.stopped.is_set():
+                started, slot = self.slot_of[run]
+                report_slot_failure(self.dispatcher, started, slot)
+                if self.waiting and not self.stopped.is_set():  # first: the next slot waits for no leftovers' end
                     running.append(self._start_next())
-
-    def _report_failure(self, run) -> None:
-        started, slot = self.slot_of[run]
-        report_slot_failure(self.dispatcher, started, slot)
-        end_slot_runs(self.dispatcher, [slot.slot])
+                end_slot_runs(self.dispatcher, {slot.slot: started})
+                self.ended.add(run)
 
     def wait(self) -> None:
         """Until every slot has ended (each ends when its shape has no trial left) and its failure is told."""
@@ -353,10 +349,8 @@ class StartedSlots:
 
         self.stopped.set()
         self.watcher.join(timeout=5)
-        _, running = ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
-        end_slot_runs(self.dispatcher, [self.slot_of[run][1].slot for run in running])
-        for run in self.slot_of:  # those end_slot_runs knew nothing of: no worker group started yet
-            ray.kill(self.slot_of[run][0].controller, no_restart=True)
+        left = {slot.slot: started for run, (started, slot) in self.slot_of.items() if run not in self.ended}
+        end_slot_runs(self.dispatcher, left)
         ray.kill(self.dispatcher)
 
 
