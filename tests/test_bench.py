@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from cifar_ray.cluster.bench import GOALS, cold_sweep
+from cifar_ray.cluster.bench import COMMAND, GOALS, cold_ray_train_peer, cold_sweep
 from cifar_ray.commands.bench import run_bench
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -41,7 +41,9 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
     assert [sweep["trials"] for sweep in record["pool"]] == [2, 2, 1, 1, 1]
     for sweep in record["pool"]:
         assert 0 < sweep["training_s"] < sweep["wall_s"]
-    assert "cold" not in record  # Ray was up: no start from nothing to measure (test_a_cold_sweep_...)
+    assert "cold" not in record and "cold_ray_train" not in record  # Ray was up: no start from nothing to measure
+    switch = record["shape_switch"]  # a 1-worker trial, then a 2-worker one: its steps follow the first's end
+    assert switch["shapes"] == ["1 worker(s)", "2 worker(s)"] and 0 < switch["taken_s"] < switch["switch_s"]
     warm = record["warm"]
     few, more = warm["runs"]
     assert [few["trials"], more["trials"]] == [2, 4] and 1 <= more["slots"] <= 2
@@ -59,6 +61,7 @@ def test_quick_bench_writes_json_and_markdown(tmp_path):
         "## 1. Training loop",
         "## 2. Orchestration overhead",
         "## 2b. Warm slots",
+        "## 2e. A shape switch",
         "## 3. Data path",
         "## 4. Scaling",
         "## 5. Batch size",
@@ -75,4 +78,18 @@ def test_a_cold_sweep_is_timed_from_the_command_to_its_trials_steps_and_its_exit
     assert 0 < steps[0] < steps[1] < steps[2] <= steps[3] and steps == sorted(steps)
     assert 0 < cold["training_s"] < steps[3] and cold["beyond_training_s"] == pytest.approx(
         steps[3] - cold["training_s"]
+    )
+    processes = cold["processes"]  # the command's own Ray's, not the test session's (that one is a parent's)
+    assert processes[COMMAND]["seen_s"] == 0 and processes[COMMAND]["cpu_s"] > 0.5
+    assert 0 < processes["raylet"]["seen_s"] < processes["ray::RayTrainWorker"]["seen_s"] < steps[0]
+    assert processes["ray::RayTrainWorker"]["cpu_s"] > cold["training_s"] / 2  # it trained (on up to 2 threads)
+    assert "driver" not in processes  # the bench's own process
+
+
+def test_plain_ray_train_runs_the_cold_sweeps_trial_from_a_process_of_its_own(tmp_path):
+    """Section 2d's peer: the same trial by a 1-worker TorchTrainer of a script that starts its own Ray."""
+    peer = cold_ray_train_peer({"dataset": "synthetic", "epochs": 1, "width": 8}, tmp_path)
+    ended, exited = peer["steps_s"].values()
+    assert 0 < peer["training_s"] < ended <= exited and peer["beyond_training_s"] == pytest.approx(
+        exited - peer["training_s"]
     )

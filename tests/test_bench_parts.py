@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-from cifar_ray.cluster.bench import GOALS, ProcessCpu, handoff_gaps
+from cifar_ray.cluster.bench import COMMAND, GOALS, ProcessCpu, handoff_gaps
 from cifar_ray.core import runlog
-from cifar_ray.report.bench import _cold_lines, _pool_lines, _warm_details
+from cifar_ray.report.bench import _cold_lines, _pool_lines, _switch_lines, _warm_details
 
 
 def write_trial(run_dir, name: str, slot: str, started: float, finished: float) -> None:
@@ -100,8 +100,42 @@ def test_the_page_shows_a_cold_sweeps_steps_and_judges_its_first_epoch_and_its_c
             "the command exited": 15.0,
         },
     }
-    text = "\n".join(_cold_lines(cold, GOALS))
+    text = "\n".join(_cold_lines(cold, GOALS, 2))
     assert "| its first epoch began (data and model ready) | 12.5 |" in text
     assert "The first epoch began 12.5 s after the command: NOT met (goal ≤ 6)" in text
     assert "took 14.3 s beyond its trial's 0.7 s of training: NOT met (goal ≤ 8)" in text
-    assert _cold_lines(None, GOALS) == []  # a record from before it was measured, or from a bench on a running Ray
+    assert "CPU" not in text  # a record from before its processes were measured
+    assert _cold_lines(None, GOALS, 2) == []  # a record from before it was measured, or from a bench on a running Ray
+
+    cold["processes"] = {
+        "ray::RayTrainWorker": {"seen_s": 9.3, "cpu_s": 6.5},
+        COMMAND: {"seen_s": 0.0, "cpu_s": 5.5},
+        "gcs_server": {"seen_s": 0.6, "cpu_s": 0.25},
+        "gone": {"seen_s": None, "cpu_s": 0.25},
+    }
+    text = "\n".join(_cold_lines(cold, GOALS, 2))
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert rows == [  # in the order they started; one never named last
+        f"| `{COMMAND}` | 0.0 | 5.50 |",
+        "| `gcs_server` | 0.6 | 0.25 |",
+        "| `ray::RayTrainWorker` | 9.3 | 6.50 |",
+        "| `gone` | ? | 0.25 |",
+    ]
+    assert "Together 12.5 CPU-s on 2 cores: the command cannot take less than 6.2 s of wall" in text
+    assert "plain Ray Train" not in text  # a record from before the peer was measured
+
+    peer = {"training_s": 0.7, "steps_s": {"its first epoch ended": 21.0, "the command exited": 28.0}}
+    text = "\n".join(_cold_lines(cold, GOALS, 2, peer))
+    assert "its first epoch ended 21.0 s after the command (cifar-ray: 13.2 s, 0.63×)" in text
+    assert "it exited after 28.0 s (cifar-ray: 15.0 s)" in text
+
+
+def test_the_page_judges_a_shape_switch_by_when_the_next_shapes_first_epoch_began():
+    switch = {"shapes": ["1 worker(s)", "2 worker(s)"], "wall_s": 14.0, "taken_s": 4.2, "switch_s": 5.9}
+    text = "\n".join(_switch_lines(switch, GOALS))
+    assert "1 worker(s) then 2 worker(s)" in text
+    assert (
+        "took it 4.2 s after the first trial ended, and its first epoch began 5.9 s after: NOT met (goal ≤ 2)" in text
+    )
+    assert "met (goal ≤ 2)" in "\n".join(_switch_lines(switch | {"switch_s": 1.5}, GOALS))
+    assert _switch_lines(None, GOALS) == []  # a record from before it was measured

@@ -49,6 +49,7 @@ GOALS = {
     "pool_beyond_training_s": 1.5,
     "cold_first_epoch_s": 6.0,
     "cold_beyond_training_s": 8.0,
+    "shape_switch_s": 2.0,
     "estimate_factor": 1.5,
 }
 
@@ -242,8 +243,9 @@ class ProcessCpu:
 
     IDLE = ("ray::IDLE", "default_worker.py", "bash", "sh", "gone")  # a worker before its first task or actor
 
-    def __init__(self, interval_s: float = 0.1):
+    def __init__(self, interval_s: float = 0.1, named: dict[int, str] | None = None):
         self.interval_s = interval_s
+        self.named = named or {}  # pid -> its kind, for a process its title does not name (a command run here)
         self.start: dict[int, float] = {}  # pid -> its CPU seconds when the block began (0 for newer processes)
         self.last: dict[int, float] = {}
         self.kind: dict[int, str] = {}
@@ -263,7 +265,7 @@ class ProcessCpu:
             self.start.setdefault(process.pid, used if initial else 0.0)
             self.last[process.pid] = used
             if self.kind.get(process.pid, "ray::IDLE") in self.IDLE:
-                kind = process_kind(process)
+                kind = self.named.get(process.pid) or process_kind(process)
                 if kind not in self.IDLE or process.pid not in self.kind:
                     self.kind[process.pid] = kind
                     self.first_seen.setdefault(kind, time.time())
@@ -448,10 +450,26 @@ def pooled_sweeps(base: dict, trials: int, storage: Path, say: Callable[[str], N
 SUB_SECOND = {"train_subset": 1024, "test_subset": 256}  # a short trial's data cut to under a second of training
 
 
+def shape_switch(base: dict, storage: Path, say: Callable[[str], None]) -> dict:
+    """A sweep of two sub-second trials of two shapes (1 worker, then 2), one at a time, as the quickstart switches:
+    seconds from the first shape's trial's end to the second's steps (its slot took it; its first epoch began)."""
+    options = RunOptions(storage, max_concurrent=1, print_line=say)
+    run_dir, wall = run_sweep("bench-shape-switch", base | SUB_SECOND, {"workers": [1, 2]}, options)
+    first, second = sorted(runlog.load_run(run_dir).trials, key=lambda t: t.meta["started_unix"])
+    ended = first.meta["finished_unix"]
+    return {
+        "shapes": [f"{t.config['workers']} worker(s)" for t in (first, second)],
+        "wall_s": wall,
+        "taken_s": second.meta["started_unix"] - ended,
+        "switch_s": second.meta["timeline"]["ready_unix"] - ended,
+    }
+
+
 def cold_sweep(base: dict, storage: Path) -> dict:
     """`cifar-ray sweep` of one sub-second trial as a new user runs it: a process of its own that starts (and stops)
     its own Ray. Seconds from the command to each step of its trial (trial.json, metrics.jsonl) and to its exit; the
-    trial's training; the exit beyond it. Run while no other Ray runs here."""
+    trial's training; the exit beyond it; per kind of process (the command's and its Ray's), when it was first seen
+    and the CPU seconds it spent. Run while no other Ray runs here."""
     import json
     import subprocess
     import sys
@@ -463,10 +481,17 @@ def cold_sweep(base: dict, storage: Path) -> dict:
     sweep_file.write_text(json.dumps({"name": "bench-cold", "description": "cifar-ray bench", "base": trial}))
     command = [sys.executable, "-m", "cifar_ray.cli", "sweep", str(sweep_file), "--storage", str(folder)]
     called = time.time()
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
-    exited = time.time() - called
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as sweep:
+        with ProcessCpu(named={sweep.pid: COMMAND}) as cpu:
+            _, errors = sweep.communicate(timeout=600)
+        exited = time.time() - called
+    cpu.first_seen.setdefault(COMMAND, called)
+    if sweep.returncode:
+        raise subprocess.CalledProcessError(sweep.returncode, command, stderr=errors)
     (only,) = runlog.load_run(StoragePath.of(folder) / "bench-cold").trials
     training = sum(row["epoch_time_s"] for row in only.epochs)
+    spent = cpu.seconds()
+    spent.pop("driver", None)  # this bench's own process
     return {
         "training_s": training,
         "beyond_training_s": exited - training,
@@ -476,6 +501,61 @@ def cold_sweep(base: dict, storage: Path) -> dict:
             "its first epoch ended": only.epochs[0]["end_unix"] - called,
             "the command exited": exited,
         },
+        "processes": {
+            kind: {"seen_s": cpu.first_seen[kind] - called if kind in cpu.first_seen else None, "cpu_s": used}
+            for kind, used in spent.items()
+        },
+    }
+
+
+COMMAND = "cifar-ray sweep (the command: driver)"  # cold_sweep's name for the command's own process
+
+# The least a Ray Train program costs from nothing: Ray's start and a 1-worker TorchTrainer running our loop on one
+# trial (as tune_peer's trainers do), no Tune, no slots; Ray started as cifar-ray starts it (no dashboard).
+RAY_TRAIN_PEER = """
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+config, folder = {config!r}, {folder!r}
+
+
+def train(config):
+    import torch
+    from ray import train
+    from cifar_ray.core.config import parse_config
+    from cifar_ray.core.storage import StoragePath
+    from cifar_ray.training.distributed import Worker
+    from cifar_ray.training.loop import run_trial
+
+    worker = Worker(0, 1, [torch.device("cpu")])
+    run_trial(parse_config(config), StoragePath.of(folder) / "trial", worker, lambda m, _: train.report(m))
+
+
+ray.init(include_dashboard=False, log_to_driver=False)
+scaling, run = ScalingConfig(num_workers=1), RunConfig(storage_path=folder)
+TorchTrainer(train, train_loop_config=config, scaling_config=scaling, run_config=run).fit()
+"""
+
+
+def cold_ray_train_peer(base: dict, storage: Path) -> dict:
+    """cold_sweep's trial run by plain Ray Train (RAY_TRAIN_PEER) in a process of its own: seconds from the command
+    to its first epoch's end (metrics.jsonl) and to its exit; the trial's training; the exit beyond it."""
+    import subprocess
+    import sys
+
+    folder = storage / "bench-cold-ray-train"
+    folder.mkdir(parents=True, exist_ok=True)
+    script = RAY_TRAIN_PEER.format(config=base | {"workers": 1} | SUB_SECOND, folder=str(folder))
+    called = time.time()
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=600)
+    exited = time.time() - called
+    epochs = runlog.read_epochs(StoragePath.of(folder) / "trial")
+    training = sum(row["epoch_time_s"] for row in epochs)
+    return {
+        "training_s": training,
+        "beyond_training_s": exited - training,
+        "steps_s": {"its first epoch ended": epochs[0]["end_unix"] - called, "the command exited": exited},
     }
 
 
@@ -576,8 +656,9 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
     import ray
 
     if not ray.is_initialized() and cluster_address(None) is None:  # a start from nothing, before this bench's Ray
-        say("bench 0/7: a cold start: `cifar-ray sweep` of one sub-second trial, Ray's start included")
+        say("bench 0/8: a cold start: `cifar-ray sweep` of one sub-second trial, Ray's start included")
         record["cold"] = cold_sweep(short, storage)
+        record["cold_ray_train"] = cold_ray_train_peer(short, storage)
     # Ray is up (and idle) for every measurement, the bare loop's included: both compete with the
     # same background processes, and the bare loop is not favoured by running before Ray exists.
     t0 = time.perf_counter()
@@ -585,7 +666,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
     record["ray_init_s"] = (time.perf_counter() - t0) if owns_ray else None
     try:
         record["cluster"] = cluster_capacity()
-        say("bench 1/7: batch-size scan of our loop without Ray, both models (1 thread)")
+        say("bench 1/8: batch-size scan of our loop without Ray, both models (1 thread)")
         sizes = [32, 128] if quick else [16, 32, 64, 128, 256]
         record["batch_sizes"] = [
             {**model, "batch_size": b, **bare_loop(bench_config(quick, **model, batch_size=b, epochs=2))}
@@ -593,12 +674,12 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
             for b in sizes
         ]
 
-        say("bench 2/7: data path, ours vs torchvision DataLoader + PIL transforms")
+        say("bench 2/8: data path, ours vs torchvision DataLoader + PIL transforms")
         record["data_path"] = loader_comparison(base_cfg, batches=8 if quick else 32)
 
         rounds = 1 if quick else 3
         say(
-            f"bench 3/7: {rounds} round(s) of bare PyTorch loops (contiguous, channels_last), our loop without Ray, "
+            f"bench 3/8: {rounds} round(s) of bare PyTorch loops (contiguous, channels_last), our loop without Ray, "
             "then our loop in a 1-worker warm slot (1 thread each)"
         )
         record["loop_rounds"], record["trials"] = [], []
@@ -619,14 +700,14 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
             if i == 0:
                 record["bare_loop"] = ours
 
-        say("bench 4/7: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
+        say("bench 4/8: trials one at a time: 2 workers x 1 thread, 1 worker x 2 threads")
         layouts = [{"workers": 2, "cpus_per_worker": 1}, {"workers": 1, "cpus_per_worker": 2}]
         options = RunOptions(storage, max_concurrent=1, isolate=True, print_line=say)
         run_dir, _ = run_sweep("bench-trials", base, {"layout": layouts}, options)
         record["trials"] += trial_overheads(run_dir)
 
         if not quick:  # 8 more trials: too long for a first look
-            say("bench 5/7: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
+            say("bench 5/8: an 8-trial sweep of 1-worker trials, packed by cifar-ray")
             options = RunOptions(storage, isolate=True, print_line=say)
             run_dir, wall = run_sweep("bench-sweep", base | {"workers": 1}, {"seed": list(range(8))}, options)
             rows = trial_overheads(run_dir)
@@ -648,14 +729,16 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         # The issue-36 grid: few and more short trials.
         sizes = (2, 4) if quick else (20, 120)
         say(
-            f"bench 6/7: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the first {sizes[0]} in one "
+            f"bench 6/8: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the first {sizes[0]} in one "
             "process, and with plain Ray Tune over a TorchTrainer per trial"
         )
         record["warm"] = warm_sweeps(short, sizes, storage, say)
         record["loop_peer"] = loop_peer(short, sizes[0])
         record["tune_peer"] = tune_peer(short, sizes[0], storage)
-        say(f"bench 7/7: a warm pool: a {sizes[0]}-trial sweep twice, then three of one sub-second trial, in its slots")
+        say(f"bench 7/8: a warm pool: a {sizes[0]}-trial sweep twice, then three of one sub-second trial, in its slots")
         record["pool"] = pooled_sweeps(short, sizes[0], storage, say)
+        say("bench 8/8: a shape switch: a sub-second 1-worker trial, then a 2-worker one, one at a time")
+        record["shape_switch"] = shape_switch(short, storage, say)
     finally:
         if owns_ray:
             import ray

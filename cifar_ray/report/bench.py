@@ -142,15 +142,16 @@ def _pool_lines(pooled: list[dict] | None, goals: dict) -> list[str]:
     return lines
 
 
-def _cold_lines(cold: dict | None, goals: dict) -> list[str]:
-    """Section 2d: a one-trial `cifar-ray sweep` from nothing; none in a record from before it was measured (or from
-    a bench on a running Ray)."""
+def _cold_lines(cold: dict | None, goals: dict, cores: int, peer: dict | None = None) -> list[str]:
+    """Section 2d: a one-trial `cifar-ray sweep` from nothing, its processes, and the same trial by plain Ray Train
+    (`peer`) (records from before these were measured have none); none in a record from before it was measured (or
+    from a bench on a running Ray)."""
     if not cold:
         return []
     steps = cold["steps_s"]
     began = steps["its first epoch began (data and model ready)"]
     beyond = cold["beyond_training_s"]
-    return [
+    lines = [
         "",
         "## 2d. A cold start: `cifar-ray sweep` of one sub-second trial, Ray's start included",
         "",
@@ -163,6 +164,55 @@ def _cold_lines(cold: dict | None, goals: dict) -> list[str]:
         f"{_goal(began, goals['cold_first_epoch_s'], higher_is_better=False)}. The command took {beyond:.1f} s beyond "
         f"its trial's {cold['training_s']:.1f} s of training: "
         f"{_goal(beyond, goals['cold_beyond_training_s'], higher_is_better=False)}.",
+    ]
+    processes = cold.get("processes")
+    if processes:
+        total = sum(p["cpu_s"] for p in processes.values())
+        order = sorted(processes.items(), key=lambda kv: (kv[1]["seen_s"] is None, kv[1]["seen_s"] or 0))
+        lines += [
+            "",
+            "Its processes, by kind (sampled every 0.1 s): when each was first seen, in seconds after the command (a "
+            "pooled Ray worker when it took its task or actor), and the CPU seconds it spent until the command exited:",
+            "",
+            markdown_table(
+                ["process", "first seen (s)", "CPU (s)"],
+                [
+                    [f"`{kind}`", "?" if p["seen_s"] is None else f"{p['seen_s']:.1f}", f"{p['cpu_s']:.2f}"]
+                    for kind, p in order
+                ],
+                "lrr",
+            ),
+            "",
+            f"Together {total:.1f} CPU-s on {cores} cores: the command cannot take less than {total / cores:.1f} s of "
+            "wall with these processes, even were none of them ever waiting for another.",
+        ]
+    if peer:
+        ours, theirs = steps["its first epoch ended"], peer["steps_s"]["its first epoch ended"]
+        lines += [
+            "",
+            "The same trial run by plain Ray Train (`ray.init()` without the dashboard, and a 1-worker `TorchTrainer` "
+            "running our loop: no Tune, no slots; the least a Ray Train program costs), in a process of its own: its "
+            f"first epoch ended {theirs:.1f} s after the command (cifar-ray: {ours:.1f} s, {ours / theirs:.2f}×), and "
+            f"it exited after {peer['steps_s']['the command exited']:.1f} s (cifar-ray: "
+            f"{steps['the command exited']:.1f} s).",
+        ]
+    return lines
+
+
+def _switch_lines(switch: dict | None, goals: dict) -> list[str]:
+    """Section 2e: the switch between two shapes of a sweep; none in a record from before it was measured."""
+    if not switch:
+        return []
+    first, second = switch["shapes"]
+    verdict = _goal(switch["switch_s"], goals["shape_switch_s"], higher_is_better=False)
+    return [
+        "",
+        "## 2e. A shape switch: the next shape's slot after the last one's",
+        "",
+        f"A sweep of two sub-second trials, {first} then {second}, one at a time (Ray up): the second trial's slot "
+        f"took it {switch['taken_s']:.1f} s after the first trial ended, and its first epoch began "
+        f"{switch['switch_s']:.1f} s after: {verdict}. In between, the first slot's Ray Train run ends and the "
+        "second's starts: its controller, its worker group, their processes and the trial's data and model.",
     ]
 
 
@@ -309,7 +359,8 @@ def render(record: dict) -> str:
         ]
         lines += _warm_details(warm, record.get("loop_peer"), record.get("tune_peer"), goals)
     lines += _pool_lines(record.get("pool"), goals)
-    lines += _cold_lines(record.get("cold"), goals)
+    lines += _cold_lines(record.get("cold"), goals, host["cpu_count"], record.get("cold_ray_train"))
+    lines += _switch_lines(record.get("shape_switch"), goals)
     lines += [
         "",
         "## 3. Data path",

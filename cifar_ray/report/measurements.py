@@ -34,7 +34,8 @@ def render(record: dict) -> str:
         "",
         _bullet(
             "**The benchmark** (the loop in Ray vs bare PyTorch, a trial's start-up in a Ray Train run and in a warm "
-            "slot, the data path, scaling, batch size): [reports/bench/README.md](../reports/bench/README.md), "
+            "slot, a warm pool, a cold start and its processes against plain Ray Train, a shape switch, the data "
+            "path, scaling, batch size): [reports/bench/README.md](../reports/bench/README.md), "
             "written by `cifar-ray bench` from `bench.json` beside it, with its date, commit and machine."
         ),
         _bullet(
