@@ -139,3 +139,28 @@ def test_the_page_judges_a_shape_switch_by_when_the_next_shapes_first_epoch_bega
     )
     assert "met (goal ≤ 2)" in "\n".join(_switch_lines(switch | {"switch_s": 1.5}, GOALS))
     assert _switch_lines(None, GOALS) == []  # a record from before it was measured
+
+
+def test_a_process_is_named_by_its_ray_title_or_by_the_ray_daemon_it_runs():
+    import os
+    import types
+
+    from cifar_ray.cluster.bench import process_kind
+
+    def kind(*words: str, pid: int = 1) -> str:
+        return process_kind(types.SimpleNamespace(cmdline=lambda: list(words), name=lambda: "x", pid=pid))
+
+    site = "/venv/lib/python3.11/site-packages/ray"
+    assert kind("ray::cifar-ray-dispatcher-run:Dispatcher.take") == "ray::Dispatcher"  # a named actor: its class
+    assert kind("ray::RayTrainWorker.__init__") == "ray::RayTrainWorker"
+    assert kind(f"{site}/core/src/ray/raylet/raylet", "--head") == "raylet"
+    assert kind("/venv/bin/python", f"{site}/_private/workers/setup_worker.py", "x/default_worker.py") == (
+        "default_worker.py"
+    )
+    # ray.init's Python daemons, before (or without) a title: each its own kind, never "python"
+    assert kind("/venv/bin/python", f"{site}/dashboard/dashboard.py", "--minimal") == "dashboard.py"
+    assert kind("/venv/bin/python", "-u", f"{site}/autoscaler/_private/monitor.py") == "monitor.py"
+    assert kind("/venv/bin/python", "-u", f"{site}/dashboard/agent.py") == "ray::DashboardAgent"
+    assert kind("/venv/bin/python", "-u", f"{site}/_private/runtime_env/agent/main.py") == "ray::RuntimeEnvAgent"
+    assert kind("/venv/bin/python3", "-m", "cifar_ray.cli") == "python3"
+    assert kind("/venv/bin/python3", "-m", "pytest", pid=os.getpid()) == "driver"

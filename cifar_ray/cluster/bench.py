@@ -221,17 +221,21 @@ def process_kind(process) -> str:
         return "ray::" + first[5:].split(" ")[0].split(".")[0].split(":")[-1].lstrip("_")
     for word in words[:3]:  # python .../default_worker.py before it sets its title; a daemon's executable path
         name = Path(word).name
-        if name in (
-            "raylet",
-            "gcs_server",
-            "default_worker.py",
-            "dashboard_agent.py",
-            "runtime_env_agent.py",
-            "log_monitor.py",
-            "agent_manager.py",
-        ):
+        if name in ("raylet", "gcs_server", "default_worker.py", "log_monitor.py"):
             return name
+        for script, kind in RAY_SCRIPTS.items():
+            if word.endswith(script):
+                return kind
     return "driver" if process.pid == os.getpid() else Path(first).name
+
+
+# Ray's Python daemons by their script (a head node's; ray.init starts them): the agents by the titles they set later
+RAY_SCRIPTS = {
+    "ray/dashboard/dashboard.py": "dashboard.py",  # the API server: started (minimal) even with include_dashboard=False
+    "ray/autoscaler/_private/monitor.py": "monitor.py",  # the autoscaler's monitor
+    "ray/dashboard/agent.py": "ray::DashboardAgent",
+    "ray/_private/runtime_env/agent/main.py": "ray::RuntimeEnvAgent",
+}
 
 
 class ProcessCpu:
