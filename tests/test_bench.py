@@ -79,7 +79,9 @@ def test_a_cold_sweep_is_timed_from_the_command_to_its_trials_steps_and_its_exit
     assert 0 < cold["training_s"] < steps[3] and cold["beyond_training_s"] == pytest.approx(
         steps[3] - cold["training_s"]
     )
-    processes = cold["processes"]  # the command's own Ray's, not the test session's (that one is a parent's)
+    # First seen: the command's own Ray's processes (the test session's Ray, also this process's descendants, was up
+    # before and is not seen starting); its CPU is counted beside the command's, so CPU is asserted only from below.
+    processes = cold["processes"]
     assert processes[COMMAND]["seen_s"] == 0 and processes[COMMAND]["cpu_s"] > 0.5
     assert 0 < processes["raylet"]["seen_s"] < processes["ray::RayTrainWorker"]["seen_s"] < steps[0]
     assert processes["ray::RayTrainWorker"]["cpu_s"] > cold["training_s"] / 2  # it trained (on up to 2 threads)
