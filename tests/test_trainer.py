@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cifar_ray.cluster.trainer import TrainRun, torch_trainer
 from cifar_ray.core.config import parse_config
 from cifar_ray.core.storage import StoragePath
@@ -114,3 +116,54 @@ print(json.dumps({{"gpus": resources["GPU"], "torch": "torch" in sys.modules}}))
     assert list(tmp_path.glob("**/session-1.json")), "no provenance written"
     if provenance["gpus"] == 0:
         assert not provenance["torch"], "the driver imported torch on a machine with no GPU"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_on_the_local_ray_a_slots_controller_gets_no_runtime_env_yet_holds_ray_trains_variables(tmp_path, monkeypatch):
+    """A runtime env of its own gives an actor a new process rather than a prestarted one, and the job's own gives
+    every process one: on the local Ray init_ray started, the job has none and the controller none, since every Ray
+    process inherited the variables Ray Train propagates. One set after Ray started goes as a runtime env again."""
+    import os
+
+    import ray
+    from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR as BLOCKING_GET
+    from ray.train.v2._internal.constants import HEALTH_CHECK_INTERVAL_S_ENV_VAR as HEALTH_CHECK
+    from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+    from cifar_ray.cluster.session import RAY_ENV_DEFAULTS, inherited_by_ray_processes
+
+    assert ray.get_runtime_context().runtime_env == {}
+    propagated = get_env_vars_to_propagate()
+    assert propagated[HEALTH_CHECK] == RAY_ENV_DEFAULTS[HEALTH_CHECK] and propagated[BLOCKING_GET] == "0"
+    assert inherited_by_ray_processes(propagated)
+    assert not inherited_by_ray_processes({**propagated, HEALTH_CHECK: "7"})
+
+    @ray.remote(num_cpus=0)
+    def environment(keys: list[str]) -> dict:
+        return {key: os.environ.get(key) for key in keys}
+
+    assert ray.get(environment.remote(list(propagated))) == propagated  # a process without a runtime env holds them
+
+    class Built(Exception):
+        pass
+
+    given: list[dict] = []
+    real_remote = ray.remote
+
+    def actor_options(*args, **kwargs):
+        if "label_selector" not in kwargs:  # another ray.remote than the controller's (a module imported now)
+            return real_remote(*args, **kwargs)
+        given.append(kwargs)
+        raise Built  # nothing started
+
+    monkeypatch.setattr(ray, "remote", actor_options)
+    trainer = torch_trainer(
+        lambda config: None, {}, parse_config({"dataset": "synthetic"}), TrainRun("t", StoragePath.of(tmp_path))
+    )
+    with pytest.raises(Built):
+        trainer.start()
+    monkeypatch.setenv(HEALTH_CHECK, "7")  # after Ray's start: its processes hold the old value
+    with pytest.raises(Built):
+        trainer.start()
+    assert "runtime_env" not in given[0]
+    assert given[1]["runtime_env"] == {"env_vars": {**propagated, HEALTH_CHECK: "7"}}

@@ -32,7 +32,11 @@ RAY_ENV_DEFAULTS = {
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "0",
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
     "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning",
+    "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0",  # what Ray Train gives its controller (trainer.LeanTrainer.start)
 }
+
+# The local Ray init_ray started from this process: its GCS address and the environment its processes inherited.
+_started_here: tuple[str, dict[str, str]] | None = None
 
 
 NOISY_LOGGERS = (
@@ -62,7 +66,7 @@ class DropMessages(logging.Filter):
 
 
 def quiet_ray_logs() -> None:
-    """Runs in every Ray worker process (worker_process_setup_hook) and in the driver."""
+    """Runs in the driver, and on a cluster in each of the job's worker processes (worker_process_setup_hook)."""
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     for name, prefix in REPEATED_TUNE_ERRORS.items():
@@ -149,9 +153,6 @@ def init_ray(
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
         "configure_logging": True,
-        "runtime_env": {"worker_process_setup_hook": "cifar_ray.cluster.session.quiet_ray_logs"}
-        if not verbose
-        else None,
     }
     if address:
         options["runtime_env"] = cluster_runtime_env(verbose)
@@ -171,7 +172,10 @@ def init_ray(
                 ) from None
     else:
         node = local_resources(num_cpus, num_gpus)
-        # address="local": always a new Ray, never one that `ray start` left running on this machine
+        # address="local": always a new Ray, never one that `ray start` left running on this machine. No runtime env
+        # of the job's own: with one, no prestarted worker serves the job and each new worker process waits for the
+        # runtime-env agent; its processes inherit RAY_ENV_DEFAULTS, and their logs stay in Ray's files (log_to_driver).
+        global _started_here
         ray.init(
             address="local",
             num_cpus=node["CPU"],
@@ -180,7 +184,22 @@ def init_ray(
             resources={key: node[key] for key in (RESOURCE_CPU, RESOURCE_GPU)},
             **options,
         )
+        _started_here = (ray.get_runtime_context().gcs_address, dict(os.environ))
     return True
+
+
+def inherited_by_ray_processes(env_vars: dict[str, str]) -> bool:
+    """Whether every Ray process already has these variables with these values: the connected Ray is the local one
+    init_ray started from this process, whose environment then held them (its processes inherit it). An actor given
+    them as a runtime env instead gets a new process of its own rather than a prestarted one."""
+    import ray
+
+    if _started_here is None or not ray.is_initialized():
+        return False
+    address, environment = _started_here
+    return ray.get_runtime_context().gcs_address == address and all(
+        environment.get(key) == value for key, value in env_vars.items()
+    )
 
 
 def local_resources(num_cpus: int | None = None, num_gpus: int | None = None) -> dict[str, int]:

@@ -102,12 +102,17 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
             from ray.train.v2._internal.execution.failure_handling import create_failure_policy
             from ray.train.v2._internal.util import ObjectRefWrapper
 
+            from .session import inherited_by_ray_processes
+
             env_vars = get_env_vars_to_propagate()
             env_vars.setdefault(
                 RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE
             )
             node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
-            controller_class = ray.remote(num_cpus=0, label_selector=node, runtime_env={"env_vars": env_vars})
+            # No runtime env where Ray's processes already hold those variables: then a prestarted process can serve
+            # the controller, rather than a new one started for it on the path of a sweep's start and a shape switch.
+            runtime_env = {} if inherited_by_ray_processes(env_vars) else {"runtime_env": {"env_vars": env_vars}}
+            controller_class = ray.remote(num_cpus=0, label_selector=node, **runtime_env)
             controller = controller_class(TrainController).remote(
                 train_fn_ref=ObjectRefWrapper(self._get_train_func()),
                 scaling_policy=FixedWorkers(self.scaling_config),
