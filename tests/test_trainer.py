@@ -47,28 +47,38 @@ assert "torch" not in sys.modules, "torch imported"
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_a_slots_ray_train_run_asks_no_autoscaling_coordinator(tmp_path, monkeypatch):
+def test_a_ray_train_run_of_ours_asks_no_autoscaling_coordinator(tmp_path, monkeypatch):
     """Ray Train's fixed-size policy asks an AutoscalingCoordinator (a detached actor: a process importing Ray Data,
-    waited for up to 5 s before the first worker group starts) for the run's resources; a slot's run asks none. The
-    stock policy, exercised the same way, does ask: the check can fail."""
+    waited for up to 5 s before the first worker group starts) for the run's resources; the controller that
+    LeanTrainer.start builds (a slot's run, `cifar-ray check`'s) asks none. The stock policy, exercised the same way,
+    does ask: the check can fail. No Ray: the controller's actor class is a stand-in that keeps what it is given."""
     import types
 
+    import ray
+    from ray.train.v2._internal import util as ray_train_util
     from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as client
     from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     asked: list[str] = []
     for method in ("send_resource_request", "maybe_send_resource_request"):
         monkeypatch.setattr(client.TrainAutoscalingCoordinatorClient, method, lambda *a, m=method, **k: asked.append(m))
-    given: dict = {}
-    monkeypatch.setattr(
-        DataParallelTrainer, "_initialize_and_run_controller", lambda self, **kwargs: given.update(kwargs)
-    )
     trainer = torch_trainer(
         lambda config: None, {}, parse_config({"dataset": "synthetic"}), TrainRun("t", StoragePath.of(tmp_path))
     )
+    given: dict = {}
+
+    class Controller:
+        @staticmethod
+        def remote(**kwargs):
+            given.update(kwargs)
+            return types.SimpleNamespace(run=types.SimpleNamespace(remote=lambda: "ended"))
+
+    monkeypatch.setattr(ray, "remote", lambda **options: lambda actor_class: Controller)
+    monkeypatch.setattr(ray_train_util, "ObjectRefWrapper", lambda train_fn: train_fn)  # else ray.put starts a Ray
+    node = types.SimpleNamespace(get_node_id=lambda: "n", gcs_address="a")
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: node)
+    assert trainer.start().ended == "ended"
     stock = FixedScalingPolicy(trainer.scaling_config)
-    trainer._initialize_and_run_controller(scaling_policy=stock)
 
     def exercise(policy) -> list[str]:  # what a controller does with its policy before and while its group runs
         asked.clear()
@@ -77,7 +87,6 @@ def test_a_slots_ray_train_run_asks_no_autoscaling_coordinator(tmp_path, monkeyp
         policy.make_decision_for_running_worker_group(None, None)
         return list(asked)
 
-    assert given["scaling_policy"] is not stock
     assert exercise(given["scaling_policy"]) == []
     assert exercise(stock) != []
 

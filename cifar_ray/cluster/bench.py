@@ -647,15 +647,11 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
         "goals": GOALS,
     }
     base_cfg = bench_config(quick)
-    record["workload"] = {
-        k: getattr(base_cfg, k)
-        for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "epochs")
-    }
-
     base = {
         k: getattr(base_cfg, k)
         for k in ("dataset", "model", "width", "batch_size", "augment", "train_subset", "test_subset", "epochs")
     }
+    record["workload"] = base
     short = base | {"epochs": 1, "width": 8}  # the issue-36 trials: one epoch of about a second
     import ray
 

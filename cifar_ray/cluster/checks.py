@@ -138,7 +138,9 @@ def run_ddp(cfg: TrainConfig, n_steps: int, out: Path, dtype: str = "float64") -
     """One TorchTrainer fit of `ddp_worker` on the connected Ray; returns what rank 0 saved."""
     loop_config = {"config": cfg.model_dump(), "steps": n_steps, "dtype": dtype, "out": str(out)}
     trainer = torch_trainer(ddp_worker, loop_config, cfg, TrainRun("cifar-ray-check", StoragePath.of(out.parent)))
-    trainer.fit()
+    error = trainer.start().ended_with()
+    if error is not None:
+        raise error
     return torch.load(out, weights_only=True)
 
 

@@ -84,15 +84,11 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
             )
             return [callback for callback in callbacks if not isinstance(callback, unused)]
 
-        def _initialize_and_run_controller(self, **controller_init_kwargs):
-            controller_init_kwargs["scaling_policy"] = FixedWorkers(self.scaling_config)
-            return super()._initialize_and_run_controller(**controller_init_kwargs)
-
         def start(self) -> StartedRun:
             """fit() without waiting for it, from this process: the run's controller, started on this node as fit()
             starts it (Ray 2.60's DataParallelTrainer.fit and _initialize_and_run_controller, less their blocking
             gets and Ctrl-C handler), so that no process of its own has to wait in fit() (a slot's run: the driver
-            starts it)."""
+            starts it; `cifar-ray check`'s run: it waits for StartedRun.ended_with)."""
             from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
             from ray.train.v2._internal.constants import (
                 DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
