@@ -54,6 +54,23 @@ def test_a_warm_slot_takes_trial_after_trial(tmp_path):
     assert asyncio.run(d.take(shape, "slot-a")) == trials[1]
 
 
+def test_a_slot_is_wanted_while_a_trial_of_its_shape_waits_and_one_not_wanted_is_not_live(tmp_path):
+    """--max-concurrent 1 starts a shape's second slot only once its first has ended, having trained every trial
+    of the shape: the Dispatcher says it is not wanted, and a trial handed back later cannot wait for it."""
+    trials = run_trials(tmp_path)
+    d = dispatcher(trials, ("slot-a", "slot-b", "slot-c"))
+    shape = trials[0].shape
+    assert asyncio.run(d.wanted(shape, "slot-a"))
+    assert asyncio.run(d.take(shape, "slot-a")) == trials[0]
+    asyncio.run(d.done("slot-a", "t000"))
+    assert asyncio.run(d.take(shape, "slot-a")) == trials[1]
+    assert not asyncio.run(d.wanted(shape, "slot-b"))
+    assert d.live[shape] == {"slot-a", "slot-c"}
+    asyncio.run(d.slot_failed("slot-a", shape, "failed", "lost"))  # the trial it ran goes back
+    assert asyncio.run(d.wanted(shape, "slot-c"))
+    assert asyncio.run(d.take(shape, "slot-c")) == trials[1]
+
+
 def test_the_dispatcher_records_the_outcome_when_the_last_or_a_diverged_epoch_ends(tmp_path):
     trials = run_trials(tmp_path)
     d = dispatcher(trials)

@@ -209,7 +209,7 @@ def test_no_slot_outlives_a_sweep_whose_tuner_fails_to_build(tmp_path):
 def test_a_slot_whose_run_fails_or_whose_controller_dies_is_reported_to_the_dispatcher_as_failed():
     """A slot's Ray Train controller lost (here its process exits, as when it is killed) cannot tell the Dispatcher
     anything, nor can a run that gave up: StartedSlots, watching the runs' ends, does, and the next slot starts in
-    its place. A run that ends well is not reported."""
+    its place, unless the Dispatcher says no trial waits for it. A run that ends well is not reported."""
     import os
     import types
 
@@ -231,6 +231,11 @@ def test_a_slot_whose_run_fails_or_whose_controller_dies_is_reported_to_the_disp
             def remote(slots):
                 return ray.put([])
 
+        class wanted:  # the spare slot's shape has no trial left when its turn comes
+            @staticmethod
+            def remote(shape, slot):
+                return ray.put(slot != "slot-spare")
+
     @ray.remote(num_cpus=0, max_restarts=0)
     class Controller:  # as Ray Train's: run, then get_result
         def __init__(self, ending: str):
@@ -247,10 +252,12 @@ def test_a_slot_whose_run_fails_or_whose_controller_dies_is_reported_to_the_disp
         controller = Controller.remote(slot.slot.split("-")[1])
         return StartedRun(controller, controller.run.remote())
 
-    launches = [SlotLaunch(TrainConfig(), "shape", name, 0) for name in ("slot-dies", "slot-ends", "slot-fails")]
+    names = ("slot-dies", "slot-ends", "slot-spare", "slot-fails")
+    launches = [SlotLaunch(TrainConfig(), "shape", name, 0) for name in names]
     started = StartedSlots(FakeDispatcher(), launch, launches, limit=1)
     started.wait()
-    assert len(started.runs) == 3  # each slot started when the one before ended
+    # Each slot started when the one before ended, but the spare: it would only have started to end.
+    assert [slot.slot for _, slot in started.slot_of.values()] == ["slot-dies", "slot-ends", "slot-fails"]
     assert [(slot, shape, status) for slot, shape, status, _ in told] == [
         ("slot-dies", "shape", "failed"),
         ("slot-fails", "shape", "failed"),

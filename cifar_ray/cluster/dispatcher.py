@@ -155,6 +155,15 @@ class Dispatcher(PlacementGroupRecords):
         await self._tell(spec.name, {"start": len(runlog.read_epochs(spec.trial_dir))})
         return spec
 
+    async def wanted(self, shape: str, slot: str) -> bool:
+        """Whether a slot about to start would get a trial: one of its shape waits. If none does, the slot is not
+        started and no longer counts as live, as if it had started, asked take() and ended (--max-concurrent starts
+        a shape's later slots only as earlier ones end, by when those may have trained every trial of it)."""
+        if self.pending[shape]:
+            return True
+        self.live[shape].discard(slot)
+        return False
+
     async def record(self, trial: str, fields: dict) -> None:
         """Facts a slot's rank 0 found about the trial (running, system, slot, timeline) into its trial.json."""
         self.specs[trial].run.update_trial(trial, **fields)

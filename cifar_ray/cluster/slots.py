@@ -324,6 +324,22 @@ class StartedSlots:
         self.slot_of[started.ended] = (started, slot)
         return started.ended
 
+    def _start_next_wanted(self) -> list:
+        """The next waiting slot that the Dispatcher says would get a trial, started (as a list of its run's end);
+        those before it that would not are dropped, not started only to end."""
+        import ray
+
+        while self.waiting:
+            try:
+                wanted = ray.get(self.dispatcher.wanted.remote(self.waiting[0].shape, self.waiting[0].slot))
+            except ray.exceptions.RayError:  # a stopped run's Dispatcher is gone: no slot of it starts
+                self.waiting.clear()
+                return []
+            if wanted:
+                return [self._start_next()]
+            self.waiting.pop(0)
+        return []
+
     def _watch(self) -> None:
         import ray
 
@@ -332,9 +348,9 @@ class StartedSlots:
             ended, running = ray.wait(running, num_returns=1, timeout=1.0)
             for run in ended:
                 started, slot = self.slot_of[run]
-                report_slot_failure(self.dispatcher, started, slot)
-                if self.waiting and not self.stopped.is_set():  # first: the next slot waits for no leftovers' end
-                    running.append(self._start_next())
+                report_slot_failure(self.dispatcher, started, slot)  # first: a failed slot's trial waits again
+                if not self.stopped.is_set():  # then the next slot, which waits for no leftovers' end
+                    running += self._start_next_wanted()
                 end_slot_runs(self.dispatcher, {slot.slot: started})
                 self.ended.add(run)
 
