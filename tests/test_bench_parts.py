@@ -4,6 +4,7 @@ hand-off gap between a warm slot's trials, CPU seconds per kind of process, and 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,6 +40,30 @@ def test_cpu_seconds_are_charged_to_the_kind_of_process_that_spent_them():
     kind = next(k for k in cpu.seconds() if k.startswith("python"))
     assert 0.5 <= cpu.seconds()[kind] <= 1.5 and cpu.first_seen[kind] >= started
     assert cpu.seconds().get("driver", 0) < 0.5  # this process mostly waited
+
+
+def test_a_forked_process_is_charged_to_the_program_it_then_runs_not_to_its_parent():
+    """The raylet starts a worker by forking, then running the worker's program: sampled in between, the child
+    shows the raylet's command line. Its CPU goes to the program it runs; a child that never runs one of its own
+    goes to its parent's kind."""
+    busy = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(0.3)"
+    with ProcessCpu(interval_s=0.05) as cpu:
+        pid = os.fork()
+        if pid == 0:  # the child: seen forked, then it runs its own program
+            time.sleep(0.3)
+            os.execv(sys.executable, ["ray::Busy", "-c", busy])  # titled as a Ray worker titles itself
+        os.waitpid(pid, 0)
+        pid = os.fork()
+        if pid == 0:  # a child that works as its parent's copy
+            end = time.process_time() + 0.4
+            while time.process_time() < end:
+                pass
+            time.sleep(0.2)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    seconds = cpu.seconds()
+    assert 0.5 <= seconds["ray::Busy"] <= 1.5 and "ray::Busy" in cpu.first_seen
+    assert 0.3 <= seconds["driver"] <= 1.0 and ProcessCpu.FORKED not in seconds
 
 
 def test_the_page_shows_the_gap_the_cpu_per_added_trial_the_start_up_the_estimate_and_the_peers():

@@ -243,9 +243,12 @@ class ProcessCpu:
     `with` block runs, per kind of process (process_kind), from samples every `interval_s`, and when each kind
     was first seen. CPU time, unlike wall time, is not stretched by other programs on a loaded machine. A process
     is charged to the first kind it had other than `ray::IDLE` and `default_worker.py` (a pooled worker that
-    becomes a trial's actor); what a process spends after the last sample before it ends is not seen."""
+    becomes a trial's actor) and other than its parent's while it still shows its parent's command line (forked, not
+    yet running its own program: the raylet's new workers); what a process spends after the last sample before it
+    ends is not seen."""
 
-    IDLE = ("ray::IDLE", "default_worker.py", "bash", "sh", "gone")  # a worker before its first task or actor
+    FORKED = "forked"  # charged to its parent's kind if it never runs a program of its own
+    IDLE = ("ray::IDLE", "default_worker.py", "bash", "sh", "gone", FORKED)  # a worker before its first task or actor
 
     def __init__(self, interval_s: float = 0.1, named: dict[int, str] | None = None):
         self.interval_s = interval_s
@@ -254,6 +257,7 @@ class ProcessCpu:
         self.last: dict[int, float] = {}
         self.kind: dict[int, str] = {}
         self.first_seen: dict[str, float] = {}  # kind -> time.time() it was first seen
+        self.parent_kind: dict[int, str] = {}  # pid -> its parent's kind, for a process first seen forked
         self._stop = threading.Event()
 
     def _sample(self, initial: bool = False) -> None:
@@ -269,10 +273,22 @@ class ProcessCpu:
             self.start.setdefault(process.pid, used if initial else 0.0)
             self.last[process.pid] = used
             if self.kind.get(process.pid, "ray::IDLE") in self.IDLE:
-                kind = self.named.get(process.pid) or process_kind(process)
+                try:
+                    kind = self._kind_now(process)
+                except psutil.Error:
+                    continue
                 if kind not in self.IDLE or process.pid not in self.kind:
                     self.kind[process.pid] = kind
-                    self.first_seen.setdefault(kind, time.time())
+                    if kind != self.FORKED:
+                        self.first_seen.setdefault(kind, time.time())
+
+    def _kind_now(self, process) -> str:
+        kind = self.named.get(process.pid) or process_kind(process)
+        parent = process.parent()
+        if kind not in self.IDLE and parent is not None and parent.cmdline() == process.cmdline():
+            self.parent_kind.setdefault(process.pid, self.named.get(parent.pid) or process_kind(parent))
+            return self.FORKED
+        return kind
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -294,7 +310,8 @@ class ProcessCpu:
         """CPU seconds per kind spent in the block, largest first."""
         totals: dict[str, float] = collections.Counter()
         for pid, used in self.last.items():
-            totals[self.kind.get(pid, "gone")] += used - self.start[pid]
+            kind = self.kind.get(pid, "gone")
+            totals[self.parent_kind[pid] if kind == self.FORKED else kind] += used - self.start[pid]
         return dict(sorted(((k, v) for k, v in totals.items() if v > 0.005), key=lambda kv: -kv[1]))
 
 
