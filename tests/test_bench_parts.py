@@ -46,7 +46,8 @@ def test_a_forked_process_is_charged_to_the_program_it_then_runs_not_to_its_pare
     """The raylet starts a worker by forking, then running the worker's program: sampled in between, the child
     shows the raylet's command line. Its CPU goes to the program it runs; a child that never runs one of its own
     goes to its parent's kind."""
-    busy = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(0.3)"
+    # Each child waits after its work: sampled after it, even when the sampling thread runs late (a loaded session)
+    busy = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(1.0)"
     with ProcessCpu(interval_s=0.05) as cpu:
         pid = os.fork()
         if pid == 0:  # the child: seen forked, then it runs its own program
@@ -58,12 +59,12 @@ def test_a_forked_process_is_charged_to_the_program_it_then_runs_not_to_its_pare
             end = time.process_time() + 0.4
             while time.process_time() < end:
                 pass
-            time.sleep(0.2)
+            time.sleep(1.0)
             os._exit(0)
         os.waitpid(pid, 0)
     seconds = cpu.seconds()
     assert 0.5 <= seconds["ray::Busy"] <= 1.5 and "ray::Busy" in cpu.first_seen
-    assert 0.3 <= seconds["driver"] <= 1.0 and ProcessCpu.FORKED not in seconds
+    assert 0.3 <= seconds["driver"] <= 1.5 and ProcessCpu.FORKED not in seconds
 
 
 def test_the_page_shows_the_gap_the_cpu_per_added_trial_the_start_up_the_estimate_and_the_peers():

@@ -283,6 +283,8 @@ class ProcessCpu:
                         self.first_seen.setdefault(kind, time.time())
 
     def _kind_now(self, process) -> str:
+        if not process.cmdline():  # ended (a zombie): it keeps the kind it had
+            return "gone"
         kind = self.named.get(process.pid) or process_kind(process)
         parent = process.parent()
         if kind not in self.IDLE and parent is not None and parent.cmdline() == process.cmdline():
