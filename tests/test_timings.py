@@ -203,8 +203,9 @@ def test_a_cpu_profile_counts_the_operators_not_the_profiler_steps_around_them()
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_path, capsys):
     """Four trials alike but for their seed, one after another in one warm slot, with --profile: the first pays the
-    slot's warm-up, yet its time per epoch lies within the spread of the later ones' (the noise of this shared
-    machine: its load moves every wall time), widened by that spread."""
+    slot's warm-up, yet its time per epoch lies within the range of the later trials' epoch times that the same rule
+    reads, widened by half that range: the noise of this shared machine, whose load moves every wall time. (The
+    spread of the later trials' medians, three numbers, was once 0.01 s while single epochs varied by 0.08 s.)"""
     (tmp_path / "s.yaml").write_text("name: place\ngrid:\n  seed: [1, 2, 3, 4]\n")
     tiny = [f"{key}={value}" for key, value in (TINY | {"train_subset": 1024, "epochs": 3}).items()]
     argv = ["sweep", str(tmp_path / "s.yaml"), "--max-concurrent", "1", "--storage", str(tmp_path), "--profile"]
@@ -213,10 +214,11 @@ def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_pa
     assert len({t.meta["slot"] for t in report.run.trials}) == 1
     for trial in report.run.trials:  # --profile reached every trial of the slot
         assert runlog.read_json(tmp_path / "place" / trial.name / runlog.PROFILE_FILE)["operators"]
-    first, *later = report.trials["time_per_epoch_s"].tolist()
-    spread = max(later) - min(later)
-    epochs = report.epochs.pivot(index="trial", columns="epoch", values="epoch_time_s").round(2).values.tolist()
-    assert min(later) - spread <= first <= max(later) + spread, epochs
+    first_trial, first = report.trials[["trial", "time_per_epoch_s"]].iloc[0]
+    epochs = report.epochs.pivot(index="trial", columns="epoch", values="epoch_time_s")
+    later = epochs.drop(index=first_trial).iloc[:, runlog.warm_slice(epochs.shape[1])].to_numpy()
+    margin = (later.max() - later.min()) / 2
+    assert later.min() - margin <= first <= later.max() + margin, epochs.round(2).values.tolist()
 
 
 def test_where_the_wait_cannot_be_measured_it_is_logged_as_an_estimate():
