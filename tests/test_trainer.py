@@ -130,8 +130,9 @@ print(json.dumps({{"gpus": resources["GPU"], "torch": "torch" in sys.modules}}))
 @pytest.mark.usefixtures("ray_cluster")
 def test_on_the_local_ray_a_slots_controller_gets_no_runtime_env_yet_holds_ray_trains_variables(tmp_path, monkeypatch):
     """A runtime env of its own gives an actor a new process rather than a prestarted one, and the job's own gives
-    every process one: on the local Ray init_ray started, the job has none and the controller none, since every Ray
-    process inherited the variables Ray Train propagates. One set after Ray started goes as a runtime env again."""
+    every process one: on the local Ray init_ray started, the job has none, the controller none and its workers none
+    of Ray Train's (the run's own only), since every Ray process inherited the variables Ray Train propagates. One
+    set after Ray started goes as a runtime env again, to the controller and from it to the workers."""
     import os
 
     import ray
@@ -156,14 +157,18 @@ def test_on_the_local_ray_a_slots_controller_gets_no_runtime_env_yet_holds_ray_t
     class Built(Exception):
         pass
 
-    given: list[dict] = []
+    given: list[tuple[dict, type]] = []
     real_remote = ray.remote
 
     def actor_options(*args, **kwargs):
         if "label_selector" not in kwargs:  # another ray.remote than the controller's (a module imported now)
             return real_remote(*args, **kwargs)
-        given.append(kwargs)
-        raise Built  # nothing started
+
+        def controller_of(cls):
+            given.append((kwargs, cls))
+            raise Built  # nothing started
+
+        return controller_of
 
     monkeypatch.setattr(ray, "remote", actor_options)
     trainer = torch_trainer(
@@ -174,5 +179,9 @@ def test_on_the_local_ray_a_slots_controller_gets_no_runtime_env_yet_holds_ray_t
     monkeypatch.setenv(HEALTH_CHECK, "7")  # after Ray's start: its processes hold the old value
     with pytest.raises(Built):
         trainer.start()
-    assert "runtime_env" not in given[0]
-    assert given[1]["runtime_env"] == {"env_vars": {**propagated, HEALTH_CHECK: "7"}}
+    (inherited, inheriting_controller), (set_since, train_controller) = given
+    assert "runtime_env" not in inherited
+    workers_env = inheriting_controller.worker_group_cls._get_worker_runtime_env
+    assert workers_env({}) is None and workers_env({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1"}}
+    assert set_since["runtime_env"] == {"env_vars": {**propagated, HEALTH_CHECK: "7"}}
+    assert train_controller.worker_group_cls._get_worker_runtime_env({}) == set_since["runtime_env"]  # Ray Train's own

@@ -50,7 +50,9 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
     import ray.train
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2._internal.execution.controller import TrainController
     from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+    from ray.train.v2._internal.execution.worker_group import WorkerGroup
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from .backend import TorchProcessGroup
@@ -67,6 +69,21 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
 
         def _maybe_send_resource_request(self) -> None:
             pass
+
+    class InheritingWorkerGroup(WorkerGroup):
+        """Ray Train's worker group, its workers given only the run's own runtime env (none of ours): not the
+        variables Ray Train propagates, which every process of the local Ray init_ray started already holds
+        (session.inherited_by_ray_processes). A worker with a runtime env of its own gets a new process, started for
+        it through the runtime-env agent; without, a prestarted one."""
+
+        @staticmethod
+        def _get_worker_runtime_env(custom_runtime_env):
+            return dict(custom_runtime_env) or None
+
+    class InheritingController(TrainController):
+        """Ray Train's controller, for a Ray whose processes inherit the propagated variables."""
+
+        worker_group_cls = InheritingWorkerGroup
 
     class LeanTrainer(DataParallelTrainer):
         """Without what starts a process per run or per session that no run of ours uses: DatasetsCallback's
@@ -94,7 +111,6 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
                 DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
                 get_env_vars_to_propagate,
             )
-            from ray.train.v2._internal.execution.controller import TrainController
             from ray.train.v2._internal.execution.failure_handling import create_failure_policy
             from ray.train.v2._internal.util import ObjectRefWrapper
 
@@ -105,11 +121,13 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
                 RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE
             )
             node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
-            # No runtime env where Ray's processes already hold those variables: then a prestarted process can serve
-            # the controller, rather than a new one started for it on the path of a sweep's start and a shape switch.
-            runtime_env = {} if inherited_by_ray_processes(env_vars) else {"runtime_env": {"env_vars": env_vars}}
+            # No runtime env where Ray's processes already hold those variables: then prestarted processes can serve
+            # the controller and its workers, rather than new ones started for them on the path of a sweep's start and
+            # a shape switch.
+            inherited = inherited_by_ray_processes(env_vars)
+            runtime_env = {} if inherited else {"runtime_env": {"env_vars": env_vars}}
             controller_class = ray.remote(num_cpus=0, label_selector=node, **runtime_env)
-            controller = controller_class(TrainController).remote(
+            controller = controller_class(InheritingController if inherited else TrainController).remote(
                 train_fn_ref=ObjectRefWrapper(self._get_train_func()),
                 scaling_policy=FixedWorkers(self.scaling_config),
                 failure_policy=create_failure_policy(self.run_config.failure_config),
