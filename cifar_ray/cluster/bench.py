@@ -61,7 +61,7 @@ def bench_config(quick: bool, **overrides) -> TrainConfig:
         "width": 16,
         "batch_size": 64,
         "augment": "flip_crop",
-        "train_subset": 512 if quick else 4096,
+        "train_subset": 256 if quick else 4096,
         "test_subset": 256,
         "epochs": 2 if quick else 4,
         "use_gpu": "false",
@@ -746,7 +746,7 @@ def measure(quick: bool = False, storage: str | Path | None = None, say: Callabl
             }
 
         # The issue-36 grid: few and more short trials.
-        sizes = (2, 4) if quick else (20, 120)
+        sizes = (1, 3) if quick else (20, 120)
         say(
             f"bench 6/8: warm slots: {sizes[0]} and {sizes[1]} short 1-worker trials; the first {sizes[0]} in one "
             "process, and with plain Ray Tune over a TorchTrainer per trial"
