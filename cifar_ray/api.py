@@ -263,18 +263,30 @@ def execute_plan(
             options = dataclasses.replace(options, estimate_s=_estimate_within(plan, options, budget))
         owns_ray = session.init_ray(address=address, verbose=verbose)
         try:
-            run_dir = orchestrate.run_plan(plan, options, run)
-            if until_settled:
-                resumed = dataclasses.replace(options, resume=True, estimate_s=None)
-                _settle_rounds(
-                    plan, until_settled, run, lambda more: orchestrate.run_plan(more, resumed, run), print_line
-                )
+            with _rounds_pool(until_settled is not None):
+                run_dir = orchestrate.run_plan(plan, options, run)
+                if until_settled:
+                    resumed = dataclasses.replace(options, resume=True, estimate_s=None)
+                    _settle_rounds(
+                        plan, until_settled, run, lambda more: orchestrate.run_plan(more, resumed, run), print_line
+                    )
             return run_dir
         finally:
             if owns_ray:
                 import ray
 
                 ray.shutdown()
+
+
+def _rounds_pool(rounds: bool) -> contextlib.AbstractContextManager:
+    """Where a sweep settles in rounds, a warm pool for them (cluster/pool.py): a round of the same single shape
+    trains in the slots the round before started rather than starting its own. None where a pool is open already
+    (`with cifar_ray.pool()`: the rounds use it) or through Ray Client."""
+    from .cluster import pool, session
+
+    if not rounds or pool.active() is not None or session.is_ray_client():
+        return contextlib.nullcontext()
+    return pool.activate()
 
 
 def _settle_rounds(

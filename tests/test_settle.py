@@ -499,9 +499,12 @@ def test_a_budget_that_cannot_fit_the_grid_is_refused_with_its_estimate(tmp_path
 
 @pytest.mark.slow
 def test_two_rounds_run_and_sweep_json_records_them(tmp_path, ray_cluster):
-    """1 seed: a pair per look, too few for a verdict; --max-seeds 2: round 2 adds seed 1, then the rounds stop."""
+    """1 seed: a pair per look, too few for a verdict; --max-seeds 2: round 2 adds seed 1, then the rounds stop.
+    Round 2 trains in the slots round 1 started (a warm pool for the rounds), not in slots of its own."""
     run = api.sweep(TINY, storage=tmp_path, until_settled=True, max_seeds=2, print_line=lambda line: None)
     assert sorted(run.trials["trial"]) == ["t000-lr=0.05", "t001-lr=0.5", "t002-lr=0.05-seed=1", "t003-lr=0.5-seed=1"]
+    slot = {t.name: t.meta["slot"] for t in runlog.load_run(tmp_path / "tiny").trials}
+    assert {slot["t002-lr=0.05-seed=1"], slot["t003-lr=0.5-seed=1"]} <= {slot["t000-lr=0.05"], slot["t001-lr=0.5"]}
     settle = runlog.read_json(tmp_path / "tiny" / runlog.SWEEP_FILE)["settle"]
     assert [(r["round"], r["seeds"], r["trials"], r["stop"]) for r in settle["rounds"]] == [
         (1, 2, 2, None),
