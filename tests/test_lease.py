@@ -219,6 +219,7 @@ def test_a_killed_driver_not_yet_waited_for_is_gone():
 
 TWO_TRIALS = (
     "name: two\n"
+    "max_concurrent: 1\n"  # one slot: its start, not the trials, is what costs here
     "base: {dataset: synthetic, train_subset: 512, test_subset: 128, width: 4, depth: 2, epochs: 3, batch_size: 32,\n"
     "       norm: none, workers: 1, keep_checkpoints: 3}\n"
     "grid:\n  seed: [0, 1]\n"

@@ -15,6 +15,7 @@ from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 
 TINY_SWEEP = (
     "name: seeds\n"
+    "max_concurrent: 1\n"  # one slot: its start, not the trials, is what costs here
     "base: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 4, depth: 2, epochs: 1, batch_size: 32}\n"
     "grid:\n  lr: [0.05, 0.1]\n"
 )

@@ -228,6 +228,7 @@ def test_two_real_runs_of_one_sweep_compared(tmp_path, capsys):
     sweep = tmp_path / "tiny.yaml"
     sweep.write_text(
         "name: tiny\n"
+        "max_concurrent: 1\n"  # one slot: its start, not the trials, is what costs here
         "base: {dataset: synthetic, train_subset: 256, test_subset: 128, train_eval_size: 0, width: 8, epochs: 1, "
         "batch_size: 32, augment: none}\n"
         "grid:\n  optimizer: [{optimizer: momentum, lr: 0.05}, {optimizer: adam, lr: 0.003}]\n"

@@ -246,6 +246,7 @@ def test_a_real_sweep_prints_where_it_stands_and_status_reads_it(ray_cluster, tm
     sweep = tmp_path / "tiny.yaml"
     sweep.write_text(
         "name: tiny\n"
+        "max_concurrent: 1\n"  # one slot: its start, not the trials, is what costs here
         "base: {dataset: synthetic, train_subset: 512, test_subset: 128, width: 4, epochs: 2, batch_size: 64, "
         "workers: 1, norm: none}\n"
         "grid:\n  lr: [0.05, 1.0e+12]\n"  # the second diverges

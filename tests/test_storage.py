@@ -128,6 +128,7 @@ def test_sweep_logs_and_checkpoints_land_in_a_bucket_and_report_reads_them(s3_ro
     sweep = tmp_path / "s3.yaml"
     sweep.write_text(
         "name: s3sweep\n"
+        "max_concurrent: 1\n"  # one slot: its start, not the trials, is what costs here
         "base: {dataset: synthetic, train_subset: 512, test_subset: 128, "
         "width: 8, epochs: 2, batch_size: 64, augment: none, workers: 1}\n"
         "grid:\n  seed: [0, 1]\n"
