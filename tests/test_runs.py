@@ -73,7 +73,6 @@ def test_sweep_grid_mixing_one_and_two_workers_learns(tmp_path, capsys):
     sweep.write_text(
         "name: mixed\n"
         "description: tiny grid for the test suite\n"
-        "max_concurrent: 1\n"  # a slot per shape: their starts, not the trials, are what cost here
         "base: {dataset: synthetic, train_subset: 1024, test_subset: 256, "
         "width: 8, epochs: 3, batch_size: 32, augment: none}\n"
         "grid:\n  workers: [1, 2]\n  optimizer: [{optimizer: momentum, lr: 0.05}, {optimizer: adam, lr: 0.003}]\n"
