@@ -185,3 +185,5 @@ def test_on_the_local_ray_a_slots_controller_gets_no_runtime_env_yet_holds_ray_t
     assert workers_env({}) is None and workers_env({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1"}}
     assert set_since["runtime_env"] == {"env_vars": {**propagated, HEALTH_CHECK: "7"}}
     assert train_controller.worker_group_cls._get_worker_runtime_env({}) == set_since["runtime_env"]  # Ray Train's own
+    # Ray's name for both: a process is titled ray::TrainController, as bench.STARTUP_PROCESSES reads it
+    assert inheriting_controller.__name__ == train_controller.__name__ == "TrainController"

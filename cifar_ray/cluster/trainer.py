@@ -50,7 +50,7 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
     import ray.train
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-    from ray.train.v2._internal.execution.controller import TrainController
+    from ray.train.v2._internal.execution.controller import TrainController as RayTrainController
     from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
     from ray.train.v2._internal.execution.worker_group import WorkerGroup
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
@@ -80,8 +80,9 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
         def _get_worker_runtime_env(custom_runtime_env):
             return dict(custom_runtime_env) or None
 
-    class InheritingController(TrainController):
-        """Ray Train's controller, for a Ray whose processes inherit the propagated variables."""
+    class TrainController(RayTrainController):  # Ray's name: its process is still titled ray::TrainController
+        """Ray Train's controller, its workers in an InheritingWorkerGroup: for a Ray whose processes inherit the
+        propagated variables."""
 
         worker_group_cls = InheritingWorkerGroup
 
@@ -127,7 +128,7 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
             inherited = inherited_by_ray_processes(env_vars)
             runtime_env = {} if inherited else {"runtime_env": {"env_vars": env_vars}}
             controller_class = ray.remote(num_cpus=0, label_selector=node, **runtime_env)
-            controller = controller_class(InheritingController if inherited else TrainController).remote(
+            controller = controller_class(TrainController if inherited else RayTrainController).remote(
                 train_fn_ref=ObjectRefWrapper(self._get_train_func()),
                 scaling_policy=FixedWorkers(self.scaling_config),
                 failure_policy=create_failure_policy(self.run_config.failure_config),
