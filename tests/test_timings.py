@@ -201,11 +201,12 @@ def test_a_cpu_profile_counts_the_operators_not_the_profiler_steps_around_them()
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
-def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_path, capsys):
-    """Four trials alike but for their seed, one after another in one warm slot, with --profile: the first pays the
-    slot's warm-up, yet its time per epoch lies within the range of the later trials' epoch times that the same rule
-    reads, widened by half that range: the noise of this shared machine, whose load moves every wall time. (The
-    spread of the later trials' medians, three numbers, was once 0.01 s while single epochs varied by 0.08 s.)"""
+def test_every_trial_of_a_warm_slot_is_profiled_and_timed_by_one_rule_whatever_its_place(tmp_path, capsys):
+    """Four trials alike but for their seed, one after another in one warm slot, with --profile: each, the first
+    (which pays the slot's warm-up in its first epoch) as the later ones, has its profile, and its time per epoch is
+    the median of its epochs after the first. Their wall times are not compared: the load of this shared machine
+    moves them by 20 %, in either direction (two CI runs found the first trial the fastest); speed is what
+    `cifar-ray bench` measures."""
     (tmp_path / "s.yaml").write_text("name: place\ngrid:\n  seed: [1, 2, 3, 4]\n")
     tiny = [f"{key}={value}" for key, value in (TINY | {"train_subset": 1024, "epochs": 3}).items()]
     argv = ["sweep", str(tmp_path / "s.yaml"), "--max-concurrent", "1", "--storage", str(tmp_path), "--profile"]
@@ -214,11 +215,10 @@ def test_a_trials_time_per_epoch_does_not_depend_on_its_place_in_its_slot(tmp_pa
     assert len({t.meta["slot"] for t in report.run.trials}) == 1
     for trial in report.run.trials:  # --profile reached every trial of the slot
         assert runlog.read_json(tmp_path / "place" / trial.name / runlog.PROFILE_FILE)["operators"]
-    first_trial, first = report.trials[["trial", "time_per_epoch_s"]].iloc[0]
     epochs = report.epochs.pivot(index="trial", columns="epoch", values="epoch_time_s")
-    later = epochs.drop(index=first_trial).iloc[:, runlog.warm_slice(epochs.shape[1])].to_numpy()
-    margin = (later.max() - later.min()) / 2
-    assert later.min() - margin <= first <= later.max() + margin, epochs.round(2).values.tolist()
+    per_epoch = report.trials.set_index("trial")["time_per_epoch_s"]
+    for trial, times in epochs.iterrows():  # epochs 2 and 3: their median is their mean
+        assert per_epoch[trial] == pytest.approx((times[2] + times[3]) / 2), (trial, times.tolist())
 
 
 def test_where_the_wait_cannot_be_measured_it_is_logged_as_an_estimate():
