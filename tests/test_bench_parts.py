@@ -11,7 +11,7 @@ import time
 
 from cifar_ray.cluster.bench import COMMAND, GOALS, ProcessCpu, handoff_gaps
 from cifar_ray.core import runlog
-from cifar_ray.report.bench import _cold_lines, _pool_lines, _switch_lines, _warm_details
+from cifar_ray.report.bench import _cold_lines, _goal, _pool_lines, _switch_lines, _warm_details
 
 
 def write_trial(run_dir, name: str, slot: str, started: float, finished: float) -> None:
@@ -216,3 +216,8 @@ def test_a_process_is_named_by_its_ray_title_or_by_the_ray_daemon_it_runs():
     assert kind("/venv/bin/python", "-u", f"{site}/_private/runtime_env/agent/main.py") == "ray::RuntimeEnvAgent"
     assert kind("/venv/bin/python3", "-m", "cifar_ray.cli") == "python3"
     assert kind("/venv/bin/python3", "-m", "pytest", pid=os.getpid()) == "driver"
+
+
+def test_a_goal_is_shown_in_the_unit_of_its_value():
+    assert _goal(0.039, 0.03, higher_is_better=False, percent=True) == "NOT met (goal ≤ 3%)"  # beside "3.9%"
+    assert _goal(1.04, 1.1, higher_is_better=False) == "met (goal ≤ 1.1)"
