@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+from helpers import wait_for
+
 from cifar_ray.cluster.bench import COMMAND, GOALS, ProcessCpu, handoff_gaps
 from cifar_ray.core import runlog
 from cifar_ray.report.bench import _cold_lines, _goal, _pool_lines, _switch_lines, _warm_details
@@ -31,12 +33,7 @@ def test_the_handoff_gap_is_from_a_slots_previous_trial_end_to_the_next_ones_sta
     assert handoff_gaps(run_dir) == [0.25, 0.5]
 
 
-def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
-    """Until the sampler has seen what a test needs: a loaded session's sampler can lag by seconds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not seen within {timeout_s:.0f} s: {what}"
-        time.sleep(0.01)
+SAMPLED_S = 60  # how long a test waits for the sampler to see a child: a loaded session's lags by seconds
 
 
 def test_cpu_seconds_are_charged_to_the_kind_of_process_that_spent_them():
@@ -44,7 +41,7 @@ def test_cpu_seconds_are_charged_to_the_kind_of_process_that_spent_them():
     with ProcessCpu(interval_s=0.05) as cpu:
         started = time.time()
         child = subprocess.Popen([sys.executable, "-c", busy], stdin=subprocess.PIPE)  # ends when its stdin closes
-        wait_for(lambda: cpu.last.get(child.pid, 0.0) >= 0.55, "the child's work")
+        wait_for(lambda: cpu.last.get(child.pid, 0.0) >= 0.55, SAMPLED_S, "the child's work", proc=child)
         child.stdin.close()
         child.wait()
     kind = next(k for k in cpu.seconds() if k.startswith("python"))
@@ -70,9 +67,9 @@ def test_a_forked_process_is_charged_to_the_program_it_then_runs_not_to_its_pare
         if pid == 0:  # the child: seen forked, then it runs its own program
             os.read(go, 1)
             os.execv(sys.executable, ["ray::Busy", "-c", busy, str(end)])  # titled as a Ray worker titles itself
-        wait_for(lambda: cpu.kind.get(pid) == ProcessCpu.FORKED, "the child as its parent's copy")
+        wait_for(lambda: cpu.kind.get(pid) == ProcessCpu.FORKED, SAMPLED_S, "the child as its parent's copy")
         os.write(go_signal, b"x")
-        wait_for(lambda: cpu.kind.get(pid) == "ray::Busy" and used(pid) >= 0.55, "the child's program and its work")
+        wait_for(lambda: cpu.kind.get(pid) == "ray::Busy" and used(pid) >= 0.55, SAMPLED_S, "its program and work")
         os.close(end_signal)
         os.waitpid(pid, 0)
         pid = os.fork()
@@ -82,7 +79,7 @@ def test_a_forked_process_is_charged_to_the_program_it_then_runs_not_to_its_pare
                 pass
             os.read(go, 1)
             os._exit(0)
-        wait_for(lambda: cpu.kind.get(pid) == ProcessCpu.FORKED and used(pid) >= 0.35, "the copy's work")
+        wait_for(lambda: cpu.kind.get(pid) == ProcessCpu.FORKED and used(pid) >= 0.35, SAMPLED_S, "the copy's work")
         os.write(go_signal, b"x")
         os.waitpid(pid, 0)
     for fd in (go, go_signal, end):

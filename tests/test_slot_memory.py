@@ -20,7 +20,7 @@ FACTOR = 2.0
 
 
 @pytest.mark.slow
-def test_identical_trials_in_one_warm_slot_log_the_same_memory_rise(tmp_path, capsys):
+def test_identical_trials_in_one_warm_slot_log_a_like_memory_rise(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text(
         "name: slot-memory\n"
         "base: {dataset: synthetic, train_subset: 8192, test_subset: 512, train_eval_size: 0, width: 8, epochs: 1,"
