@@ -424,3 +424,68 @@ def assert_tensorboard_holds_every_epoch(trial_dir: Path) -> None:
         seen = sorted(set(seen))
         assert [step for step, _ in seen] == [epoch for epoch, _ in rows], (trial_dir.name, metric, seen, rows)
         assert [value for _, value in seen] == pytest.approx([value for _, value in rows], rel=1e-6), metric
+
+
+# Hand-made runs for the report's effects: interactions (accuracy) and costs (time and memory).
+INTERACTION_GRID = {"optimizer": ["momentum", "adam"], "batch_size": [64, 512]}
+INTERACTION_NOISE = 0.002  # seed-to-seed std of the final test accuracy: 0.2 pp
+
+
+def grid_run(
+    run_dir: Path, seeds: int, accuracy, grid: dict = INTERACTION_GRID, noise: float = INTERACTION_NOISE
+) -> Path:
+    """Every configuration of `grid` x `seeds` seeds, each finished at accuracy(swept) plus N(0, noise), in whole
+    images of the 10,000 it logs per image (ranked_correct: any two disagree on the fewest images they can)."""
+    rng = random.Random(3)
+    combos = [
+        dict(zip(grid, values)) | ({"seed": seed} if seeds > 1 else {})
+        for values in itertools.product(*grid.values())
+        for seed in range(seeds)
+    ]
+    write_sweep(
+        run_dir, [trial_name(i) for i in range(len(combos))], grid=grid, repeats=seeds, name="grid", description=""
+    )
+    for i, swept in enumerate(combos):
+        acc = round(accuracy(swept) + rng.gauss(0.0, noise), 4)
+        write_trial(
+            run_dir, i, swept, "finished", factorial_epochs(acc, 1 - acc, 10.0), gpus=False, planned=FACTORIAL_EPOCHS
+        )
+        write_correct(run_dir, i, ranked_correct(acc, 10_000), FACTORIAL_EPOCHS)
+    return run_dir
+
+
+def epoch_rows(times: list[float], acc: float = 0.8, memory: float = 1000.0) -> list[dict]:
+    return [
+        {
+            "epoch": e,
+            "train_loss": 1.0,
+            "train_acc": acc,
+            "test_loss": 1.0,
+            "test_acc": acc,
+            "epoch_time_s": t,
+            "samples_per_s": 50000 / t,
+            "peak_mem_mb": memory,
+            "peak_mem_total_mb": memory,
+        }
+        for e, t in enumerate(times, start=1)
+    ]
+
+
+def cost_run(run_dir: Path, trials: list[dict], grid: dict, extra_planned: int = 0) -> Path:
+    """Trials as dicts: swept (the grid values and seed), times (per epoch), and optionally acc, memory, status,
+    meta (merged into trial.json). `extra_planned` more trials are listed in sweep.json but never written."""
+    names = [trial_name(i) for i in range(len(trials) + extra_planned)]
+    write_sweep(run_dir, names, grid=grid, repeats=len({t["swept"]["seed"] for t in trials}), name="costs")
+    for i, t in enumerate(trials):
+        rows = epoch_rows(t["times"], t.get("acc", 0.8), t.get("memory", 1000.0))
+        status = t.get("status", "finished")
+        if status != "finished":
+            rows = rows[:1]
+        write_trial(run_dir, i, t["swept"], status, rows, gpus=False, planned=len(t["times"]))
+        if "meta" in t:
+            path = run_dir / trial_name(i) / "trial.json"
+            meta = json.loads(path.read_text())
+            for key, value in t["meta"].items():
+                meta[key] = meta[key] | value if isinstance(value, dict) else value
+            path.write_text(json.dumps(meta))
+    return run_dir

@@ -23,6 +23,8 @@ from cifar_ray.core.config import TrainConfig
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "cifar_ray"
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+# The word limit counts what people write: docs/config-keys.md is generated (`cifar-ray keys --markdown`).
+PROSE = [page for page in PAGES if page.name != "config-keys.md"]
 WORD_LIMIT = 10_000
 MODULE_SECTION = "## Layout"  # CONTRIBUTING.md's module map: its tables' first column names modules
 
@@ -57,7 +59,7 @@ def words(page: Path) -> int:
 
 
 def test_the_docs_say_each_thing_once_in_at_most_the_word_limit():
-    counts = {page.relative_to(ROOT).as_posix(): words(page) for page in PAGES}
+    counts = {page.relative_to(ROOT).as_posix(): words(page) for page in PROSE}
     assert sum(counts.values()) <= WORD_LIMIT, f"{sum(counts.values())} words, at most {WORD_LIMIT}: {counts}"
 
 

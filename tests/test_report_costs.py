@@ -6,64 +6,27 @@ answer first, and one time-per-epoch statistic for the report and the terminal."
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import report_text, trial_name, write_sweep, write_trial
+from helpers import cost_run, report_text, trial_name
 
 from cifar_ray.commands.common import SUMMARY_COLUMNS, answer_lines, trial_result
 from cifar_ray.core import runlog
 from cifar_ray.core.runlog import TrialLog
 from cifar_ray.report import build_report
 from cifar_ray.report.findings import answer_text, findings
+from cifar_ray.report.judge import verdict_intervals
 from cifar_ray.report.sharing import shared_trials
 from cifar_ray.report.stats import BETWEEN, WITHIN
-from cifar_ray.report.verdicts import holm_multipliers, verdict_intervals
+from cifar_ray.report.verdicts import holm_multipliers
 
 # Student-t quantiles from a printed table (the reference for stats.t_quantile's use here).
 T975 = {2: 4.302653, 3: 3.182446, 6: 2.446912}
 T95 = {3: 2.353363}
-
-
-def epoch_rows(times: list[float], acc: float = 0.8, memory: float = 1000.0) -> list[dict]:
-    return [
-        {
-            "epoch": e,
-            "train_loss": 1.0,
-            "train_acc": acc,
-            "test_loss": 1.0,
-            "test_acc": acc,
-            "epoch_time_s": t,
-            "samples_per_s": 50000 / t,
-            "peak_mem_mb": memory,
-            "peak_mem_total_mb": memory,
-        }
-        for e, t in enumerate(times, start=1)
-    ]
-
-
-def cost_run(run_dir: Path, trials: list[dict], grid: dict, extra_planned: int = 0) -> Path:
-    """Trials as dicts: swept (the grid values and seed), times (per epoch), and optionally acc, memory, status,
-    meta (merged into trial.json). `extra_planned` more trials are listed in sweep.json but never written."""
-    names = [trial_name(i) for i in range(len(trials) + extra_planned)]
-    write_sweep(run_dir, names, grid=grid, repeats=len({t["swept"]["seed"] for t in trials}), name="costs")
-    for i, t in enumerate(trials):
-        rows = epoch_rows(t["times"], t.get("acc", 0.8), t.get("memory", 1000.0))
-        status = t.get("status", "finished")
-        if status != "finished":
-            rows = rows[:1]
-        write_trial(run_dir, i, t["swept"], status, rows, gpus=False, planned=len(t["times"]))
-        if "meta" in t:
-            path = run_dir / trial_name(i) / "trial.json"
-            meta = json.loads(path.read_text())
-            for key, value in t["meta"].items():
-                meta[key] = meta[key] | value if isinstance(value, dict) else value
-            path.write_text(json.dumps(meta))
-    return run_dir
 
 
 def findings_text(run_dir: Path) -> str:
@@ -88,7 +51,7 @@ def test_one_seed_time_ratio_reads_the_warm_epochs_with_their_own_noise(tmp_path
     assert row["ratio"] == pytest.approx(math.exp(d)) and row["ratio"] == pytest.approx(0.6502, abs=1e-3)
     assert row["basis"] == WITHIN and row["df"] == 6 and row["se"] == pytest.approx(se)
     assert (row["vci_low"], row["vci_high"]) == pytest.approx((math.exp(d - T975[6] * se), math.exp(d + T975[6] * se)))
-    assert row["verdict"] == "lower"
+    assert row["verdict"] == "differs"
     line = findings(report)[0]  # the answer first
     assert line.startswith("**workers=2** vs 1: time per epoch 1.54x faster (10.00 → 6.50 s, geometric means over")
     assert "within-trial epoch noise only): faster;" in line
@@ -113,7 +76,7 @@ def test_several_seeds_time_ratio_uses_the_between_pair_spread(tmp_path):
     assert row["basis"] == BETWEEN and row["df"] == 2 and row["se"] == pytest.approx(se)
     assert row["ratio"] == pytest.approx(math.exp(statistics.fmean(logs)))
     assert row["vci_high"] == pytest.approx(math.exp(statistics.fmean(logs) + T975[2] * se))
-    assert row["verdict"] == "lower"
+    assert row["verdict"] == "differs"
 
 
 def test_equal_times_are_no_difference_within_the_margin_with_a_labelled_90_percent_interval(tmp_path):
@@ -217,7 +180,7 @@ def test_memory_is_one_number_per_trial_and_needs_pairs_over_seeds(tmp_path):
     ]
     three[5]["memory"] *= 1.02  # some spread between the pairs
     row = build_report(cost_run(tmp_path / "three", three, {"workers": [1, 2]})).effects["workers"]["peak_mem_total_mb"]
-    assert row.iloc[0]["verdict"] == "higher" and row.iloc[0]["basis"] == BETWEEN
+    assert row.iloc[0]["verdict"] == "differs" and row.iloc[0]["basis"] == BETWEEN
 
 
 def test_leaders_say_their_failures_first_and_missing_trials_are_counted(tmp_path):
@@ -262,7 +225,7 @@ def test_the_interval_shown_is_the_one_the_verdict_used():
             "se": [0.005, 0.002, 0.011, 0.01],
             "p_differs": [0.002, 0.7, 0.072, math.nan],
             "p_equivalent": [0.9, 0.001, 0.5, math.nan],
-            "verdict": ["CI excludes 0", "equivalent", "not conclusive", "no verdict"],
+            "verdict": ["differs", "equivalent", "not conclusive", "no verdict"],
         }
     )
     verdict_intervals([frame], "mean_diff")
@@ -332,7 +295,7 @@ def test_one_seeds_pairs_that_disagree_in_direction_are_not_conclusive(tmp_path)
         and "(value / baseline per pair: 1.03x, 0.84x)" in line
     )
     workers = build_report(run_dir).effects["workers"]["time_per_epoch_s"].iloc[0]
-    assert workers["basis"] == WITHIN and workers["verdict"] == "lower"  # both pairs faster: within-trial stands
+    assert workers["basis"] == WITHIN and workers["verdict"] == "differs"  # both pairs faster: within-trial stands
     # Fastest does not settle what the optimizer's comparison leaves open: both workers=2 trials, neither alone.
     fastest = next(x for x in findings(build_report(run_dir)) if x.startswith("**Fastest**"))
     assert (

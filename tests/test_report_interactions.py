@@ -5,55 +5,20 @@ printed tables."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import random
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import (
-    FACTORIAL_EPOCHS,
-    factorial_epochs,
-    ranked_correct,
-    trial_name,
-    write_correct,
-    write_sweep,
-    write_trial,
-)
+from helpers import grid_run
 
 from cifar_ray.report import build_report
 from cifar_ray.report.document import to_markdown
 from cifar_ray.report.export import export_json
-from cifar_ray.report.interactions import f_upper, incomplete_beta, strata_test
+from cifar_ray.report.interactions import f_upper, strata_test
 from cifar_ray.report.sections import document
 from cifar_ray.report.stats import t_upper
-
-GRID = {"optimizer": ["momentum", "adam"], "batch_size": [64, 512]}
-NOISE = 0.002  # seed-to-seed std of the final test accuracy: 0.2 pp
-
-
-def grid_run(run_dir: Path, seeds: int, accuracy, grid: dict = GRID, noise: float = NOISE) -> Path:
-    """Every configuration of `grid` x `seeds` seeds, each finished at accuracy(swept) plus N(0, noise), in whole
-    images of the 10,000 it logs per image (ranked_correct: any two disagree on the fewest images they can)."""
-    rng = random.Random(3)
-    combos = [
-        dict(zip(grid, values)) | ({"seed": seed} if seeds > 1 else {})
-        for values in itertools.product(*grid.values())
-        for seed in range(seeds)
-    ]
-    write_sweep(
-        run_dir, [trial_name(i) for i in range(len(combos))], grid=grid, repeats=seeds, name="grid", description=""
-    )
-    for i, swept in enumerate(combos):
-        acc = round(accuracy(swept) + rng.gauss(0.0, noise), 4)
-        write_trial(
-            run_dir, i, swept, "finished", factorial_epochs(acc, 1 - acc, 10.0), gpus=False, planned=FACTORIAL_EPOCHS
-        )
-        write_correct(run_dir, i, ranked_correct(acc, 10_000), FACTORIAL_EPOCHS)
-    return run_dir
 
 
 def flipping(swept: dict) -> float:
@@ -91,7 +56,6 @@ def test_f_upper_matches_printed_tables():
         assert f_upper(f, df1, df2) == pytest.approx(p, rel=2e-4), (f, df1, df2)
     for t, df in [(0.3, 3), (2.5, 7), (4.0, 15)]:
         assert f_upper(t * t, 1, df) == pytest.approx(2 * t_upper(t, df), rel=1e-9)
-    assert incomplete_beta(2, 3, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 − Σ_{j<2} C(4, j) 0.4^j 0.6^(4−j)
     assert (f_upper(0.0, 2, 5), f_upper(float("inf"), 2, 5)) == (1.0, 0.0)
 
 
@@ -111,7 +75,7 @@ def test_the_strata_test_is_one_way_anova_plus_the_test_set():
             }
         )
 
-    df1, df2, f, p = strata_test(strata([2.0, 5.0, 8.0]))
+    df1, df2, f, p, _ = strata_test(strata([2.0, 5.0, 8.0]))
     assert (df1, df2, f) == (2, 6, pytest.approx(27.0)) and p == pytest.approx(f_upper(27.0, 2, 6))
     assert strata_test(strata([2.0, 5.0], n=(3, 3)))[2] == pytest.approx(9 / (2 / 3))
     assert strata_test(strata([2.0, 5.0, 8.0], testset=1 / 3))[2] == pytest.approx(13.5)
@@ -126,15 +90,20 @@ def test_an_effect_that_flips_sign_is_an_interaction_not_equivalence(tmp_path):
     interaction (p far below 5 % after Holm), show +2 and −2 per batch size, and never call adam equivalent."""
     run_dir = grid_run(tmp_path / "run", 16, flipping)
     report = build_report(run_dir)
-    tests = report.interactions.tests.set_index(["factor", "by"])
-    assert tests.loc[("optimizer", "batch_size"), "result"] == "depends"
-    assert tests.loc[("optimizer", "batch_size"), "p_holm"] < 1e-6
-    strata = report.interactions.strata.set_index(["factor", "stratum"]).loc["optimizer"]
+    tests = report.interactions.tests
+    tests = tests[tests["metric"] == "accuracy"].set_index(["factor", "by"])
+    assert tests.loc[("optimizer", ("batch_size",)), "result"] == "depends"
+    assert tests.loc[("optimizer", ("batch_size",)), "p_holm"] < 1e-6
+    strata = report.interactions.strata
+    strata = strata[(strata["metric"] == "accuracy") & (strata["factor"] == "optimizer")]
     assert strata["n_pairs"].tolist() == [16, 16]
-    assert strata["mean_diff"].tolist() == pytest.approx([0.02, -0.02], abs=0.002)
-    assert (strata.loc[64, "ci_low"] > 0) and (strata.loc[512, "ci_high"] < 0)
-    pooled = report.effects["optimizer"]["final_test_acc"].iloc[0]
-    assert pooled["verdict"] == "depends on" and pooled["depends_on"] == "batch_size"
+    assert strata["estimate"].tolist() == pytest.approx([2.0, -2.0], abs=0.2)
+    assert (strata.iloc[0]["ci_low"] > 0) and (strata.iloc[1]["ci_high"] < 0)
+    (pooled,) = [e for e in report.records if e.metric == "accuracy" and e.factor == "optimizer" and not e.cell]
+    assert pooled.verdict == "depends" and pooled.depends_on == ("batch_size",)
+    cells = [e for e in report.records if e.metric == "accuracy" and e.factor == "optimizer" and e.cell]
+    assert [(e.cell, e.verdict) for e in cells] == [({"batch_size": 64}, "differs"), ({"batch_size": 512}, "differs")]
+    assert cells[0].estimate == pytest.approx(2.0, abs=0.2) and cells[1].estimate == pytest.approx(-2.0, abs=0.2)
     text = markdown(report)
     findings = findings_of(text)
     assert "equivalent" not in findings
@@ -146,11 +115,14 @@ def test_an_effect_that_flips_sign_is_an_interaction_not_equivalence(tmp_path):
         rf"-{about_two} at batch_size=512 \(16 pairs\)",
         findings,
     )
-    section = text.split("## Interactions")[1].split("\n## ")[0]
-    assert re.search(rf"\| optimizer=adam vs momentum \| batch_size=512 \| 16 \| -{about_two[:-3]} \[", section)
+    section = text.split("## Effects per cell")[1].split("\n## ")[0]
+    assert re.search(rf"\| optimizer=adam vs momentum \| batch_size=512 \| 16 \| -{about_two} \[", section)
     data = json.loads(export_json(report, tmp_path).read_text(encoding="utf-8"))["interactions"]
-    assert [t["result"] for t in data["tests"]] == ["depends", "depends"]
-    assert [(s["stratum"], s["n_pairs"]) for s in data["strata"][:2]] == [(64, 16), (512, 16)]
+    assert [t["result"] for t in data["tests"] if t["metric"] == "accuracy"] == ["depends", "depends"]
+    assert [(s["stratum"], s["n_pairs"]) for s in data["strata"][:2]] == [
+        ({"batch_size": 64}, 16),
+        ({"batch_size": 512}, 16),
+    ]
 
 
 def test_an_effect_that_does_not_flip_is_no_interaction(tmp_path):
@@ -158,9 +130,10 @@ def test_an_effect_that_does_not_flip_is_no_interaction(tmp_path):
     anything, no finding names an interaction, and adam's pooled verdict stands."""
     run_dir = grid_run(tmp_path / "run", 4, additive)
     report = build_report(run_dir)
-    assert set(report.interactions.tests["result"]) == {"no evidence"}
-    assert (report.interactions.tests["tested"] == 2).all()
-    assert report.effects["optimizer"]["final_test_acc"].iloc[0]["verdict"] == "CI excludes 0"
+    accuracy = report.interactions.tests[report.interactions.tests["metric"] == "accuracy"]
+    assert set(accuracy["result"]) == {"no evidence"}
+    assert (accuracy["tested"] == 2).all()
+    assert report.effects["optimizer"]["final_test_acc"].iloc[0]["verdict"] == "differs"
     findings = findings_of(markdown(report))
     assert "depends on" not in findings and "Interactions" not in findings
 
@@ -170,8 +143,6 @@ def test_one_seed_per_configuration_cannot_test_an_interaction(tmp_path):
     spread within a stratum is unknown: the report says the interaction cannot be tested, and why."""
     run_dir = grid_run(tmp_path / "run", 1, flipping)
     report = build_report(run_dir)
-    assert set(report.interactions.tests["result"]) == {"cannot be tested"}
-    assert (
-        "**Interactions**: cannot be tested: no two values of the other factor hold 2 or more pairs each, so a "
-        "factor's effect cannot be compared across them (one seed per configuration: no replication)."
-    ) in findings_of(markdown(report))
+    tests = report.interactions.tests
+    assert set(tests[tests["metric"] == "accuracy"]["result"]) == {"cannot be tested"}
+    assert "**Interactions** of final test accuracy: cannot be tested" in findings_of(markdown(report))

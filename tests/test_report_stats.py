@@ -99,12 +99,12 @@ def test_paired_effects_are_the_matched_differences(factorial):
     )
     assert row["testset_var"] == pytest.approx(testset) and row["testset_noise"] == "measured per image"
     assert row["mean_diff"] == pytest.approx(0.01, abs=0.002) and row["ci_high"] - row["ci_low"] < 0.01
-    assert row["verdict"] == "CI excludes 0" and row["n_planned"] == 12 and row["lost"] == ""
+    assert row["verdict"] == "differs" and row["n_planned"] == 12 and row["lost"] == ""
     assert report.effects["optimizer"]["final_test_acc"].iloc[0]["mean_diff"] == pytest.approx(0.10, abs=0.002)
     amp = report.effects["amp"]["final_test_acc"].iloc[0]
     assert amp["n_pairs"] == 12 and amp["ci_low"] < 0 < amp["ci_high"] and amp["verdict"] == "equivalent"
     time = report.effects["workers"]["time_per_epoch_s"].iloc[0]  # a ratio: 5 s of 10 s per epoch
-    assert time["ratio"] == pytest.approx(0.5, abs=0.001) and time["vci_high"] < 1 and time["verdict"] == "lower"
+    assert time["ratio"] == pytest.approx(0.5, abs=0.001) and time["vci_high"] < 1 and time["verdict"] == "differs"
     # The pooled per-value means are still there, with the optimizer's 10 pp inside workers' spread.
     assert report.groups["workers"]["final_test_acc_std"].min() > 0.04
 
@@ -164,7 +164,7 @@ def test_no_matched_pairs_is_said(tmp_path):
     text = report_text(report)
     assert "**workers=2** vs 1: no matched pairs (no included trial with workers=1" in finding(text, "workers")
     section = text.split("## Effect of `workers`")[1].split("\n## ")[0]
-    assert "| workers=2 | 0 of 6 | — | no matched pairs | — | no matched pairs | — | no matched pairs |" in section
+    assert "| workers=2 | 0 of 6 | — | no pairs | — | no pairs | — | no pairs |" in section
 
 
 def test_exports_carry_the_paired_effects(factorial, tmp_path):
@@ -172,15 +172,16 @@ def test_exports_carry_the_paired_effects(factorial, tmp_path):
     effects = pd.read_csv(write_report(run_dir, tmp_path, fmt="csv").parent / "effect_workers.csv")
     accuracy = ["n_pairs", "n_planned", "n_open", "lost", "mean_diff", "std_diff", "testset_var", "testset_noise"]
     accuracy += ["se", "ci_low", "ci_high", "p_differs", "p_equivalent", "p_differs_holm", "p_equivalent_holm"]
-    accuracy += ["pairs_needed", "more_seeds", "survival", "testset_limited", "testset_growth", "verdict", "depends_on"]
+    accuracy += ["pairs_needed", "more_seeds", "survival", "testset_limited", "testset_growth", "verdict", "failed"]
+    accuracy += ["depends_on"]
     verdict = ["vci_level", "vci_low", "vci_high", "vci_tost", "vci_holm", "vci_note"]
     ratio = ["base_geomean", "value_geomean", "log_ratio", "ratio", "df", "basis", "unfair", "pair_ratios"]
     assert effects.columns.tolist() == ["metric", "workers", *accuracy, *verdict, *ratio]
     # accuracy as a difference; time per epoch and memory (per worker: no trial logged a total) as ratios
     assert effects["metric"].tolist() == ["final_test_acc", "time_per_epoch_s", "peak_mem_mb"]
     assert effects["n_pairs"].tolist() == [12, 12, 12] and effects["verdict"].tolist() == [
-        "CI excludes 0",
-        "lower",
+        "differs",
+        "differs",
         "equivalent",
     ]
     data = json.loads(write_report(run_dir, tmp_path, fmt="json").read_text(encoding="utf-8"))

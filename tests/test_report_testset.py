@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from cifar_ray.core import runlog
 from cifar_ray.core.errors import StorageError
 from cifar_ray.report import build_report, testset
+from cifar_ray.report.effects import DIFFERS
 from cifar_ray.report.testset import BOUND, MEASURED, ImageScores, Scored
-from cifar_ray.report.verdicts import DIFFERS
 
 
 def shared_test_run(run_dir: Path, seeds: int, images: int, gained: int, churn: int, logged: bool = True) -> Path:

@@ -24,7 +24,8 @@ from helpers import (
 
 from cifar_ray.cli import main
 from cifar_ray.report import build_report
-from cifar_ray.report.verdicts import holm, judge, p_differs, p_equivalent, pairs_needed
+from cifar_ray.report.judge import judge_differences as judge
+from cifar_ray.report.verdicts import holm, p_differs, p_equivalent, pairs_needed
 
 
 def paired_run(run_dir: Path, accuracy: dict[tuple[int, int], float], test_subset: int = 0, logged=None) -> Path:
@@ -127,7 +128,7 @@ def test_holm_turns_two_marginal_effects_into_open_ones():
     spread = {"n_pairs": 8, "n_planned": 8, "n_open": 0, "se": 0.001, "std_diff": 0.001 * 8**0.5, "testset_var": 0.0}
     rows = [{"workers": 2, "mean_diff": t * 0.001} | spread, {"workers": 4, "mean_diff": -t * 0.001} | spread]
     (one,) = judge([pd.DataFrame(rows[:1])], margin=0.0001, seeds=8)
-    assert one.loc[0, "p_differs"] < 0.05 and one.loc[0, "verdict"] == "CI excludes 0"
+    assert one.loc[0, "p_differs"] < 0.05 and one.loc[0, "verdict"] == "differs"
     (both,) = judge([pd.DataFrame(rows)], margin=0.0001, seeds=8)
     assert (both["p_differs"] < 0.05).all() and (both["p_differs_holm"] > 0.05).all()
     assert both["verdict"].tolist() == ["not conclusive", "not conclusive"]

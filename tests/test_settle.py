@@ -31,12 +31,13 @@ from cifar_ray.core.status import (
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
+from cifar_ray.report.effects import DIFFERS, EQUIVALENT, OPEN
 from cifar_ray.report.findings import answer_text
 from cifar_ray.report.header import settle_line
 from cifar_ray.report.sequential import Comparison, look_level, look_verdict, max_looks
 from cifar_ray.report.settle import answer_first, asked, look, settle_record
 from cifar_ray.report.tables import paired_table
-from cifar_ray.report.verdicts import ALPHA, DIFFERS, EQUIVALENT, OPEN, pairs_needed
+from cifar_ray.report.verdicts import ALPHA, pairs_needed
 
 # The simulation: paired differences (value − baseline) over seeds, in units of their spread; looks from 3 seeds
 # to 10, one pair per seed, stopping at the first verdict.
@@ -190,9 +191,9 @@ def test_the_rounds_stop_when_settled_at_max_seeds_and_at_the_budget(tmp_path):
     runlog.update_json(settled / runlog.SWEEP_FILE, settle=record)
     assert render(settled).splitlines()[-4:] == [  # cifar-ray status
         "settled after 3 seeds (1 look)",
-        "  batch_size=128 vs 64: CI excludes 0 at 3 seeds (look 1)",
-        "  batch_size=512 vs 64: CI excludes 0 at 3 seeds (look 1)",
-        "  workers=2 vs 1: CI excludes 0 at 3 seeds (look 1)",
+        "  batch_size=128 vs 64: differs at 3 seeds (look 1)",
+        "  batch_size=512 vs 64: differs at 3 seeds (look 1)",
+        "  workers=2 vs 1: differs at 3 seeds (look 1)",
     ]
     assert json.loads(render(settled, as_json=True))["settled"] == "settled after 3 seeds (1 look)"
     run = build_report(settle_run(tmp_path / "o", noisy({64: 0.0, 128: -0.01, 512: -0.01}), seeds=3, wall_s=100.0))
@@ -266,7 +267,7 @@ def test_status_shows_each_comparison_settled_so_far_and_what_runs_for_each_open
         questions = json.loads(render(run, as_json=True))["questions"]
         round_line = progress_lines(run, None)[1]
     assert lines[-3:] == [
-        "  batch_size=128 vs 64: CI excludes 0 at 3 seeds (look 1)",
+        "  batch_size=128 vs 64: differs at 3 seeds (look 1)",
         f"  batch_size=512 vs 64: open, 2 of {len(batch)} added trials ended; running {added[2]}",
         f"  workers=2 vs 1: open, 2 of {len(added)} added trials ended; running {added[2]}",
     ]

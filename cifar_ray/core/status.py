@@ -322,7 +322,7 @@ def questions(settle: dict, trials: list[TrialState]) -> list[Question]:
 
 def question_state(question: Question) -> str:
     """`open, 3 of 8 added trials ended; running t012-..., t013-...` while a round runs for it, else its verdict at
-    its look: `CI excludes 0 at 3 seeds (look 1)`, `open at 10 seeds (look 4)`."""
+    its look: `differs at 3 seeds (look 1)`, `open at 10 seeds (look 4)`."""
     if not question.trials:
         return f"{question.verdict} at {counted(question.seeds, 'seed')} (look {question.look})"
     running = f"; running {', '.join(question.running)}" if question.running else ""

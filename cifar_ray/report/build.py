@@ -29,8 +29,10 @@ from .compare import (
     paired_config,
     refuse_unpaired,
 )
+from .effects import Effect
 from .format import fmt_value, values_label
-from .interactions import Interactions, find_interactions, mark_dependent
+from .interactions import Evidence, Interactions, find_interactions
+from .judge import judge_report
 from .load import (
     breakdown_keys,
     epochs_frame,
@@ -40,8 +42,7 @@ from .load import (
     sweep_grid,
     trial_frame,
 )
-from .metrics import COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric, resolve_objective, table_metrics
-from .sequential import apply_looks
+from .metrics import COMPARED, Compared, Metric, resolve_objective, table_metrics
 from .sharing import shared_trials
 from .stats import (
     Overfit,
@@ -55,7 +56,7 @@ from .stats import (
     seed_noise,
 )
 from .testset import ImageScores
-from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, judge, judge_ratios, verdict_intervals
+from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS
 
 
 @dataclass
@@ -75,10 +76,11 @@ class Report:
     objective: Metric  # what "best" means: the sweep's metric and mode on its trial column
     objective_note: str  # why the sweep's metric was not usable ("" when it is)
     metrics: tuple[Metric, ...]  # the factor tables' metrics: FACTOR_METRICS with the objective
-    # factor -> column -> its effects: final_test_acc (stats.paired_effects, verdicts.judge), time_per_epoch_s and
-    # memory_column (stats.ratio_effects, verdicts.judge_ratios)
+    # factor -> column -> its judged effects frame (report/judge.py): the evidence and verdict each record is made of,
+    # per metric of COMPARED on its column (final_test_acc, time_per_epoch_s, memory_column)
     effects: dict[str, dict[str, pd.DataFrame]]
-    interactions: Interactions  # whether a factor's accuracy effect differs across another factor's values
+    records: tuple[Effect, ...]  # every comparison's verdict (report/judge.py): pooled, then per cell
+    interactions: Interactions  # whether a factor's effect differs across the other factors' values, per metric
     margin: float  # the equivalence margin of accuracy effects, a fraction (0.01: ±1 pp)
     comparisons: int  # accuracy comparisons judged as one family (Holm): those with >= MIN_PAIRS pairs
     seeds: int  # distinct seeds among the trials (1 without a seed key)
@@ -132,40 +134,40 @@ def build_report(
     paired = trials.assign(paired_config=[paired_config(t, comparison) for t in run.trials]) if comparison else trials
     # Run factor pairs: on RUN_MATCH_RULE's config; other factors: on the other factors and the seed.
     match = {key: ["paired_config"] if comparison and key == RUN_FACTOR else None for key in factors}
-    accuracy = PAIRED_METRICS[0].column
     seeds = int(trials["seed"].nunique()) if "seed" in trials.columns else 1
     pairing = Pairing(factors, grid, chosen, match, seeds)
-    effects = {key: {accuracy: paired_effects(paired, key, pairing, accuracy, per_image=per_image)} for key in factors}
-    # sweep --until-settled: its looks' verdicts, every test at their level (report/settle.py), one run only
-    looks = None if comparison else sweep.get(SETTLE_KEY)
-    level = looks["level"] if looks and looks.get("rounds") else None
-    judged = judge([effects[key][accuracy] for key in factors], margin_pp / 100, seeds, level)
-    if level is not None:
-        apply_looks(dict(zip(factors, judged)), chosen, looks)
-    for key, frame in zip(factors, judged):
-        effects[key][accuracy] = frame
-    interactions = find_interactions(paired, pairing, accuracy, per_image)
-    for key in factors:
-        effects[key][accuracy] = mark_dependent(effects[key][accuracy], key, interactions)
-    comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
-    verdict_intervals([effects[key][accuracy] for key in factors], "mean_diff", level=level)
-    noise = seed_noise(trials, factors, FACTOR_METRICS[0].column)
     finished = included(trials)
     shared = {name: why for name, why in shared_trials(run.trials).items() if name in set(finished["trial"])}
-    memory_column = (
-        COST_METRICS[2].column
-        if len(finished) and finished[COST_METRICS[2].column].notna().all()
-        else COST_METRICS[1].column
+    columns = {metric.name: metric.column(finished) for metric in COMPARED}
+    logs = {
+        metric.name: log_values(trials, epochs if metric.epoch_column else None, metric.epoch_column or column)
+        for metric in COMPARED
+        if metric.unit == "ratio"
+        for column in [columns[metric.name]]
+    }
+
+    def effects_of(metric: Compared) -> Evidence:
+        if metric.unit == "pp":
+            return lambda chosen, key: paired_effects(chosen, key, pairing, columns[metric.name], per_image=per_image)
+        contended = list(shared) if metric.contended else []
+        return lambda chosen, key: ratio_effects(chosen, logs[metric.name], key, pairing, MIN_PAIRS, contended)
+
+    evidence = {metric.name: (metric.unit, effects_of(metric)) for metric in COMPARED}
+    interactions = find_interactions(paired, factors, grid, chosen, evidence)
+    # sweep --until-settled: its looks' verdicts, every test at their level (report/settle.py), one run only
+    looks = None if comparison else sweep.get(SETTLE_KEY)
+    judged, records = judge_report(
+        {name: {key: effects(paired, key) for key in factors} for name, (_, effects) in evidence.items()},
+        trials,
+        pairing,
+        interactions,
+        margin_pp / 100,
+        looks,
     )
-    time_logs = log_values(trials, epochs, "epoch_time_s")
-    # Time and memory as ratios, each cost a Holm family of its own; a neighbour slows a trial, its peak is its own.
-    for column, logs, contended in (
-        (COST_METRICS[0].column, time_logs, list(shared)),
-        (memory_column, log_values(trials, None, memory_column), []),
-    ):
-        frames = [ratio_effects(paired, logs, key, pairing, MIN_PAIRS, contended) for key in factors]
-        for key, judged in zip(factors, judge_ratios(frames)):
-            effects[key][column] = judged
+    effects = {key: {columns[metric.name]: judged[metric.name][key] for metric in COMPARED} for key in factors}
+    accuracy = columns[COMPARED[0].name]
+    comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
+    noise = seed_noise(trials, factors, accuracy)
     return Report(
         run=run,
         name=str(sweep.get("name") or run.path.name),
@@ -183,6 +185,7 @@ def build_report(
         objective_note=note,
         metrics=metrics,
         effects=effects,
+        records=records,
         interactions=interactions,
         margin=margin_pp / 100,
         comparisons=comparisons,
@@ -191,8 +194,8 @@ def build_report(
         noise=noise,
         memory_measure=memory_measure(run),
         shared=shared,
-        time_logs=time_logs,
-        memory_column=memory_column,
+        time_logs=logs[COMPARED[1].name],
+        memory_column=columns[COMPARED[2].name],
         missing=[name for name in sweep.get("trials", []) if name not in {t.name for t in run.trials}],
         per_image=per_image,
         sources=sources,

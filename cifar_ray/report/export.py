@@ -61,6 +61,7 @@ def export_json(report: Report, out_dir: Path) -> Path:
             }
             for key, frame in report.groups.items()
         },
+        "effects": [effect.record() for effect in report.records],
         "interactions": {
             "tests": _records(report.interactions.tests),
             "strata": _records(report.interactions.strata),

@@ -19,6 +19,7 @@ from ..core.sweep import REPEATS_MAX
 from ..core.text import precise_duration, rough_duration
 from .build import Report
 from .compare import RUN_FACTOR
+from .effects import DEPENDS, DIFFERS, EQUIVALENT, FAILED, NO_PRACTICAL, NO_VERDICT, OPEN, UNFAIR
 from .format import (
     best_phrase,
     fmt_mean_std,
@@ -32,24 +33,15 @@ from .format import (
     values_label,
 )
 from .header import run_level_text
-from .interactions import DEPENDS, DEPENDS_VERDICT, MIN_STRATUM_PAIRS, UNTESTABLE, stratum_label
+from .interactions import DEPENDS as INTERACTS
+from .interactions import MIN_STRATUM_PAIRS, UNTESTABLE, by_label, stratum_label
+from .judge import ci_label, fmt_dof
 from .load import config_value
-from .metrics import COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Metric
+from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Compared, Metric
 from .sequential import look_text
 from .stats import PAIRS_DISAGREE, UNFINISHED, WITHIN, included, pooled_std, rows_with, scored_trials
 from .testset import testset_var
-from .verdicts import (
-    EQUIVALENT,
-    HIGHER,
-    LOWER,
-    MAX_PAIRS,
-    MIN_PAIRS,
-    NO_VERDICT,
-    OPEN,
-    RATIO_MARGIN,
-    UNFAIR,
-    leaders,
-)
+from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_MARGIN, leaders
 
 
 def shared_note(report: Report) -> str:
@@ -216,8 +208,8 @@ def findings(report: Report) -> list[str]:
     if len(configs) == 1:
         config = configs.loc[configs.index[0]]
         accuracy = fmt_mean_std(FACTOR_METRICS[0], config["final_test_acc_mean"], config["final_test_acc_std"])
-        return [
-            f"One configuration: final test accuracy {accuracy} %, "
+        return failed_lines(report) + [
+            f"One configuration that finished: final test accuracy {accuracy} %, "
             f"{fmt_num(config['time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(config)} "
             f"({done} included trial{'s' if done != 1 else ''})."
         ]
@@ -267,6 +259,22 @@ def findings(report: Report) -> list[str]:
     return lines
 
 
+def failed_line(report: Report, key: str, row: pd.Series) -> str:
+    """The answer for a value whose every trial failed (judge.FAILED): `**lr=2** vs 0.1: diverged in 3 of 3: ...`."""
+    head = f"**{key}={fmt_value(row[key])}** vs {fmt_value(report.baseline[key])}: "
+    return head + f"{row['failed']}: no time, memory or accuracy to compare."
+
+
+def failed_lines(report: Report) -> list[str]:
+    """The answer line of each value whose every trial failed: with one configuration left, the answer to give."""
+    return [
+        failed_line(report, key, row)
+        for key in report.factors
+        for _, row in report.effects[key][PAIRED_METRICS[0].column].iterrows()
+        if row["verdict"] == FAILED
+    ]
+
+
 def answer_text(report: Report) -> list[str]:
     """The answer lines of every factor (answer_lines) as plain text, for the terminal; [] with nothing compared."""
     if report.configs["n"].gt(0).sum() < 2:
@@ -298,11 +306,13 @@ def run_level_note(report: Report, key: str) -> str:
 
 
 def verdict_text(report: Report, row: pd.Series) -> str:
-    """The verdict of an accuracy comparison (verdicts.judge) in words."""
-    verdict, depends = row["verdict"], row.get("depends_on") or ""
+    """The verdict of an accuracy comparison (report/judge.py) in words."""
+    verdict, depends = row["verdict"], ", ".join(row.get("depends_on") or ())
     look = look_text(row)
-    if verdict == DEPENDS_VERDICT:
-        return f"depends on {depends}{look} (its effect per value: *Interactions*)"
+    if verdict == DEPENDS:
+        return f"depends on {depends}{look} (its effect per cell: *Effects per cell*)"
+    if verdict == FAILED:
+        return f"{row['failed']}: no accuracy to compare"
     if verdict == EQUIVALENT:
         margin = row["look_margin"] if look and not is_missing(row["look_margin"]) else report.margin  # the look's
         text = f"equivalent within ±{fmt_value(round(100 * margin, 6))} pp{look}"
@@ -311,8 +321,9 @@ def verdict_text(report: Report, row: pd.Series) -> str:
         if verdict == NO_VERDICT:
             text = f"no verdict (fewer than {MIN_PAIRS} pairs{note}){look}"
         else:
-            text = f"{verdict}{look} ({note[2:]})" if note else verdict + look
-    return text + (f"; depends on {depends}" if depends else "")
+            words = "CI excludes 0" if verdict == DIFFERS else verdict
+            text = f"{words}{look} ({note[2:]})" if note else words + look
+    return text + (f"; its size depends on {depends}" if depends else "")
 
 
 def pairs_text(row: pd.Series) -> str:
@@ -398,19 +409,6 @@ def testset_text(report: Report, row: pd.Series) -> str:
     return text + f"; even all {full} test images would not at this effect"
 
 
-def ci_label(row: pd.Series) -> str:
-    """What the interval beside an effect is (verdicts.verdict_intervals): `95 % CI`, `97.5 % CI, Holm`,
-    `90 % CI, equivalence (TOST)`, `99.8 % CI, repeated looks` (sweep --until-settled's level); why one that
-    excludes no effect stands beside no verdict is the verdict's."""
-    digits = 1
-    while round(100 * row["vci_level"], digits) == 100 and digits < 6:  # 99.96 % is not 100 %
-        digits += 1
-    label = f"{round(100 * row['vci_level'], digits):g} % CI"
-    extra = (["Holm"] if row["vci_holm"] else []) + (["equivalence (TOST)"] if row["vci_tost"] else [])
-    extra += ["repeated looks"] if row.get("vci_looks") else []
-    return ", ".join([label, *extra])
-
-
 def _times(x: float) -> str:
     return f"{x:.2f}x"
 
@@ -434,10 +432,16 @@ def ratio_text(row: pd.Series, what: str, words: tuple[str, str], unit: str) -> 
         low, high = (1 / row["vci_high"], 1 / row["vci_low"]) if lower else (row["vci_low"], row["vci_high"])
         measured += f"; {ci_label(row)}: {_times(low)}–{_times(high)}, {row['basis']}"
     verdict = row["verdict"]
-    if verdict in (LOWER, HIGHER):
-        judged = words[0] if verdict == LOWER else words[1]
+    if verdict == DIFFERS:
+        judged = words[0] if lower else words[1]
+    elif verdict == NO_PRACTICAL:
+        judged = (
+            f"no practical difference: within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %, though its CI excludes 1"
+        )
     elif verdict == EQUIVALENT:
         judged = f"no difference within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
+    elif verdict == DEPENDS:
+        judged = f"depends on {', '.join(row['depends_on'])} (its effect per cell: *Effects per cell*)"
     elif verdict == UNFAIR:
         unfair = len(row["unfair"])
         judged = (
@@ -455,6 +459,8 @@ def ratio_text(row: pd.Series, what: str, words: tuple[str, str], unit: str) -> 
         )
     else:
         judged = verdict
+    if verdict == DIFFERS and row.get("depends_on"):
+        judged += f"; its size depends on {', '.join(row['depends_on'])}"
     if row.get("vci_note"):
         judged += f" (its CI excludes no change, but {row['vci_note']})"
     return f"{what} {magnitude} ({measured}): {judged}"
@@ -474,6 +480,9 @@ def answer_lines(report: Report, key: str) -> list[str]:
     )
     for (_, row), (_, time), (_, memory) in rows:
         head = f"**{key}={fmt_value(row[key])}** vs {base}: "
+        if row["verdict"] == FAILED:
+            lines.append(failed_line(report, key, row))
+            continue
         if row["n_pairs"] == 0:
             partner = pair_partner(report, key, f"trial with {key}={base} and the same other keys and seed")
             lines.append(head + f"no matched pairs (no included {partner}; {pairs_text(row)}).")
@@ -495,33 +504,59 @@ def fmt_p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"= {p:.3f}"
 
 
+def effect_text(metric: Compared, estimate: float) -> str:
+    """An effect's estimate as a finding writes it: `+2.0 pp`, `0.71x`."""
+    return f"{estimate:+.2f} pp" if metric.unit == "pp" else _times(estimate)
+
+
 def interaction_lines(report: Report) -> list[str]:
-    """Each interaction found (interactions.py), named with the effect per value of the factor it depends on; then
-    one line for those that could not be tested, saying why. Nothing when every tested one is not significant."""
+    """Each interaction found (interactions.py), on each metric, named with the effect per stratum of the factors it
+    depends on (a split by several factors' cells only where no one factor's split shows it); then one line for
+    those that could not be tested, saying why. Nothing when every tested one is not significant."""
     tests = report.interactions.tests
     strata = report.interactions.strata
     lines = []
-    tested = int((tests["result"] != UNTESTABLE).sum())
-    for _, test in tests[tests["result"] == DEPENDS].iterrows():
-        rows = strata[(strata["factor"] == test["factor"]) & (strata["by"] == test["by"]) & strata["tested"]]
-        rows = rows[[same_value(v, test["value"]) for v in rows["value"]]]
-        per_value = ", ".join(
-            f"{paired_parts(PAIRED_METRICS[0], r)[0]} pp at {stratum_label(test['by'], r['stratum'])} "
-            f"({int(r['n_pairs'])} pairs)"
-            for _, r in rows.iterrows()
-        )
-        lines.append(
-            f"**{test['factor']}={fmt_value(test['value'])}** vs {fmt_value(test['baseline'])}: its effect on final "
-            f"test accuracy depends on {test['by']}: {per_value} (equal per-value effects rejected: "
-            f"F({int(test['df1'])}, {int(test['df2'])}) = {fmt_num(test['F'])}, Holm-adjusted p {fmt_p(test['p_holm'])}"
-            f" over {tested} interactions tested)."
-        )
-    untestable = int((tests["result"] == UNTESTABLE).sum())
+    for metric in COMPARED:
+        of = tests[tests["metric"] == metric.name]
+        tested = int((of["result"] != UNTESTABLE).sum())
+        found = of[of["result"] == INTERACTS]
+        for _, test in found.iterrows():
+            same = [
+                len(row["by"]) == 1
+                for _, row in found.iterrows()
+                if row["factor"] == test["factor"] and same_value(row["value"], test["value"])
+            ]
+            if len(test["by"]) > 1 and any(same):
+                continue  # one factor's split already shows it
+            rows = [
+                r
+                for _, r in strata.iterrows()
+                if r["metric"] == metric.name
+                and r["factor"] == test["factor"]
+                and r["by"] == test["by"]
+                and r["tested"]
+                and same_value(r["value"], test["value"])
+            ]
+            per_value = ", ".join(
+                f"{effect_text(metric, r['estimate'])} at {stratum_label(r['stratum'])} ({int(r['n_pairs'])} "
+                f"pair{'s' * (int(r['n_pairs']) != 1)})"
+                for r in rows
+            )
+            lines.append(
+                f"**{test['factor']}={fmt_value(test['value'])}** vs {fmt_value(test['baseline'])}: its effect on "
+                f"{metric.label} depends on {by_label(test['by'])}: {per_value} (equal per-stratum effects rejected: "
+                f"F({fmt_dof(test['df1'])}, {fmt_dof(test['df2'])}) = {fmt_num(test['F'])}, Holm-adjusted p "
+                f"{fmt_p(test['p_holm'])} over {tested} interactions of {metric.label} tested)."
+            )
+    accuracy = tests[tests["metric"] == COMPARED[0].name]
+    untestable = int((accuracy["result"] == UNTESTABLE).sum())
     if untestable:
-        which = "cannot be tested" if untestable == len(tests) else f"{untestable} of {len(tests)} cannot be tested"
+        which = (
+            "cannot be tested" if untestable == len(accuracy) else f"{untestable} of {len(accuracy)} cannot be tested"
+        )
         lines.append(
-            f"**Interactions**: {which}: no two values of the other factor hold {MIN_STRATUM_PAIRS} or more pairs "
-            "each, so a factor's effect cannot be compared across them"
+            f"**Interactions** of {COMPARED[0].label}: {which}: no two strata of the other factors hold "
+            f"{MIN_STRATUM_PAIRS} or more pairs each, so a factor's effect cannot be compared across them"
             + (" (one seed per configuration: no replication)" if report.seeds == 1 else "")
             + "."
         )

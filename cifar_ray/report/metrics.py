@@ -1,9 +1,11 @@
-"""What the report measures: the metrics of its tables (FACTOR_METRICS), the two its paired effects read
-(PAIRED_METRICS), and what "best" means: the sweep file's metric and mode (OBJECTIVES, resolve_objective)."""
+"""What the report measures: the metrics of its tables (FACTOR_METRICS), the metrics its effects compare
+(COMPARED: one entry each; the report's every per-metric loop iterates it), and what "best" means: the sweep file's
+metric and mode (OBJECTIVES, resolve_objective)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import pandas as pd
 
@@ -35,6 +37,53 @@ PAIRED_METRICS = (FACTOR_METRICS[0],)  # effects as differences: final test acc 
 # Effects as ratios (value / baseline, on the log scale): time per epoch (per-epoch times), peak memory per worker and
 # total over workers (one number per trial).
 COST_METRICS = (FACTOR_METRICS[2], FACTOR_METRICS[4], FACTOR_METRICS[5])
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A metric the report compares between a factor's values, on matched pairs (report/effects.Effect.metric is its
+    `name`). `columns`: the trial columns it reads, the first that every included trial logged (peak memory: the
+    total over workers, else per worker); `unit`: "pp" (a difference of accuracies, stats.paired_effects) or
+    "ratio" (value / baseline on the log scale, stats.ratio_effects); `epoch_column`: the per-epoch log whose warm
+    epochs give a trial's own noise (none: one number per trial); `contended`: a device shared with another trial
+    changes it, so such pairs are not judged; `words`: a ratio below and above 1 in words."""
+
+    name: str
+    label: str
+    columns: tuple[str, ...]
+    unit: Literal["pp", "ratio"]
+    epoch_column: str | None = None
+    contended: bool = False
+    words: tuple[str, str] = ("lower", "higher")
+
+    def column(self, included: pd.DataFrame) -> str:
+        """The trial column compared, given the included trials: the first of `columns` every one of them logged."""
+        for column in self.columns[:-1]:
+            if len(included) and included[column].notna().all():
+                return column
+        return self.columns[-1]
+
+
+COMPARED = (
+    Compared("accuracy", "final test accuracy", (FACTOR_METRICS[0].column,), "pp"),
+    Compared(
+        "time_per_epoch",
+        "time per epoch",
+        (FACTOR_METRICS[2].column,),
+        "ratio",
+        "epoch_time_s",
+        contended=True,
+        words=("faster", "slower"),
+    ),
+    Compared(
+        "peak_memory",
+        "peak memory",
+        (FACTOR_METRICS[5].column, FACTOR_METRICS[4].column),
+        "ratio",
+        words=("less", "more"),
+    ),
+)
+COMPARED_NAMES = tuple(m.name for m in COMPARED)
 
 # The sweep file's `metric` (runlog.OBJECTIVES) -> the trial column that ranks trials by it: epoch metrics at the
 # last epoch (final_<metric>), costs aggregated over epochs as in the factor tables.

@@ -14,7 +14,7 @@ from .document import Block, Bullets, Document, Figure, Heading, Paragraph
 from .findings import findings
 from .format import fmt_int, fmt_pct, fmt_value, last_line
 from .header import header_blocks, status_counts
-from .interactions import DEPENDS, TESTABLE_RULE
+from .interactions import TESTABLE_RULE
 from .metrics import INCOMPLETE, PAIRED_METRICS
 from .network import network_blocks
 from .profile import profile_blocks
@@ -22,10 +22,10 @@ from .roofline import roofline_blocks
 from .stats import OVERFIT_RULE
 from .tables import (
     MAX_TRIAL_COLUMNS,
+    cell_table,
     factor_breakdown_table,
     factor_table,
     has_train_eval,
-    interaction_strata_table,
     interaction_table,
     paired_table,
     trial_breakdown_table,
@@ -152,14 +152,20 @@ def factor_sections(report: Report, plots: Plots) -> list[Block]:
 
 
 def interactions_section(report: Report, plots: Plots) -> list[Block]:
-    """`Interactions`: each factor's accuracy effect tested across each other factor's values, and the effect per
-    value where it differs; nothing with fewer than two factors."""
-    tests = report.interactions.tests
-    if not len(tests):
+    """`Interactions`: each factor's effect on each metric tested across the other factors' values and cells; then
+    `Effects per cell`, where an effect depends on them; nothing with fewer than two factors."""
+    if not len(report.interactions.tests):
         return []
     blocks: list[Block] = [Heading("Interactions"), interaction_table(report)]
-    if (tests["result"] == DEPENDS).any():
-        blocks += [Paragraph("The effect per value, where it differs:"), interaction_strata_table(report)]
+    if any(effect.cell for effect in report.records):
+        blocks += [
+            Heading("Effects per cell"),
+            Paragraph(
+                "Where an effect depends on the other factors, it is judged in each cell of them that holds pairs, "
+                "each metric's cells as one Holm family:"
+            ),
+            cell_table(report),
+        ]
     return blocks
 
 
@@ -228,16 +234,20 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "one for an equivalence (90 % for h = 1, marked *equivalence (TOST)*); unmarked, 95 %.",
         "**Time and memory effects.** A ratio (value / baseline) of geometric means over the pairs: of the epoch "
         "times each trial's time/epoch reads (see *Columns*), and of its peak memory, one number per trial. Its "
-        "noise is the spread of the pairs' log ratios where the pairs span several seeds or number "
-        f"{MIN_PAIRS}; else, for time, the spread of each trial's epochs about its own mean, *within-trial epoch "
-        "noise only*: it knows nothing of how another seed would run. Verdicts from "
-        f"{MIN_PAIRS - 1} degrees of freedom: *faster*/*slower* (*less*/*more*), *no difference within "
-        f"±{fmt_value(round(100 * RATIO_MARGIN, 6))} %* (two one-sided tests), else *not conclusive*, Holm-corrected "
+        f"noise is the spread of the pairs' log ratios from {MIN_PAIRS} pairs on; with fewer pairs over seeds, that "
+        "spread beyond what the trials' epochs explain added to the epochs' own noise, its degrees of freedom by "
+        "Welch-Satterthwaite (*epoch noise and seed noise combined*: two seeds that agree keep a verdict one seed "
+        "gave); one seed: for time, the spread of each trial's epochs about its own mean, *within-trial epoch noise "
+        f"only*: it knows nothing of how another seed would run. Verdicts from {MIN_PAIRS - 1} degrees of freedom: "
+        f"*faster*/*slower* (*less*/*more*), *no difference within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %* "
+        "(two one-sided tests), *no practical difference* where the interval excludes no change but lies inside "
+        "that band, else *not conclusive*, Holm-corrected "
         "within each measure. A time comparison that pairs a trial which shared a device with other trials (a node's "
         "CPUs or a GPU at the same time) with one that ran alone is *unfair* and not judged.",
         f"**Verdicts.** From {MIN_PAIRS} pairs on: *CI excludes 0* (two-sided t-test), *equivalent within ±{margin} "
         f"pp* (two one-sided tests against that margin; `cifar-ray report --margin PP`, default 1 pp), else *not "
-        f"conclusive*; fewer pairs: *no verdict*. Holm's correction across this report's accuracy comparisons "
+        f"conclusive*; fewer pairs: *no verdict*. A value whose every trial failed, diverged or ran out of memory is "
+        f"*failed*: that is its answer. Holm's correction across this report's accuracy comparisons "
         f"({report.comparisons} with {MIN_PAIRS} pairs or more) keeps the family-wise error at {ALPHA:.0%}, for each "
         "test." + _looks_note(report),
         f"**More seeds.** For an open comparison: the fewest pairs (at most {MAX_PAIRS}) at which its observed mean "
@@ -248,11 +258,14 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "`cifar-ray sweep FILE --resume --repeats N` runs the new seeds and the unfinished trials; how long is the "
         "run's mean time per finished trial x trials / the most that ran at once. Where the test set's part alone "
         "keeps it open, no seed count is given: a larger `test_subset` would settle it.",
-        "**Interactions.** Whether a factor's accuracy effect differs across another factor's values (strata): the "
-        "pairs are split by the other factor's value, and an F-type test compares the stratum means against the "
-        "pair differences' spread pooled within the strata (plus the test set's noise); the p-values of all "
-        f"interactions tested are Holm-adjusted together, significant below {ALPHA:.0%}. {TESTABLE_RULE} An effect "
-        "that depends on another factor is never called equivalent: equal on average is not equal.",
+        "**Interactions.** Whether a factor's effect, on accuracy, time and memory alike, differs across the other "
+        "factors: the pairs are split into strata by each other factor's values and, with two or more other factors, "
+        "by every cell of their values (a pattern in one cell is not averaged away), and an F-type test compares the "
+        "stratum means against the pair differences' spread pooled within the strata (plus the test set's noise); "
+        "each metric's p-values are Holm-adjusted together, "
+        f"significant below {ALPHA:.0%}. {TESTABLE_RULE} An effect that depends on the others is *depends* (unless "
+        "it differs the same way in every cell: then only its size depends) and is judged per cell instead, each "
+        "metric's cells one Holm family (*Effects per cell*): equal on average is not equal.",
         "**Fastest, Most accurate, Least memory, Best.** A configuration (the mean over its seeds) is named only "
         "where its lead over every other exceeds the t 95 % half-width of the seed noise (the pooled "
         "within-configuration std; for accuracy plus the shared test set's part of the difference, measured per image "

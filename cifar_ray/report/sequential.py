@@ -12,8 +12,8 @@ its conservatism (Pocock's and O'Brien-Fleming's boundaries, tuned to the correl
 strict, but need that correlation modelled).
 
 Pure functions; the statistics are verdicts.py's (p_differs, p_equivalent, pairs_needed). Also the comparisons
-the looks judge (Comparison) and, for build.py, their verdicts in the report's effects (apply_looks): a report of
-such a run gives the looks' verdicts, never a single-look one beside them.
+the looks judge (Comparison); report/judge.py gives a report of such a run the looks' verdicts (apply_looks), never a
+single-look one beside them.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .effects import DIFFERS, EQUIVALENT, NO_VERDICT, OPEN
 from .format import fmt_value, same_value
-from .verdicts import ALPHA, DIFFERS, EQUIVALENT, MIN_PAIRS, NO_PAIRS, NO_VERDICT, OPEN, p_differs, p_equivalent
+from .verdicts import ALPHA, MIN_PAIRS, p_differs, p_equivalent
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,26 +91,6 @@ def grid_comparisons(grid: dict[str, list]) -> list[Comparison]:
     """The comparisons of a sweep's grid against its default baseline (each factor's first value), as its report
     makes them: what --until-settled's levels are spent over."""
     return comparisons(grid, {key: values[0] for key, values in grid.items() if key != "seed"})
-
-
-def apply_looks(frames: dict[str, pd.DataFrame], baseline: dict[str, Any], settle: dict) -> None:
-    """The verdicts of the looks (sweep.json's settle record) in the report's accuracy effects, judged at the looks'
-    level (build.py): a comparison a look settled gets that look's verdict, kept since; one the last look left open
-    is not conclusive (no verdict below MIN_PAIRS pairs), whatever pairs came after: only a look settles it. `look`
-    and `look_seeds` say which look at how many seeds (0 where no look judged it: another --baseline's),
-    `look_margin` the equivalence margin it judged by."""
-    verdicts = settle["rounds"][-1]["verdicts"]
-    for factor, frame in frames.items():
-        frame["look"], frame["look_seeds"], frame["look_margin"] = 0, 0, settle.get("margin", math.nan)
-        for i, row in frame.iterrows():
-            recorded = verdicts.get(Comparison(factor, row[factor], baseline[factor]).label)
-            if recorded is None:
-                continue
-            frame.loc[i, ["look", "look_seeds"]] = [recorded["round"], recorded["seeds"]]
-            if recorded["verdict"] != OPEN:
-                frame.loc[i, "verdict"] = recorded["verdict"]
-            elif row["verdict"] not in (NO_PAIRS, NO_VERDICT):
-                frame.loc[i, "verdict"] = OPEN
 
 
 def look_text(row: pd.Series) -> str:

@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET, trial_times
+from .effects import NO_VERDICT, OPEN
 from .format import same_value
 from .metrics import PAIRED_METRICS
 from .sequential import Comparison, comparisons, describe, look_level, look_verdict
-from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, NO_VERDICT, OPEN, more_seeds, pairs_needed, settles_with_seeds
+from .verdicts import DEFAULT_MARGIN_PP, MIN_PAIRS, more_seeds, pairs_needed, settles_with_seeds
 
 if TYPE_CHECKING:
     from .build import Report

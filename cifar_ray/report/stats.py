@@ -1,6 +1,6 @@
 """The report's statistics, each on the trials frame: per-value means (factor_frame, config_frame; included trials
 only, other keys and seeds pooled), the paired effect of each factor with a Student-t 95 % interval that holds the
-shared test set's noise (paired_effects, report/testset.py; t_quantile, t_upper: no scipy), time and memory effects
+shared test set's noise (paired_effects, report/testset.py; t_quantile, t_upper: scipy.stats), time and memory effects
 as ratios of geometric means (log_values, ratio_effects), seed noise, and the overfitting rule.
 The train loss the rule reads is the training subset evaluated like the test set (train_eval_*) where logged, else
 the running one (TRAIN_COLUMNS, train_basis)."""
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+from scipy.stats import t as student_t
 
 from ..core.runlog import FINAL_STATUSES, STATUSES, warm_slice
 from . import testset
@@ -145,38 +146,16 @@ def config_frame(
     return pd.DataFrame(rows)
 
 
-def _t_central(theta: float, df: int) -> float:
-    """P(|T| <= sqrt(df) tan(theta)) for Student's t with whole df: the finite series of Abramowitz & Stegun
-    26.7.3 (odd df) and 26.7.4 (even df)."""
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if df % 2:
-        term, total = math.cos(theta), 0.0
-        for k in range(1, (df - 1) // 2 + 1):
-            total += term
-            term *= c2 * 2 * k / (2 * k + 1)
-        return 2 / math.pi * (theta + s * total)
-    term, total = 1.0, 0.0
-    for k in range(1, df // 2 + 1):
-        total += term
-        term *= c2 * (2 * k - 1) / (2 * k)
-    return s * total
+def t_quantile(p: float, df: float) -> float:
+    """Quantile of Student's t (0.5 <= p < 1, df > 0: fractional where a Satterthwaite df is)."""
+    if not 0.5 <= p < 1 or not df > 0:
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df > 0, got p={p}, df={df}")
+    return float(student_t.ppf(p, df))
 
 
-def t_quantile(p: float, df: int) -> float:
-    """Quantile of Student's t (0.5 <= p < 1, whole df >= 1): bisection on the exact CDF; no scipy needed."""
-    if not 0.5 <= p < 1 or df < 1:
-        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
-    low, high = 0.0, math.pi / 2  # in theta = atan(t / sqrt(df)), where the CDF is bounded and monotone
-    for _ in range(100):
-        mid = (low + high) / 2
-        low, high = (mid, high) if _t_central(mid, df) < 2 * p - 1 else (low, mid)
-    return math.sqrt(df) * math.tan((low + high) / 2)
-
-
-def t_upper(t: float, df: int) -> float:
-    """P(T > t) for Student's t with whole df >= 1."""
-    central = _t_central(math.atan(abs(t) / math.sqrt(df)), df)
-    return (1 - central) / 2 if t >= 0 else (1 + central) / 2
+def t_upper(t: float, df: float) -> float:
+    """P(T > t) for Student's t with df > 0."""
+    return float(student_t.sf(t, df))
 
 
 def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
@@ -361,10 +340,12 @@ def seed_noise(trials: pd.DataFrame, factors: Sequence[str], column: str) -> tup
 
 
 WITHIN, BETWEEN = "within-trial epoch noise only", "between pairs"
+COMBINED = "epoch noise and seed noise combined (Satterthwaite)"
 PAIRS_DISAGREE = "its pairs disagree in direction, more than within-trial epoch noise allows"
 RATIO_COLUMNS = (
     "n_pairs",
     "n_planned",
+    "n_open",
     "lost",
     "base_geomean",
     "value_geomean",
@@ -392,6 +373,21 @@ def log_values(trials: pd.DataFrame, epochs: pd.DataFrame | None, column: str) -
         e = epochs[epochs["trial"] == name].sort_values("epoch")[column].to_numpy(dtype=float)
         logs[name] = [math.log(t) for t in e[warm_slice(len(e))] if t > 0]
     return {n: v for n, v in logs.items() if v}
+
+
+def combined_noise(d: Sequence[float], within_var: float, within_df: int) -> tuple[str, float, float]:
+    """The basis, se and degrees of freedom of the mean of a few pairs' log ratios `d` (fewer than MIN_PAIRS, over
+    seeds) whose trials' epochs give the within-trial part `within_var` of its variance on `within_df` degrees of
+    freedom: se² = within_var + the seed part (the pairs' spread beyond what their epochs explain, never below 0),
+    its df by Welch-Satterthwaite. Two seeds that agree keep the epochs' many degrees of freedom; two that disagree
+    fall towards the pairs' own n − 1."""
+    n = len(d)
+    seed_var = max(0.0, statistics.variance(d) / n - within_var)
+    total = within_var + seed_var
+    if total == 0:
+        return COMBINED, 0.0, float(within_df)
+    df = total**2 / (within_var**2 / within_df + seed_var**2 / (n - 1))
+    return COMBINED, math.sqrt(total), df
 
 
 def ratio_effects(
@@ -425,27 +421,32 @@ def ratio_effects(
         d = [v - b for b, v in means]
         n = len(d)
         mean = statistics.fmean(d) if n else math.nan
-        if n >= 2 and (seeds >= 2 or n >= min_pairs):
+        names = [name for pair in pairs for name in pair]
+        within_df = sum(len(logs[name]) - 1 for name in names)
+        ss = sum((x - statistics.fmean(logs[name])) ** 2 for name in names for x in logs[name])
+        within = ss / within_df if within_df else math.nan
+        # the within-trial part of the mean log ratio's variance: each pair's epoch noise, averaged over n pairs
+        within_var = sum(within * (1 / len(logs[b]) + 1 / len(logs[v])) for b, v in pairs) / n**2 if n else math.nan
+        if n >= min_pairs or (n >= 2 and seeds >= 2 and not within_df):
             basis, se, df = BETWEEN, statistics.stdev(d) / math.sqrt(n), n - 1
+        elif n >= 2 and seeds >= 2:
+            basis, se, df = combined_noise(d, within_var, within_df)
         else:
-            names = [name for pair in pairs for name in pair]
-            df = sum(len(logs[name]) - 1 for name in names)
-            ss = sum((x - statistics.fmean(logs[name])) ** 2 for name in names for x in logs[name])
-            within = ss / df if df else math.nan
-            var = sum(within * (1 / len(logs[b]) + 1 / len(logs[v])) for b, v in pairs) / n**2 if n else math.nan
-            basis, se = (WITHIN, math.sqrt(var)) if df else ("", math.nan)
+            basis, se, df = (WITHIN, math.sqrt(within_var), within_df) if within_df else ("", math.nan, 0)
         if basis == WITHIN and n >= 2 and min(d) < 0 < max(d):
             # Pairs that disagree in direction vary more than any trial's epochs do: that noise is not measured.
             basis, se, df = PAIRS_DISAGREE, math.nan, 0
-        half = t_quantile(0.975, df) * se if df else math.nan
+        half = t_quantile(0.975, df) * se if df and not math.isnan(se) else math.nan
         planned = planned_base & set(_labels(rows_with(trials, key, value), match))
+        missing = planned - {label for label in side if label in base}
         unfair = [f"{b} / {v}" for b, v in pairs if (b in shared) != (v in shared)]
         rows.append(
             {
                 key: value,
                 "n_pairs": n,
                 "n_planned": len(planned),
-                "lost": _lost_pairs(trials, key, value, baseline, match, planned - {lb for lb in side if lb in base}),
+                "n_open": _open_pairs(trials, key, value, baseline, match, missing),
+                "lost": _lost_pairs(trials, key, value, baseline, match, set(missing)),
                 "base_geomean": math.exp(statistics.fmean(b for b, _ in means)) if n else math.nan,
                 "value_geomean": math.exp(statistics.fmean(v for _, v in means)) if n else math.nan,
                 "log_ratio": mean,

@@ -12,7 +12,8 @@ import pandas as pd
 
 from .build import Report
 from .document import Table
-from .findings import ci_label, fmt_p, verdict_text
+from .effects import DEPENDS, DIFFERS, EQUIVALENT, NO_PRACTICAL, UNFAIR
+from .findings import effect_text, fmt_p, verdict_text
 from .format import (
     fmt_int,
     fmt_loss,
@@ -22,13 +23,13 @@ from .format import (
     fmt_value,
     is_missing,
     paired_parts,
-    same_value,
     short_key,
 )
-from .interactions import DEPENDS, stratum_label
-from .metrics import COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric
+from .interactions import by_label, stratum_label
+from .judge import ci_label, fmt_dof
+from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric
 from .stats import WITHIN
-from .verdicts import EQUIVALENT, HIGHER, LOWER, RATIO_MARGIN, UNFAIR
+from .verdicts import RATIO_MARGIN
 
 
 def has_train_eval(report: Report) -> bool:
@@ -166,15 +167,16 @@ def _ratio_cell(row: pd.Series) -> str:
     return cell + (" (within-trial)" if row["basis"] == WITHIN else "")
 
 
-RATIO_VERDICTS = {"time": ("faster", "slower"), "memory": ("less", "more")}
-
-
 def _ratio_verdict(row: pd.Series, words: tuple[str, str]) -> str:
-    verdict = row["verdict"]
-    if verdict in (LOWER, HIGHER):
-        return words[0] if verdict == LOWER else words[1]
+    verdict, band = row["verdict"], f"±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
+    if verdict == DIFFERS:
+        return words[0] if row["ratio"] < 1 else words[1]
     if verdict == EQUIVALENT:
-        return f"within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
+        return f"within {band}"
+    if verdict == NO_PRACTICAL:
+        return f"no practical difference (within {band})"
+    if verdict == DEPENDS:
+        return f"depends on {', '.join(row['depends_on'])}"
     if verdict == UNFAIR:
         return "unfair: shared vs alone"
     return verdict
@@ -210,9 +212,9 @@ def paired_table(report: Report, key: str) -> Table:
             acc_cell(a),
             verdict_text(report, a),
             _ratio_cell(t),
-            _ratio_verdict(t, RATIO_VERDICTS["time"]),
+            _ratio_verdict(t, COMPARED[1].words),
             _ratio_cell(m),
-            _ratio_verdict(m, RATIO_VERDICTS["memory"]),
+            _ratio_verdict(m, COMPARED[2].words),
         )
         for (_, a), (_, t), (_, m) in zip(acc.iterrows(), time.iterrows(), memory.iterrows())
     )
@@ -254,33 +256,54 @@ def _effect_label(row: pd.Series) -> str:
 
 
 def interaction_table(report: Report) -> Table:
-    """One row per interaction: the effect, the factor across whose values it is compared, the strata with pairs and
-    those tested, the F statistic and its Holm-adjusted p, the result."""
+    """One row per interaction tested or untestable: the metric, the effect, the factors across whose values (or
+    cells) it is compared, the strata with pairs and those tested, the F statistic and its Holm-adjusted p, the
+    result."""
+    labels = {metric.name: metric.label for metric in COMPARED}
     rows = tuple(
         (
+            labels[t["metric"]],
             _effect_label(t),
-            t["by"],
+            by_label(t["by"]),
             f"{t['tested']} of {t['strata']}",
-            "—" if t["df1"] == 0 else f"F({t['df1']}, {t['df2']}) = {fmt_num(t['F'])}",
+            "—" if t["df1"] == 0 else f"F({fmt_dof(t['df1'])}, {fmt_dof(t['df2'])}) = {fmt_num(t['F'])}",
             "—" if t["df1"] == 0 else f"p {fmt_p(t['p_holm'])}",
             t["result"],
         )
         for _, t in report.interactions.tests.iterrows()
     )
-    headers = ("effect", "across", "strata tested", "test", "p (Holm)", "result")
-    return Table(headers, rows, "llrrrl", "interactions")
+    headers = ("metric", "effect", "across", "strata tested", "test", "p (Holm)", "result")
+    return Table(headers, rows, "lllrrrl", "interactions")
 
 
-def interaction_strata_table(report: Report) -> Table:
-    """The effect per stratum of each interaction found: pairs, mean paired difference and its 95 % CI."""
-    tests, strata = report.interactions.tests, report.interactions.strata
+def cell_table(report: Report) -> Table:
+    """The effects judged per cell of the other factors (judge.py), where an effect depends on them: the metric,
+    the effect, the cell, its pairs, the estimate with the interval its verdict used, and the verdict."""
+    labels = {metric.name: metric for metric in COMPARED}
     rows = []
-    for _, t in tests[tests["result"] == DEPENDS].iterrows():
-        for _, r in strata[(strata["factor"] == t["factor"]) & (strata["by"] == t["by"])].iterrows():
-            if not same_value(r["value"], t["value"]):
-                continue
-            mean, low, high = paired_parts(PAIRED_METRICS[0], r)
-            cell = f"{mean} [{low}, {high}]" if r["n_pairs"] > 1 else mean
-            rows.append((_effect_label(t), stratum_label(t["by"], r["stratum"]), str(r["n_pairs"]), cell))
-    headers = ("effect", "where", "pairs", "Δ final test acc (pp) [95 % CI]")
-    return Table(headers, tuple(rows), "llrr", "interaction-strata")
+    for effect in report.records:
+        if not effect.cell:
+            continue
+        metric = labels[effect.metric]
+        shown = effect_text(metric, effect.estimate)
+        if effect.interval:
+            low, high = effect.interval.low, effect.interval.high
+            bounds = f"{low:+.2f}, {high:+.2f}" if metric.unit == "pp" else f"{low:.2f}, {high:.2f}"
+            shown += f" [{bounds}] ({effect.interval.label})"
+        verdict = (
+            (metric.words[0] if effect.estimate < 1 else metric.words[1])
+            if effect.verdict == DIFFERS and metric.unit == "ratio"
+            else effect.verdict
+        )
+        rows.append(
+            (
+                metric.label,
+                f"{effect.factor}={fmt_value(effect.value)} vs {fmt_value(effect.baseline)}",
+                stratum_label(effect.cell),
+                str(effect.pairs),
+                shown,
+                verdict,
+            )
+        )
+    headers = ("metric", "effect", "cell", "pairs", "effect [CI]", "verdict")
+    return Table(headers, tuple(rows), "lllrrl", "effects-per-cell")
