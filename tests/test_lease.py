@@ -192,7 +192,8 @@ def test_status_says_when_the_driver_of_running_trials_is_gone(tmp_path):
     runlog.write_json(run_dir / lease.LEASE_FILE, {**held.__dict__, "heartbeat_unix": time.time() - 31})
     state = status.load_state(run_dir)
     assert state.trials[0].state == "stalled" and state.eta_s is None
-    assert "its driver is gone: its driver (" in state.eta and "no heartbeat for 31 s" in state.eta
+    gone = f"(its driver ({held.host}, pid {held.pid}) is gone: no heartbeat for 31 s)"
+    assert gone in state.eta and state.eta.count("gone") == 1  # it said "its driver is gone: its driver ... is gone"
     (run_dir / lease.LEASE_FILE).unlink()
     text = status.render(run_dir)
     assert "running: epoch 7 of 12" not in text and f"no driver holds {lease.LEASE_FILE}" in text
