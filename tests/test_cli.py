@@ -124,6 +124,20 @@ def test_an_empty_storage_is_one_line_before_ray_starts(tmp_path, capsys, ray_st
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_under_the_lease_is_one_line_before_ray_starts(tmp_path, capsys, ray_start, monkeypatch):
+    """A disk with no byte free still makes empty files (the write check passes); the lease's write then failed
+    with a traceback."""
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_storage.os, "fsync", full)
+    assert main(["train", "--storage", str(tmp_path / "runs"), "--set", "dataset=synthetic"]) == 2
+    err = capsys.readouterr().err
+    line = rf"cifar-ray: error: cannot write {re.escape(str(tmp_path))}/runs/train-[0-9-]+/driver.lease: No space left "
+    assert re.fullmatch(line + r"on device\n", err), err
+
+
 def test_a_storage_that_cannot_be_written_is_one_line_before_ray_starts(tmp_path, capsys, ray_start):
     """Ray used to start, then a traceback came 19 s later. Tests run as root, whom a folder's mode does not stop:
     a folder under a file is one that nobody can make."""

@@ -217,6 +217,8 @@ class StoragePath:
             return True
         except FileExistsError:
             return False
+        except OSError as error:  # a full disk: one line, as write_bytes says it
+            raise StorageError(f"cannot write {self}: {error.strerror or error}") from error
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
