@@ -22,6 +22,7 @@ from cifar_ray.cluster import session as ray_session
 from cifar_ray.commands import COMMANDS
 from cifar_ray.commands.common import rerun_command
 from cifar_ray.core import runlog
+from cifar_ray.core import storage as run_storage
 from cifar_ray.core.config import TrainConfig, parse_overrides
 from cifar_ray.core.estimate import StepTime
 from cifar_ray.core.keys import key_rows, markdown_keys_table
@@ -108,6 +109,33 @@ def test_an_unusable_storage_is_one_line_before_ray_starts(tmp_path, capsys, ray
     assert main(["train", "--storage", "foo://user:hunter2@bucket/runs", "--set", "dataset=synthetic"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cifar-ray: error: storage foo://bucket/runs: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("storage", ["", " "])
+def test_an_empty_storage_is_one_line_before_ray_starts(tmp_path, capsys, ray_start, monkeypatch, storage):
+    """`--storage ''` ran the sweep into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    for argv in (["train"], ["sweep", str(SWEEPS / "quickstart.yaml")]):
+        assert main([*argv, "--storage", storage, "--set", "dataset=synthetic"]) == 2
+        assert (
+            capsys.readouterr().err
+            == f"cifar-ray: error: storage {storage!r} names no folder; pass {run_storage.ALLOWED}\n"
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_under_the_lease_is_one_line_before_ray_starts(tmp_path, capsys, ray_start, monkeypatch):
+    """A disk with no byte free still makes empty files (the write check passes); the lease's write then failed
+    with a traceback."""
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_storage.os, "fsync", full)
+    assert main(["train", "--storage", str(tmp_path / "runs"), "--set", "dataset=synthetic"]) == 2
+    err = capsys.readouterr().err
+    line = rf"cifar-ray: error: cannot write {re.escape(str(tmp_path))}/runs/train-[0-9-]+/driver.lease: No space left "
+    assert re.fullmatch(line + r"on device\n", err), err
 
 
 def test_a_storage_that_cannot_be_written_is_one_line_before_ray_starts(tmp_path, capsys, ray_start):

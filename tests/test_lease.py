@@ -13,7 +13,7 @@ from faults import FaultyFiles, faulty_storage
 from cifar_ray.cli import main
 from cifar_ray.core import lease, runlog, status
 from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder
-from cifar_ray.core.errors import RunInUseError, UserError
+from cifar_ray.core.errors import RunInUseError, StorageError, UserError
 from cifar_ray.core.storage import StoragePath
 
 T0 = 1_800_000_000.0
@@ -80,6 +80,34 @@ def test_a_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
     driver(run_dir, clock, 202, {202}).acquire(lines.append)
     assert len(lines) == 1 and lines[0].endswith("process 101 of here is gone)")
     assert lease.read_lease(run_dir).pid == 202
+
+
+def test_a_failing_heartbeat_is_said_once_when_the_lease_could_be_taken_over(tmp_path, monkeypatch):
+    """A full disk fails each heartbeat's write. Said at every beat, the warning came before the driver's own refusal
+    of the same fault (cannot write sweep.json), two lines for one full disk; now said once per outage, when the
+    lease has gone without a heartbeat long enough to be taken over."""
+    run_dir, clock, lines = StoragePath.of(tmp_path / "run"), Clock(), []
+    ours = driver(run_dir, clock, 101, {101})
+    ours.acquire()
+    write = StoragePath.write_bytes
+
+    def full(path, data):
+        raise StorageError(f"cannot write {path} (5 tries): [Errno 28] No space left on device")
+
+    monkeypatch.setattr(StoragePath, "write_bytes", full)
+    for _ in range(2 * lease.STALE_INTERVALS):
+        clock.now += lease.INTERVAL_S
+        assert ours.heartbeat(lines.append)
+        assert len(lines) == (clock.now - T0 >= lease.STALE_INTERVALS * lease.INTERVAL_S)
+    assert lines == [
+        f"{run_dir}: no heartbeat of this driver's lease for 30 s (cannot write {ours.file} (5 tries): [Errno 28] No "
+        "space left on device); another driver may now take the run over"
+    ]
+    monkeypatch.setattr(StoragePath, "write_bytes", write)
+    assert ours.heartbeat(lines.append) and lease.read_lease(run_dir).heartbeat_unix == clock.now
+    monkeypatch.setattr(StoragePath, "write_bytes", full)
+    clock.now += lease.STALE_INTERVALS * lease.INTERVAL_S
+    assert ours.heartbeat(lines.append) and len(lines) == 2  # a new outage, said again
 
 
 def test_heartbeats_renew_the_lease_and_release_removes_it_with_the_folder_it_made(tmp_path, monkeypatch):
@@ -192,7 +220,8 @@ def test_status_says_when_the_driver_of_running_trials_is_gone(tmp_path):
     runlog.write_json(run_dir / lease.LEASE_FILE, {**held.__dict__, "heartbeat_unix": time.time() - 31})
     state = status.load_state(run_dir)
     assert state.trials[0].state == "stalled" and state.eta_s is None
-    assert "its driver is gone: its driver (" in state.eta and "no heartbeat for 31 s" in state.eta
+    gone = f"(its driver ({held.host}, pid {held.pid}) is gone: no heartbeat for 31 s)"
+    assert gone in state.eta and state.eta.count("gone") == 1  # it said "its driver is gone: its driver ... is gone"
     (run_dir / lease.LEASE_FILE).unlink()
     text = status.render(run_dir)
     assert "running: epoch 7 of 12" not in text and f"no driver holds {lease.LEASE_FILE}" in text

@@ -146,6 +146,37 @@ def test_a_sweep_is_refused_or_admitted_once(tmp_path, monkeypatch, resume):
     assert dict(calls) == expected
 
 
+def test_a_resume_closes_a_run_whose_driver_was_killed_after_its_last_trial_ended(tmp_path, monkeypatch, capsys):
+    """A driver killed once its last trial had ended (SIGKILL: no `finally` runs) leaves sweep.json as its session
+    opened it: the session open, wall_time_s 0.0, no finished_at; the report said "Wall time 0.0 s" and `status`'s
+    elapsed time kept growing. --resume has nothing to train: it closes the run at the last thing its trials logged
+    and says so in one line; a second --resume is the no-op it was."""
+    storage = ["--storage", str(tmp_path)]
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage]) == 0
+    run_dir = tmp_path / "quickstart"
+    sweep = runlog.read_json(run_dir / runlog.SWEEP_FILE)
+    ends = [runlog.read_json(run_dir / name / runlog.TRIAL_FILE)["finished_unix"] for name in sweep["trials"]]
+    start = min(ends) - 10.0
+    killed = {k: v for k, v in sweep.items() if k != "finished_at"} | {"sessions": [{"start_unix": start}]}
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, killed | {"wall_time_s": 0.0})
+    capsys.readouterr()
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, "--resume"]) == 0
+    closed = runlog.read_json(run_dir / runlog.SWEEP_FILE)
+    wall = max(ends) - start
+    assert closed["wall_time_s"] == wall > 10.0 and closed["finished_at"] == runlog.now_iso(max(ends))
+    assert closed["sessions"] == [
+        {"start_unix": start, "end_unix": max(ends), "wall_s": wall, "end": "killed: last logged"}
+    ]
+    said = [line for line in capsys.readouterr().out.splitlines() if str(run_dir) in line and "trained" in line]
+    assert said == [
+        f"{run_dir}: every trial has trained to its end, but its driver stopped before closing the run; closed it "
+        f"now: wall time {wall:.1f} s over 1 session"
+    ]
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, "--resume"]) == 0
+    assert runlog.read_json(run_dir / runlog.SWEEP_FILE) == closed
+    assert "nothing to resume" in capsys.readouterr().out
+
+
 # The floors of the package's layers (tests/test_layers.py): a module calls only down, or along its floor.
 FLOORS = {"core": 0, "training": 1, "cluster": 2, "report": 3, "export": 3, "api": 4, "commands": 5, "cli": 6}
 

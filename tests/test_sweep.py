@@ -1,5 +1,7 @@
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -241,6 +243,14 @@ def test_yaml_1_1_booleans_are_the_strings_amp_takes_and_bool_keys_still_read_th
         ("name: x\nbase: {seed: 4294967296}\n", "seed=4294967296: should be less than or equal to 4294967295"),
         ("name: x\ngrid: {width: [16, 25]}\nbase: {norm: group}\n", "trial (width=25): norm=group cannot split 25"),
         ("name: x\nbase: {batch_size: 40000, accum_steps: 2}\n", "the effective batch 80000 (batch_size x accum"),
+        (  # 5 MB: PyYAML parsed it for 14 s to reach "too many trials"
+            "name: x\ngrid: {lr: [" + ", ".join(f"{n / 10**6:.6f}" for n in range(1, 600_000)) + "]}\n",
+            "larger than 1,000,000 bytes; allowed: a sweep file up to 1 MB",
+        ),
+        (
+            "name: x\ngrid: {lr: [" + ", ".join(str(n) for n in range(1, 10_002)) + "]}\n",
+            "grid.lr has 10,001 values, a trial each; allowed: at most 10,000 trials per sweep",
+        ),
     ],
 )
 def test_invalid_sweep_files_fail_with_one_line(tmp_path, capsys, text, expected):
@@ -252,6 +262,58 @@ def test_invalid_sweep_files_fail_with_one_line(tmp_path, capsys, text, expected
     assert main(["sweep", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("cifar-ray: error: ") and "\n" not in err and "Traceback" not in err
+
+
+# "Billion laughs": 10 lists of 10 aliases of the list before, 10^9 values from 583 bytes; one value per factor, so
+# no factor repeats a value. Read whole, repr and pydantic took 3 GB in 34 s.
+LAUGHS = "name: lol\ngrid:\n  lr: [&a0 [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]]\n" + "".join(
+    f"  f{i}: [&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]]\n" for i in range(1, 9)
+)
+
+
+def test_aliases_expanding_past_the_node_budget_are_one_line_in_bounded_memory(tmp_path):
+    """In a child limited to 1 GB of address space, so that a regression dies of MemoryError instead of taking
+    the machine: with and without --dry-run (the plan is read before Ray starts), refused at the alias that
+    crosses 100,000 values; the child's peak resident memory (VmHWM: ru_maxrss counts the forking pytest too) comes
+    back."""
+    path = tmp_path / "laughs.yaml"
+    path.write_text(LAUGHS)
+    script = (
+        "import contextlib, io, json, resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))\n"
+        "from cifar_ray.cli import main\n"
+        "results = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
+        "        results.append((main(argv), err.getvalue()))\n"
+        "peak = [line for line in open('/proc/self/status') if line.startswith('VmHWM:')][0]\n"
+        "print(json.dumps([results, int(peak.split()[1])]))\n"
+    )
+    argvs = [["sweep", str(path), "--dry-run"], ["sweep", str(path), "--storage", str(tmp_path / "runs")]]
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(argvs)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results, peak_kb = json.loads(done.stdout)
+    refusal = (
+        f"cifar-ray: error: {path}: line 7: more than 100,000 values with its aliases expanded; allowed: up to "
+        "100,000 (a sweep file needs a few hundred)\n"
+    )
+    assert results == [[2, refusal], [2, refusal]] and len(LAUGHS) < 600
+    assert peak_kb < 200 * 1024  # about 40 MB: the interpreter and pydantic
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_file_with_a_few_aliases_and_a_merge_key_is_read_as_written(tmp_path):
+    path = tmp_path / "aliased.yaml"
+    path.write_text(
+        "name: aliased\nbase: {lr: &lr 0.1, epochs: 1}\n"
+        "grid:\n  opt:\n    - &sgd {optimizer: sgd, lr: *lr}\n    - {<<: *sgd, momentum: 0.5}\n"
+    )
+    plan = load_sweep(path)
+    assert [(t.config.optimizer, t.config.lr, t.config.momentum) for t in plan.trials] == [
+        ("sgd", 0.1, TrainConfig().momentum),
+        ("sgd", 0.1, 0.5),
+    ]
 
 
 def test_a_sweep_file_that_is_not_utf8_is_one_line_naming_the_line(tmp_path, capsys):

@@ -23,6 +23,7 @@ from ..core.errors import ConfigError
 from ..core.run import RunFolder, RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, TrialSpec
+from ..core.text import counted, precise_duration
 from . import pool, slots
 from .dispatcher import tune_trial
 from .live_view import live_tensorboard
@@ -67,10 +68,18 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
         run.create(plan, _start_facts(capacity, options, warm))
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
     slot_plan = slots.plan_slots(plan, run, capacity, options.max_concurrent, not warm, options.profile)
-    if options.resume and not slot_plan.specs:  # a no-op that writes nothing: no session, no provenance
-        options.print_line(
-            f"{run.path}: every trial has trained to its end; nothing to resume (--repeats N adds seeds)"
-        )
+    if options.resume and not slot_plan.specs:  # no session, no provenance: at most the close a killed driver missed
+        closed = run.close_after_kill()
+        if closed:
+            wall, sessions = precise_duration(closed["wall_time_s"]), counted(len(closed["sessions"]), "session")
+            options.print_line(
+                f"{run.path}: every trial has trained to its end, but its driver stopped before closing the run; "
+                f"closed it now: wall time {wall} over {sessions}"
+            )
+        else:
+            options.print_line(
+                f"{run.path}: every trial has trained to its end; nothing to resume (--repeats N adds seeds)"
+            )
         return run.path
     if options.resume:
         _add_seeds(run, plan)

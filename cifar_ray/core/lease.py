@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import shlex
 import socket
@@ -42,8 +41,6 @@ LEASE_FILE = "driver.lease"
 INTERVAL_S = 5.0  # between heartbeats
 STALE_INTERVALS = 6  # heartbeats missed before a lease is stale: 30 s
 SETTLE_S = 0.5  # between writing a lease without os.link and reading it back
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -160,6 +157,7 @@ class DriverLease:
         self.host, self.pid = host or this_host(), os.getpid() if pid is None else pid
         self.token = uuid.uuid4().hex
         self.started = clock()
+        self.beaten, self.outage_said = self.started, False  # the last heartbeat written; its outage said
         self.lost: LeaseRecord | None = None  # another driver's lease found where ours was
         self.made: list[str] = []  # the folders the lease's file made, deepest first (local disk)
         self._stop = threading.Event()
@@ -200,20 +198,36 @@ class DriverLease:
         if held is not None and held.token != self.token:
             self.lost = held
             return False
-        self.file.write_bytes(self._ours(self.clock()))
+        now = self.clock()
+        self.file.write_bytes(self._ours(now))
+        self.beaten, self.outage_said = now, False
+        return True
+
+    def heartbeat(self, print_line: Callable[[str], None]) -> bool:
+        """One beat of the heartbeat thread; False once the lease is lost to another driver (said in one line). A
+        beat that cannot write (a storage outage, a full disk) is tried again at the next one, and said once, only
+        when the lease has gone long enough without one to be taken over: a driver that stops sooner on the same
+        fault (cannot write sweep.json) prints only its own one line."""
+        try:
+            if not self.renew():
+                print_line(
+                    f"{self.run_dir}: this driver lost its lease to another ({self.lost.describe(self.clock())}); "
+                    "two drivers may now train the same trials: stop one"
+                )
+                return False
+        except StorageError as error:
+            late = self.clock() - self.beaten
+            if late >= STALE_INTERVALS * INTERVAL_S and not self.outage_said:
+                self.outage_said = True
+                print_line(
+                    f"{self.run_dir}: no heartbeat of this driver's lease for {rough_duration(late)} ({error}); "
+                    "another driver may now take the run over"
+                )
         return True
 
     def _beat(self, print_line: Callable[[str], None]) -> None:
-        while not self._stop.wait(INTERVAL_S):
-            try:
-                if not self.renew():
-                    print_line(
-                        f"{self.run_dir}: this driver lost its lease to another ({self.lost.describe(self.clock())}); "
-                        "two drivers may now train the same trials: stop one"
-                    )
-                    return
-            except StorageError as error:  # a storage outage: the next heartbeat tries again
-                logger.warning("driver lease heartbeat failed: %s", error)
+        while not self._stop.wait(INTERVAL_S) and self.heartbeat(print_line):
+            pass
 
     def start_heartbeat(self, print_line: Callable[[str], None] = print) -> None:
         self._thread = threading.Thread(target=self._beat, args=(print_line,), name="cifar-ray-lease", daemon=True)

@@ -235,6 +235,14 @@ class RunFolder:
         session an earlier driver left open was killed (SIGKILL, a lost machine: no `finally` ran): it is closed
         first, ended at the last thing its trials logged, `end` saying so, so that wall_time_s still sums every
         session (a run from before sessions were kept counts its recorded wall time as one)."""
+        sessions = self._killed_sessions_closed()
+        sessions.append({"start_unix": started})
+        self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions))
+        self._session_open, self._records = True, {}  # the Dispatcher writes trial.json from now on
+        return len(sessions)
+
+    def _killed_sessions_closed(self) -> list[dict]:
+        """sweep.json's sessions, each one a killed driver left open ended at the last thing its trials logged."""
         sweep = self.sweep()
         earlier = sweep.get("wall_time_s") or 0.0
         sessions = sweep.get("sessions") or ([{"wall_s": earlier}] if earlier else [])
@@ -242,10 +250,17 @@ class RunFolder:
             if "end_unix" not in session and "start_unix" in session:
                 ended = max(session["start_unix"], self.last_activity(session["start_unix"]))
                 session |= {"end_unix": ended, "wall_s": ended - session["start_unix"], "end": "killed: last logged"}
-        sessions.append({"start_unix": started})
-        self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions))
-        self._session_open, self._records = True, {}  # the Dispatcher writes trial.json from now on
-        return len(sessions)
+        return sessions
+
+    def close_after_kill(self) -> dict[str, Any] | None:
+        """A run whose trials have all ended but that its driver never closed (killed after the last one ended):
+        its sessions closed as open_session closes a killed one, finished_at the last session's end; returns the new
+        sweep.json, or None when the run was closed already."""
+        if "finished_at" in self.sweep():
+            return None
+        sessions = self._killed_sessions_closed()
+        ended = max((session["end_unix"] for session in sessions if "end_unix" in session), default=None)
+        return self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions), finished_at=runlog.now_iso(ended))
 
     def close_session(self, done: bool) -> None:
         """This session's end and wall time; wall_time_s is the sum over sessions; finished_at once every trial

@@ -162,8 +162,9 @@ def incomplete(status: str, epochs_logged: int, planned: Any) -> bool:
     return status == "finished" and isinstance(planned, int) and epochs_logged < planned
 
 
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+def now_iso(unix: float | None = None) -> str:
+    """Now (or Unix time `unix`) as sweep.json and trial.json write times, in local time with its offset."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(unix))
 
 
 def _jsonable(value: Any) -> Any:

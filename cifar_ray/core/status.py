@@ -224,7 +224,7 @@ def sweep_state(run: runlog.RunLog, now: float, driver_gone: str | None = None) 
         and (counts["stalled"] or counts["interrupted"] or ended or _stale(idle, epoch_wall))
     )
     if stopped:
-        why = f"its driver is gone: {driver_gone}" if driver_gone else "its driver stopped?"
+        why = driver_gone or "its driver stopped?"  # lease.driver_gone says "its driver ... is gone" itself
         eta = f"no ETA: no trial is progressing ({why}); `cifar-ray sweep FILE --resume` continues it"
     elif unfinished and epoch_wall is None:
         eta = "ETA unknown (no epoch has finished yet)"

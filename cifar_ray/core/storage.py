@@ -70,6 +70,8 @@ class StoragePath:
         if isinstance(where, StoragePath):
             return where
         text = os.fspath(where)
+        if not text.strip():  # Path("") is the current folder: --storage '' ran a sweep into it
+            raise StorageError(f"storage {text!r} names no folder; pass {ALLOWED}")
         match = URI.match(text)
         if not match or match.group(1).lower() == "file":
             local = text[len(match.group(0)) :] if match else text
@@ -215,6 +217,8 @@ class StoragePath:
             return True
         except FileExistsError:
             return False
+        except OSError as error:  # a full disk: one line, as write_bytes says it
+            raise StorageError(f"cannot write {self}: {error.strerror or error}") from error
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

@@ -13,6 +13,9 @@ _BOOL_TAG, _INT_TAG, _LEADING_ZERO_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org
 # How deep collections may nest: a sweep file needs 4 (the file, grid, a factor's list, a bundle); PyYAML composes
 # recursively, so 10^5 levels end in a RecursionError, and a few thousand already in a page-long pydantic message.
 NESTING_MAX = 32
+# How many nodes a document may compose, an alias counted as the nodes it repeats: a sweep file needs a few hundred,
+# and 560 bytes of aliases nested 9 deep ("billion laughs") repeat 10^9 values that repr and pydantic then walk.
+NODES_MAX = 100_000
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -20,7 +23,8 @@ class StrictLoader(yaml.SafeLoader):
     true/false are the only booleans (YAML 1.1 reads off/on/yes/no as booleans: `amp: off` would be False;
     a bool key still takes them, as pydantic reads "off" as false), an integer with a leading zero is refused
     (YAML 1.1 reads 010 as octal 8), 1:30 is text (not YAML 1.1's sexagesimal 90), a mapping may not
-    repeat a key (YAML keeps the last one silently), and collections nest at most NESTING_MAX deep."""
+    repeat a key (YAML keeps the last one silently), collections nest at most NESTING_MAX deep, and a document
+    holds at most NODES_MAX nodes with its aliases expanded."""
 
     yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
@@ -29,15 +33,35 @@ class StrictLoader(yaml.SafeLoader):
 
     depth = 0  # the collections open where the composer stands
 
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.nodes = 0  # composed so far, aliases expanded
+        self.anchor_nodes: dict[str, int] = {}  # an anchored node's nodes, aliases inside it expanded
+
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         self.depth += 1
         try:
+            event = self.peek_event()
             if self.depth > NESTING_MAX:
                 raise YamlValueError(
                     f"nested deeper than {NESTING_MAX} levels; allowed: up to {NESTING_MAX} (a sweep file needs 4)",
-                    self.peek_event().start_mark.line + 1,
+                    event.start_mark.line + 1,
                 )
-            return super().compose_node(parent, index)
+            before = self.nodes
+            node = super().compose_node(parent, index)
+            if isinstance(event, yaml.AliasEvent):
+                self.nodes += self.anchor_nodes.get(event.anchor, 1)  # absent: an alias inside its anchor, a cycle
+            else:
+                self.nodes += 1
+                if event.anchor is not None:
+                    self.anchor_nodes[event.anchor] = self.nodes - before
+            if self.nodes > NODES_MAX:
+                raise YamlValueError(
+                    f"more than {NODES_MAX:,} values with its aliases expanded; allowed: up to {NODES_MAX:,} "
+                    "(a sweep file needs a few hundred)",
+                    event.start_mark.line + 1,
+                )
+            return node
         finally:
             self.depth -= 1
 

@@ -55,6 +55,8 @@ NAME_MAX = 80
 TRIAL_NAME_MAX = 120
 REPEATS_MAX = 100
 TRIALS_MAX = 10_000  # a sweep's trials are listed, validated and printed before Ray starts: 10^6 would hang there
+# A sweep file is a page; PyYAML reads about 0.5 MB a second, and a 50 MB file was copied whole into sweep.json.
+SWEEP_FILE_MAX = 1_000_000
 
 
 def name_refusal(name: Any) -> str | None:
@@ -94,8 +96,16 @@ class SweepFile(BaseModel):
         for key, values in grid.items():
             if not values:
                 raise ValueError(f"grid.{key} is an empty list; give at least one value")
-            if len(set(map(repr, values))) != len(values):
-                raise ValueError(f"grid.{key} repeats a value: {values}")
+            if len(values) > TRIALS_MAX:  # refused before repr walks them: each value is at least one trial
+                raise ValueError(
+                    f"grid.{key} has {len(values):,} values, a trial each; "
+                    f"allowed: at most {TRIALS_MAX:,} trials per sweep"
+                )
+            seen: set[str] = set()
+            for text in map(repr, values):
+                if text in seen:
+                    raise ValueError(f"grid.{key} repeats a value: {text}")
+                seen.add(text)
             bundles = [isinstance(value, dict) for value in values]
             if any(bundles) and not all(bundles):
                 raise ValueError(f"grid.{key} mixes mappings and plain values; use one or the other")
@@ -358,9 +368,12 @@ def read_sweep_file(path: str | Path) -> Any:
     """The parsed YAML document of a sweep file, or a one-line ConfigError."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            data = file.read(SWEEP_FILE_MAX + 1)  # no more: a larger file is refused unread
     except OSError as error:
         raise ConfigError(f"cannot read sweep file {path}: {error.strerror or error}") from None
+    if len(data) > SWEEP_FILE_MAX:
+        raise ConfigError(f"{path}: larger than {SWEEP_FILE_MAX:,} bytes; allowed: a sweep file up to 1 MB")
     try:
         text = data.decode("utf-8")  # not the locale's encoding: a sweep file means the same on every machine
     except UnicodeDecodeError as error:
