@@ -153,6 +153,9 @@ def build_report(
         return lambda chosen, key: ratio_effects(chosen, logs[metric.name], key, pairing, MIN_PAIRS, contended)
 
     evidence = {metric.name: (metric.unit, effects_of(metric)) for metric in COMPARED}
+    # what pairing reads, no more: the interactions split these rows hundreds of times at 1,000 trials
+    read = [*factors, "seed", "paired_config", "trial", "outcome", "test_images", *columns.values()]
+    paired = paired[[column for column in dict.fromkeys(read) if column in paired]]
     interactions = find_interactions(paired, factors, grid, chosen, evidence)
     # sweep --until-settled: its looks' verdicts, every test at their level (report/settle.py), one run only
     looks = None if comparison else sweep.get(SETTLE_KEY)

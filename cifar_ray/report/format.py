@@ -29,9 +29,27 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
+def value_key(value: Any) -> tuple:
+    """A config value as a typed key, for pairing and grouping trials: 64 and 64.0 (a column pandas made float) are
+    one key; True and 1, None and NaN, "64" and 64 are two."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float)):
+        return ("nan",) if isinstance(value, float) and math.isnan(value) else ("number", float(value))
+    if value is None:
+        return ("none",)
+    if isinstance(value, dict):
+        return ("map", tuple(sorted((str(k), value_key(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(value_key(v) for v in value))
+    return (type(value).__name__, value)
+
+
 def same_value(a: Any, b: Any) -> bool:
-    """Equal as values or as written (64 matches 64.0)."""
-    return a == b or fmt_value(a) == fmt_value(b)
+    """Equal as config values (value_key: 64 matches 64.0, "64" does not)."""
+    return value_key(a) == value_key(b)
 
 
 def values_label(row: pd.Series | dict, keys: Sequence[str]) -> str:

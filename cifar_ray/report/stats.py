@@ -14,12 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
 from ..core.runlog import FINAL_STATUSES, STATUSES, warm_slice
 from . import testset
-from .format import fmt_value, same_value, values_label
+from .format import fmt_value, same_value, value_key
 from .metrics import FACTOR_METRICS, INCLUDED, Metric
 
 OVERFIT_RISE = 0.02
@@ -90,7 +91,8 @@ def sample_stats(values: pd.Series) -> tuple[float, float]:
 
 def rows_with(frame: pd.DataFrame, key: str, value: Any) -> pd.DataFrame:
     """Rows whose `key` is `value` (64 matches 64.0; an empty frame keeps its columns)."""
-    return frame.loc[frame[key].map(lambda x: same_value(x, value)).astype(bool)]
+    target = value_key(value)
+    return frame.loc[np.array([value_key(x) == target for x in frame[key]], dtype=bool)]
 
 
 def _metric_columns(breakdown: Sequence[str], metrics: Sequence[Metric]) -> list[str]:
@@ -159,14 +161,17 @@ def t_upper(t: float, df: float) -> float:
 
 
 def _cells(frame: pd.DataFrame, keys: Sequence[str], column: str):
-    """`column` grouped by the combination of `keys` values, labelled as written (64 meets 64.0); NaN dropped."""
+    """`column` grouped by the combination of `keys` values (typed keys: 64 meets 64.0); NaN dropped."""
     labels = _labels(frame, keys)
-    values = pd.Series(frame[column].to_numpy(dtype=float), index=pd.Index(labels, dtype=object), dtype=float)
+    index = pd.Index(labels, dtype=object, tupleize_cols=False)
+    values = pd.Series(frame[column].to_numpy(dtype=float), index=index, dtype=float)
     return values.dropna().groupby(level=0)
 
 
-def _labels(frame: pd.DataFrame, keys: Sequence[str]) -> list[str]:
-    return [values_label(row, keys) for row in frame[list(keys)].to_dict("records")]
+def _labels(frame: pd.DataFrame, keys: Sequence[str]) -> list[tuple]:
+    """Each row's values of `keys` as one typed key (format.value_key), what pairs and groups trials."""
+    columns = [frame[key].tolist() for key in keys]
+    return [tuple(value_key(v) for v in values) for values in zip(*columns)] if keys else [()] * len(frame)
 
 
 def _lost_pairs(trials: pd.DataFrame, key: str, value: Any, baseline: Any, match: Sequence[str], lost: set) -> str:
