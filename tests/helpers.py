@@ -489,3 +489,18 @@ def cost_run(run_dir: Path, trials: list[dict], grid: dict, extra_planned: int =
                 meta[key] = meta[key] | value if isinstance(value, dict) else value
             path.write_text(json.dumps(meta))
     return run_dir
+
+
+# Golden files: the rendered text of a few reports, kept whole so that a wording change is one reviewed diff.
+# `python tests/regenerate_golden.py` writes them all (and reports/quickstart); tests/test_golden.py compares.
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def golden_texts(scratch: Path) -> dict[str, str]:
+    """Each golden file's name -> the text the code renders now: the many-factor report of make_factorial
+    (optimizer x workers x amp x 3 seeds), its figures left out."""
+    from cifar_ray.report import build_report
+
+    run_dir = scratch / "factorial"
+    make_factorial(run_dir)
+    return {"factorial.md": report_text(build_report(run_dir))}

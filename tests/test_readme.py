@@ -66,8 +66,7 @@ def test_the_committed_quickstart_report_is_what_the_code_renders_from_its_logs(
 
     written = write_report(ROOT / "reports" / "quickstart" / "logs", out_dir=tmp_path, fmt=fmt)
     assert written.read_text() == (ROOT / "reports" / "quickstart" / file).read_text(), (
-        f"reports/quickstart/{file} is stale: cifar-ray report reports/quickstart/logs --out reports/quickstart"
-        f" --format {fmt}"
+        f"reports/quickstart/{file} is stale: run `python tests/regenerate_golden.py` and review the diff"
     )
 
 

@@ -161,3 +161,20 @@ def test_the_json_effects_hold_exactly_the_documented_fields_for_the_committed_q
 
 def test_the_verdict_literal_is_the_verdict_list():
     assert typing.get_args(Verdict) == VERDICTS
+
+
+def test_damaged_and_missing_trial_files_are_named_not_a_traceback(tmp_path):
+    """A run folder with one trial.json that is not JSON, one trial folder with metrics but no trial.json, and one
+    trial planned with no folder: the report still builds from the rest, and names each with why."""
+    grid = {"workers": [1, 2]}
+    trials = timed({(1,): 10.0, (2,): 5.0}, 3, grid)
+    run_dir = cost_run(tmp_path / "run", trials, grid, extra_planned=1)
+    (run_dir / "trial_000" / "trial.json").write_text("{not json")
+    (run_dir / "trial_001" / "trial.json").unlink()
+    report = build_report(run_dir)
+    assert report.missing["trial_000"].startswith("its trial.json is damaged: ")
+    assert report.missing["trial_001"] == "its folder has no trial.json"
+    assert report.missing["trial_006"] == "no folder in the run"
+    assert effect(report, "time_per_epoch", "workers").pairs == 1  # seed 2's pair; seeds 0 and 1 lost their baseline
+    missing = next(line for line in findings(report) if line.startswith("**Missing**"))
+    assert all(name in missing for name in ("trial_000", "trial_001", "trial_006"))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoints import CHECKPOINTS
-from .errors import RunFolderError
+from .errors import RunFolderError, StorageError
 from .record import TrialRecord
 from .storage import StoragePath, read_retrying
 
@@ -343,13 +343,17 @@ class RunLog:
     path: StoragePath
     sweep: dict
     trials: list[TrialLog]
+    # trial folder -> why none of its trial is here (load_run's `damaged`): its trial.json unparseable, or absent
+    damaged: dict[str, str] = field(default_factory=dict)
 
 
-def load_run(run_dir: Where, per_image: bool = False) -> RunLog:
+def load_run(run_dir: Where, per_image: bool = False, damaged: bool = False) -> RunLog:
     """Everything under RUN_DIR, in sweep order (trial folders not listed in sweep.json come last); with
     `per_image`, each trial's CorrectImages too (one more read per trial, which only the report needs). A file that
     cannot be read raises StorageError naming it: status and report say so in one line rather than show a
-    table with its trial as pending (another user's files of mode 0600 in a shared folder, a storage outage)."""
+    table with its trial as pending (another user's files of mode 0600 in a shared folder, a storage outage). With
+    `damaged` (the report), a trial whose trial.json holds no JSON after every try, or whose folder holds other
+    files but no trial.json, is left out and named in RunLog.damaged instead: the rest of the run is still read."""
     run_dir = StoragePath.of(run_dir)
     if not run_dir.is_dir():
         raise RunFolderError(f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} (<storage>/<name>)")
@@ -357,16 +361,20 @@ def load_run(run_dir: Where, per_image: bool = False) -> RunLog:
     listed = list(sweep.get("trials", []))
     found = [name for name in run_dir.subfolders() if (run_dir / name / TRIAL_FILE).exists()]
     names = [n for n in listed if n in found] + [n for n in found if n not in listed]
-    trials = [
-        TrialLog(
-            n,
-            TrialRecord.from_json(n, read_json(run_dir / n / TRIAL_FILE)),
-            read_epochs(run_dir / n),
-            read_correct_images(run_dir / n) if per_image else None,
-        )
-        for n in names
-    ]
-    return RunLog(run_dir, sweep, trials)
+    trials, why = [], {}
+    for name in names:
+        try:
+            record = TrialRecord.from_json(name, read_json(run_dir / name / TRIAL_FILE))
+        except StorageError as error:
+            if not damaged or not isinstance(error.__cause__, ValueError):  # an outage or a refusal: not damage
+                raise
+            why[name] = f"its {TRIAL_FILE} is damaged: {str(error.__cause__).splitlines()[0]}"
+            continue
+        epochs = read_epochs(run_dir / name)
+        trials.append(TrialLog(name, record, epochs, read_correct_images(run_dir / name) if per_image else None))
+    if damaged:
+        why |= {name: f"its folder has no {TRIAL_FILE}" for name in trial_folders(run_dir) if name not in found}
+    return RunLog(run_dir, sweep, trials, why)
 
 
 def trial_folders(run_dir: Where) -> list[str]:

@@ -90,7 +90,7 @@ class Report:
     shared: dict[str, str]  # included trial -> why it shared a device with another trial (sharing.shared_trials)
     time_logs: dict[str, list[float]]  # included trial -> log seconds of its warm epochs (stats.log_values)
     memory_column: str  # the trial column memory is compared on: the total over workers where every trial has one
-    missing: list[str]  # trials sweep.json plans that have no folder in the run
+    missing: dict[str, str]  # trial -> why it is not in the run: NO_FOLDER, or its folder damaged (RunLog.damaged)
     per_image: dict[str, ImageScores]  # trial -> which test images its final evaluation got right, where logged
     sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
     comparison: RunComparison | None = None  # None for one run
@@ -98,6 +98,17 @@ class Report:
     def trial_label(self, row: pd.Series) -> str:
         """A trial row named by its label_keys' values, or by the trial's name when there are none."""
         return values_label(row, self.label_keys) or row["trial"]
+
+
+NO_FOLDER = "no folder in the run"
+
+
+def missing_trials(run: RunLog) -> dict[str, str]:
+    """Each trial sweep.json plans that is not in `run`, and each damaged trial folder, with why (NO_FOLDER, or
+    what load_run found damaged)."""
+    loaded = {t.name for t in run.trials}
+    planned = {name: run.damaged.get(name, NO_FOLDER) for name in run.sweep.get("trials", []) if name not in loaded}
+    return planned | {name: why for name, why in run.damaged.items() if name not in planned}
 
 
 def build_report(
@@ -199,7 +210,7 @@ def build_report(
         shared=shared,
         time_logs=logs[COMPARED[1].name],
         memory_column=columns[COMPARED[2].name],
-        missing=[name for name in sweep.get("trials", []) if name not in {t.name for t in run.trials}],
+        missing=missing_trials(run),
         per_image=per_image,
         sources=sources,
         comparison=comparison,

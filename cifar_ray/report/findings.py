@@ -17,7 +17,7 @@ from ..core.datasets import DATASET_SIZES
 from ..core.status import trial_times
 from ..core.sweep import REPEATS_MAX
 from ..core.text import precise_duration, rough_duration
-from .build import Report
+from .build import NO_FOLDER, Report
 from .compare import RUN_FACTOR
 from .effects import DEPENDS, DIFFERS, EQUIVALENT, FAILED, NO_PRACTICAL, NO_VERDICT, OPEN, UNFAIR
 from .format import (
@@ -204,15 +204,17 @@ def findings(report: Report) -> list[str]:
     configs = report.configs[report.configs["n"] > 0]
     done = int(len(included(report.trials)))
     if not len(configs):
-        return ["No trial finished with every epoch logged: there is nothing to compare yet."]
+        nothing = "No trial finished with every epoch logged: there is nothing to compare yet."
+        return [line for line in (nothing, missing_line(report)) if line]
     if len(configs) == 1:
         config = configs.loc[configs.index[0]]
         accuracy = fmt_mean_std(FACTOR_METRICS[0], config["final_test_acc_mean"], config["final_test_acc_std"])
-        return failed_lines(report) + [
+        one = (
             f"One configuration that finished: final test accuracy {accuracy} %, "
             f"{fmt_num(config['time_per_epoch_s_mean'])} s/epoch, peak memory {_memory_text(config)} "
             f"({done} included trial{'s' if done != 1 else ''})."
-        ]
+        )
+        return [line for line in (*failed_lines(report), one, missing_line(report)) if line]
     lines = [line for key in report.factors for line in answer_lines(report, key)]
     lines.extend(interaction_lines(report))
     best = report.objective
@@ -243,12 +245,7 @@ def findings(report: Report) -> list[str]:
             else "by the peak per worker: not every configuration logged a total",
         )
     )
-    if report.missing:
-        planned = len(report.run.sweep.get("trials", []))
-        lines.append(
-            f"**Missing**: {len(report.missing)} of {planned} planned trials have no folder in the run and enter no "
-            f"aggregate: {', '.join(report.missing)}."
-        )
+    lines.append(missing_line(report))
     lines = [line for line in lines if line]
     std, n_configs = report.noise
     if n_configs:
@@ -257,6 +254,20 @@ def findings(report: Report) -> list[str]:
             f"configuration{'s' if n_configs != 1 else ''} with ≥ 2 included seeds."
         )
     return lines
+
+
+def missing_line(report: Report) -> str:
+    """`**Missing**: 2 of 14 planned trials have no folder in the run ...`, with why for a damaged one; "" for none."""
+    if not report.missing:
+        return ""
+    planned = len(report.run.sweep.get("trials", []))
+    if set(report.missing.values()) == {NO_FOLDER}:
+        return (
+            f"**Missing**: {len(report.missing)} of {planned} planned trials have no folder in the run and enter no "
+            f"aggregate: {', '.join(report.missing)}."
+        )
+    named = "; ".join(f"{name} ({why})" for name, why in report.missing.items())
+    return f"**Missing**: {len(report.missing)} trials ({planned} planned) enter no aggregate: {named}."
 
 
 def failed_line(report: Report, key: str, row: pd.Series) -> str:

@@ -74,7 +74,7 @@ MEMORY_MEASURES = {
 def load(run_dir: Where) -> RunLog:
     """The run's logs; ConfigError when the folder is missing or holds no trial."""
     try:
-        run = load_run(run_dir, per_image=True)
+        run = load_run(run_dir, per_image=True, damaged=True)
     except FileNotFoundError:
         raise ConfigError(
             f"no run folder at {run_dir}: pass the folder holding {SWEEP_FILE} (<storage>/<sweep name>)"
