@@ -487,17 +487,20 @@ def report(
     fmt: str = "md",
     margin_pp: float | None = None,
     force: bool = False,
+    target: float | None = None,
 ) -> Path:
     """Write the report of one run folder, or of several compared (a list), into `out` (default: RUN_DIR/report
     for a local run, else reports/<sweep name>, refused where git tracks files unless `force`), as `cifar-ray
     report` does; returns its main file: README.md with plots (fmt="md"), or that of another format of
     report.FORMATS (trials.csv, report.json, ...). `baseline`: {key: grid value} or "KEY=VALUE", the reference of
-    the deltas; `margin_pp`: the equivalence margin of accuracy effects (None: the report's default). ConfigError
-    or UsageError for bad input."""
+    the deltas; `margin_pp`: the equivalence margin of accuracy effects (None: the report's default); `target`: a
+    test accuracy (0.85) whose time to reach is compared (None: the sweep file's, if any). ConfigError or UsageError
+    for bad input."""
     from .report import write_report
 
-    margin = {} if margin_pp is None else {"margin_pp": margin_pp}
-    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt, force=force, **margin)
+    judging = {} if margin_pp is None else {"margin_pp": margin_pp}
+    judging |= {} if target is None else {"target": target}
+    return write_report(runs, out_dir=out, baseline=_baseline_values(baseline), fmt=fmt, force=force, **judging)
 
 
 def load(run_dir: str | os.PathLike | StoragePath) -> Run:
@@ -528,9 +531,10 @@ class Run:
         fmt: str = "md",
         margin_pp: float | None = None,
         force: bool = False,
+        target: float | None = None,
     ) -> Path:
         """This run's report (see the module's `report`)."""
-        return report(self.path, out, baseline, fmt, margin_pp, force)
+        return report(self.path, out, baseline, fmt, margin_pp, force, target)
 
     def status_counts(self) -> dict[str, int]:
         """How many trials ended (or stand) in each status: {"finished": 3, "failed": 1}."""

@@ -104,9 +104,12 @@ def test_header_comes_from_the_logs(readme):
     text = readme.read_text()
     assert text.startswith(
         "# bs-workers\n\n**Question.** Does a bigger batch or more workers train faster at equal accuracy?\n\n"
-        "**Measured.** 8 trials (5 finished, 1 failed, 1 diverged, 0 oom, 1 pending): batch_size 64, 128 × "
-        "workers 1, 2 × 2 seeds, 4 epochs each on cifar10, tested on 10000 images."
+        "## Configurations\n\n"
     )
+    assert (
+        "| Measured | 8 trials (5 finished, 1 failed, 1 diverged, 0 oom, 1 pending): batch_size 64, 128 × "
+        "workers 1, 2 × 2 seeds, 4 epochs each on cifar10, tested on 10000 images."
+    ) in text
     assert "| Date | 2025-03-04 05:06 (UTC+0000) |" in text
     assert "`abc1234def`" in text
     assert "4 × NVIDIA H100 80GB HBM3" in text
@@ -295,6 +298,9 @@ def test_plots_are_valid_png_and_linked(readme):
         "batch_size_accuracy.png",
         "workers_cost.png",
         "workers_accuracy.png",
+        "accuracy_vs_time.png",
+        "speedup.png",
+        "train_test_accuracy.png",
     }
     for link in links:
         path = readme.parent / link
@@ -307,7 +313,7 @@ def test_the_text_the_report_tests_read_is_the_readme_less_its_figures(run, read
     """helpers.report_text, read by the tests of the report's text instead of README.md (which costs its plots)."""
     blocks = readme.read_text(encoding="utf-8").rstrip("\n").split("\n\n")
     figures = [block for block in blocks if block.startswith("![")]
-    assert len(figures) == 6
+    assert len(figures) == 9
     text = report_text(build_report(run[0]))
     assert text.rstrip("\n").split("\n\n") == [block for block in blocks if block not in figures]
 
@@ -316,7 +322,7 @@ def test_same_logs_give_byte_identical_files(run, readme, tmp_path):
     again = write_report(run[0], tmp_path / "again")
     assert again.read_bytes() == readme.read_bytes()
     pngs = sorted(p.name for p in readme.parent.glob("*.png"))
-    assert pngs == sorted(p.name for p in again.parent.glob("*.png")) and len(pngs) == 6
+    assert pngs == sorted(p.name for p in again.parent.glob("*.png")) and len(pngs) == 9
     for name in pngs:
         assert (again.parent / name).read_bytes() == (readme.parent / name).read_bytes(), name
 

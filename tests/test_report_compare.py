@@ -87,17 +87,18 @@ def test_the_markdown_lists_each_run_and_says_what_the_run_effect_includes(pair,
     before_dir, after_dir, before, after = pair
     readme = write_report([before_dir, after_dir], tmp_path)
     text = readme.read_text(encoding="utf-8")
-    header = text.split("## Findings")[0]
-    assert header.startswith("# before vs after\n")
+    assert text.startswith("# before vs after\n")
+    header = text.split("## Setup")[1].split("\n## ")[0]
     rows = {line.split(" | ")[0].lstrip("| "): line for line in header.splitlines() if line.startswith("| ")}
     assert "`1111111`" in rows["before"] and "| `cifar-ray sweep sweeps/x.yaml` |" in rows["before"]
     assert "| 4: 4 finished, 0 failed, 0 diverged, 0 oom |" in rows["before"]
     assert "CPU only: Test CPU, 16 cores" in rows["before"] and "CPU only: Other CPU, 64 cores" in rows["after"]
     assert "`2222222`" in rows["after"] and "`cifar-ray sweep sweeps/x.yaml --set amp=bf16`" in rows["after"]
     assert "| Run-level keys | amp: off in before, bf16 in after |" in header
-    assert RUN_MATCH_RULE in header
+    assert RUN_MATCH_RULE in text.split("## Findings")[1]  # below the first screen: a long rule
     diffs = [after[key] - before[key] for key in before]
-    finding = next(line for line in text.splitlines() if line.startswith("- **run=after**"))
+    findings = text.split("## Findings")[1].split("\n## ")[0]
+    finding = next(line for line in findings.splitlines() if line.startswith("- **run=after**"))
     assert finding.startswith("- **run=after** vs before: time per epoch ")  # paired on RUN_MATCH_RULE too
     assert f"; final test accuracy {100 * statistics.mean(diffs):+.2f} pp, 4 of 4 pairs" in finding
     assert "part of this effect: amp: off in before, bf16 in after." in finding
@@ -258,7 +259,7 @@ def test_two_real_runs_of_one_sweep_compared(tmp_path, capsys):
     assert effect["mean_diff"] == pytest.approx(statistics.mean(diffs))
 
     text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
-    header = text.split("## Findings")[0]
+    header = text.split("## Setup")[1].split("\n## ")[0]
     for label, argv in (("tiny", first), ("tiny-b64", second)):
         row = next(line for line in header.splitlines() if line.startswith(f"| {label} |"))
         assert f"| 2: 2 finished, 0 failed, 0 diverged, 0 oom | `{shlex.join(['cifar-ray', *argv])}` |" in row

@@ -18,8 +18,9 @@ from cifar_ray.commands.common import SUMMARY_COLUMNS, answer_lines, trial_resul
 from cifar_ray.core import runlog
 from cifar_ray.core.runlog import TrialLog
 from cifar_ray.report import build_report
-from cifar_ray.report.findings import answer_text, findings
+from cifar_ray.report.findings import findings
 from cifar_ray.report.judge import verdict_intervals
+from cifar_ray.report.screen import answer_text
 from cifar_ray.report.sharing import shared_trials
 from cifar_ray.report.stats import BETWEEN, WITHIN
 from cifar_ray.report.verdicts import holm_multipliers
@@ -261,8 +262,9 @@ def test_terminal_summary_and_report_share_the_time_per_epoch(tmp_path):
     assert [trial_result(t)["time_per_epoch_s"] for t in run.trials] == [11.0, 22.0]
     assert report.trials["time_per_epoch_s"].tolist() == [11.0, 22.0]
     answer = answer_lines(report)
-    assert answer[0] == "answer:" and answer[1:] == [f"  {line}" for line in answer_text(report)]
-    assert answer[1].startswith("  workers=2 vs 1: time per epoch 2.00x slower")
+    answers = answer[answer.index("answer:") + 1 :]
+    assert answer[0] == "configurations:" and answers == [f"  {line}" for line in answer_text(report)]
+    assert answers[0].startswith("  workers=2 vs 1: 2.00x slower per epoch")
 
 
 @pytest.mark.parametrize(

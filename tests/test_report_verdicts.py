@@ -163,4 +163,4 @@ def test_a_finished_trial_with_missing_epochs_is_excluded_as_incomplete(tmp_path
     excluded = text.split("## Excluded trials")[1].split("\n## ")[0]
     assert f"`{trial['trial']}` (workers=2, seed=2): incomplete: marked finished with 1 of 3 epochs logged." in excluded
     assert "3 of 4 pairs (1 lost: workers=2 incomplete in 1)" in findings_line(text, "- **workers=2**")
-    assert "**Measured.** 8 trials (7 finished, 0 failed, 0 diverged, 0 oom, 1 incomplete)" in text
+    assert "| Measured | 8 trials (7 finished, 0 failed, 0 diverged, 0 oom, 1 incomplete)" in text

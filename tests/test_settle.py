@@ -32,7 +32,7 @@ from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import build_plan, extended_plan, resumed_plan
 from cifar_ray.report import build_report
 from cifar_ray.report.effects import DIFFERS, EQUIVALENT, OPEN
-from cifar_ray.report.findings import answer_text
+from cifar_ray.report.findings import answer_lines
 from cifar_ray.report.header import settle_line
 from cifar_ray.report.sequential import Comparison, look_level, look_verdict, max_looks
 from cifar_ray.report.settle import answer_first, asked, look, settle_record
@@ -324,7 +324,7 @@ def test_the_reports_body_gives_the_looks_verdicts_the_header_gives(tmp_path):
     report = build_report(run)
     assert report.effects["batch_size"]["final_test_acc"]["verdict"].tolist() == [DIFFERS, OPEN]
     at_look = "not conclusive (look 1 of --until-settled)"
-    assert f"6 of 6 pairs: {at_look}; about" in answer_text(report)[1]
+    assert f"6 of 6 pairs: {at_look}; about" in answer_lines(report, "batch_size")[1]
     assert f"batch_size=512 vs 64: {at_look}; workers=2 vs 1: equivalent at 3 seeds (look 1" in settle_line(report)
     rows = paired_table(report, "batch_size").rows
     assert [row[3] for row in rows] == ["CI excludes 0 at 3 seeds (look 1 of --until-settled)", at_look]

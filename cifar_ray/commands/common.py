@@ -199,12 +199,19 @@ def best_trial_line(rows: list[dict[str, Any]], metric: str, mode: str) -> str |
 
 
 def answer_lines(report) -> list[str]:
-    """The report's answer to the sweep's question (report.findings.answer_text of a built report), the summary's
-    last lines; none where the report has nothing to say yet (no trial finished)."""
-    from ..report.findings import answer_text
+    """The report's first screen for the terminal (report/screen.py: the configurations, one answer line per factor
+    value), the summary's last lines; none where the report has nothing to say yet (no trial finished)."""
+    from ..report.screen import answer_text, config_text
 
     lines = answer_text(report)
-    return ["answer:", *(f"  {line}" for line in lines)] if lines else []
+    if not lines:
+        return []
+    return [
+        "configurations:",
+        *(f"  {line}" for line in config_text(report)),
+        "answer:",
+        *(f"  {line}" for line in lines),
+    ]
 
 
 def summary_rows(run: runlog.RunLog) -> list[dict[str, Any]]:

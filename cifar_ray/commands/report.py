@@ -61,6 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "is called equivalent (two one-sided tests; default 1)",
     )
     report.add_argument(
+        "--target",
+        type=float,
+        metavar="ACC",
+        help="a test accuracy as a fraction (0.85): compare the time each configuration takes to reach it "
+        "(default: the sweep file's `target`, if any)",
+    )
+    report.add_argument(
         "--format",
         default="md",
         metavar="FORMAT",
@@ -73,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import report
 
     runs = args.run_dir if len(args.run_dir) > 1 else args.run_dir[0]
-    margin = {} if args.margin is None else {"margin_pp": args.margin}
-    print(report(runs, out=args.out, baseline=args.baseline, fmt=args.format, force=args.force, **margin))
+    judging = {} if args.margin is None else {"margin_pp": args.margin}
+    judging |= {} if args.target is None else {"target": args.target}
+    print(report(runs, out=args.out, baseline=args.baseline, fmt=args.format, force=args.force, **judging))
     return 0

@@ -69,6 +69,17 @@ def name_refusal(name: Any) -> str | None:
     )
 
 
+def target_refusal(target: Any) -> str | None:
+    """Why `target` is not a target test accuracy (a number above 0 and below 1); None when it is one."""
+    if isinstance(target, bool) or not isinstance(target, (int, float)):
+        return f"target {target!r} is not a number; allowed: a test accuracy above 0 and below 1, e.g. 0.85"
+    if 1 <= target <= 100:
+        return f"target {target:g} reads as a percentage; write it as a fraction: {target / 100:g}"
+    if not 0 < target < 1:
+        return f"target {target:g}: allowed: a test accuracy above 0 and below 1, e.g. 0.85"
+    return None
+
+
 class SweepFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,6 +92,15 @@ class SweepFile(BaseModel):
     max_concurrent: int | None = Field(None, ge=1)
     metric: Literal[OBJECTIVES] = DEFAULT_OBJECTIVE[0]  # type: ignore[valid-type]
     mode: Literal[MODES] = DEFAULT_OBJECTIVE[1]  # type: ignore[valid-type]
+    target: float | None = None  # a test accuracy: the report's time to reach it (report --target overrides)
+
+    @field_validator("target")
+    @classmethod
+    def _target_is_an_accuracy(cls, target: float | None) -> float | None:
+        refusal = target_refusal(target) if target is not None else None
+        if refusal:
+            raise ValueError(refusal)
+        return target
 
     @field_validator("name")
     @classmethod
@@ -140,9 +160,10 @@ class SweepPlan:
     # every repeat count the run was planned with, in order: a --resume --repeats N extension adds N (extended_plan)
     repeat_counts: tuple[int, ...] = ()
     max_concurrent: int | None = None  # the sweep file's; --max-concurrent overrides it
+    target: float | None = None  # the sweep file's target test accuracy
 
     def summary(self) -> dict:
-        return {
+        return ({"target": self.target} if self.target is not None else {}) | {
             "name": self.name,
             "description": self.description,
             "metric": self.metric,
@@ -298,6 +319,7 @@ def build_plan(
         source,
         (sweep.repeats,),
         sweep.max_concurrent,
+        sweep.target,
     )
 
 

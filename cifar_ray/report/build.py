@@ -19,6 +19,7 @@ import pandas as pd
 from ..core.errors import ConfigError
 from ..core.runlog import RunLog, Where
 from ..core.status import SETTLE_KEY
+from ..core.sweep import target_refusal
 from .compare import (
     RUN_FACTOR,
     RunComparison,
@@ -40,19 +41,22 @@ from .load import (
     memory_measure,
     resolve_baseline,
     sweep_grid,
+    target_times,
     trial_frame,
 )
-from .metrics import COMPARED, Compared, Metric, resolve_objective, table_metrics
+from .metrics import COMPARED, TIME_TO_TARGET, Compared, Metric, resolve_objective, table_metrics
 from .sharing import shared_trials
 from .stats import (
     Overfit,
     Pairing,
     config_frame,
+    config_members,
     factor_frame,
     included,
     log_values,
     paired_effects,
     ratio_effects,
+    rows_with,
     seed_noise,
 )
 from .testset import ImageScores
@@ -87,6 +91,7 @@ class Report:
     test_images: int | None  # the test images accuracies are measured on (median over trials), from the configs
     noise: tuple[float, int]  # seed_noise() of final test accuracy: (pooled std, configurations behind it)
     memory_measure: str  # what peak memory per worker measures on these trials' devices
+    target: float | None  # the test accuracy whose time to reach is compared (report --target, or the sweep file's)
     shared: dict[str, str]  # included trial -> why it shared a device with another trial (sharing.shared_trials)
     time_logs: dict[str, list[float]]  # included trial -> log seconds of its warm epochs (stats.log_values)
     memory_column: str  # the trial column memory is compared on: the total over workers where every trial has one
@@ -111,11 +116,33 @@ def missing_trials(run: RunLog) -> dict[str, str]:
     return planned | {name: why for name, why in run.damaged.items() if name not in planned}
 
 
+def censored(trials: pd.DataFrame, key: str, value: Any, baseline: Any, target: float) -> tuple[str, str]:
+    """The trials of `key`=`value` and of its baseline that never reached `target` (censored: counted, never
+    dropped): `batch_size=512 did not reach 85 % in 2 of 3; the baseline in 0 of 3`, and that text again where no
+    trial of the value reached it (its answer), else ""."""
+    counts = []
+    for side in (value, baseline):
+        done = included(rows_with(trials, key, side))
+        counts.append((int((~done["reached_target"].astype(bool)).sum()), len(done)))
+    (missed, n), (base_missed, base_n) = counts
+    if not missed and not base_missed:
+        return "", ""
+    text = (
+        f"{key}={fmt_value(value)} did not reach {fmt_value(round(100 * target, 6))} % in {missed} of {n}; "
+        f"the baseline in {base_missed} of {base_n}"
+    )
+    return text, text if n and missed == n else ""
+
+
 def build_report(
-    run_dirs: Where | Sequence[Where], baseline: dict | None = None, margin_pp: float = DEFAULT_MARGIN_PP
+    run_dirs: Where | Sequence[Where],
+    baseline: dict | None = None,
+    margin_pp: float = DEFAULT_MARGIN_PP,
+    target: float | None = None,
 ) -> Report:
     """Everything the Markdown, CSV and JSON outputs need, computed once from the logs of one run or several
-    (ConfigError for runs with nothing to pair: RUN_MATCH_RULE, or a margin outside 0-100 pp)."""
+    (ConfigError for runs with nothing to pair: RUN_MATCH_RULE, a margin outside 0-100 pp, or a target that is not
+    an accuracy). `target`: the test accuracy whose time to reach is compared (None: the sweep file's, if any)."""
     if not 0 < margin_pp < 100:
         raise ConfigError(
             f"--margin {fmt_value(margin_pp)}: the equivalence margin is percentage points above 0, below 100"
@@ -136,10 +163,19 @@ def build_report(
     trials, overfits = trial_frame(run, epochs, label_keys, breakdown)
     if comparison:
         epochs.insert(1, RUN_FACTOR, epochs["trial"].map(dict(zip(trials["trial"], trials[RUN_FACTOR]))))
+    target = sweep.get("target") if target is None else target
+    if target is not None and (refusal := target_refusal(target)):
+        raise ConfigError(f"--target: {refusal}")
+    if target is not None:
+        trials = target_times(trials, epochs, target)
     objective, note = resolve_objective(sweep, trials)
-    metrics = table_metrics(objective)
+    metrics = table_metrics(objective) + ((TIME_TO_TARGET,) if target is not None else ())
     groups = {key: factor_frame(trials, key, grid[key], chosen[key], breakdown, metrics) for key in factors}
     configs = config_frame(trials, factors, grid, breakdown, metrics)
+    if target is not None:  # how many of each configuration's finished trials reached it
+        configs["target_reached"] = [
+            int(included(config_members(trials, factors, row))["reached_target"].sum()) for _, row in configs.iterrows()
+        ]
     # Runs pair on their configs (RUN_MATCH_RULE), not on grid labels: one run's label may be another's config value.
     per_image = image_scores(run)
     paired = trials.assign(paired_config=[paired_config(t, comparison) for t in run.trials]) if comparison else trials
@@ -149,10 +185,11 @@ def build_report(
     pairing = Pairing(factors, grid, chosen, match, seeds)
     finished = included(trials)
     shared = {name: why for name, why in shared_trials(run.trials).items() if name in set(finished["trial"])}
-    columns = {metric.name: metric.column(finished) for metric in COMPARED}
+    compared = tuple(metric for metric in COMPARED if target is not None or not metric.needs_target)
+    columns = {metric.name: metric.column(finished) for metric in compared}
     logs = {
         metric.name: log_values(trials, epochs if metric.epoch_column else None, metric.epoch_column or column)
-        for metric in COMPARED
+        for metric in compared
         if metric.unit == "ratio"
         for column in [columns[metric.name]]
     }
@@ -161,11 +198,21 @@ def build_report(
         if metric.unit == "pp":
             return lambda chosen, key: paired_effects(chosen, key, pairing, columns[metric.name], per_image=per_image)
         contended = list(shared) if metric.contended else []
-        return lambda chosen, key: ratio_effects(chosen, logs[metric.name], key, pairing, MIN_PAIRS, contended)
+        if not metric.needs_target:
+            return lambda chosen, key: ratio_effects(chosen, logs[metric.name], key, pairing, MIN_PAIRS, contended)
 
-    evidence = {metric.name: (metric.unit, effects_of(metric)) for metric in COMPARED}
+        def reaching(chosen: pd.DataFrame, key: str) -> pd.DataFrame:
+            frame = ratio_effects(chosen, logs[metric.name], key, pairing, MIN_PAIRS, contended)
+            texts = [censored(chosen, key, value, chosen_baseline[key], target) for value in frame[key]]
+            lost = [text or row for (text, _), row in zip(texts, frame["lost"])]
+            return frame.assign(lost=lost, never_reached=[never for _, never in texts])
+
+        return reaching
+
+    chosen_baseline = chosen
+    evidence = {metric.name: (metric.unit, effects_of(metric)) for metric in compared}
     # what pairing reads, no more: the interactions split these rows hundreds of times at 1,000 trials
-    read = [*factors, "seed", "paired_config", "trial", "outcome", "test_images", *columns.values()]
+    read = [*factors, "seed", "paired_config", "trial", "outcome", "test_images", "reached_target", *columns.values()]
     paired = paired[[column for column in dict.fromkeys(read) if column in paired]]
     interactions = find_interactions(paired, factors, grid, chosen, evidence)
     # sweep --until-settled: its looks' verdicts, every test at their level (report/settle.py), one run only
@@ -178,7 +225,7 @@ def build_report(
         margin_pp / 100,
         looks,
     )
-    effects = {key: {columns[metric.name]: judged[metric.name][key] for metric in COMPARED} for key in factors}
+    effects = {key: {columns[metric.name]: judged[metric.name][key] for metric in compared} for key in factors}
     accuracy = columns[COMPARED[0].name]
     comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
     noise = seed_noise(trials, factors, accuracy)
@@ -208,6 +255,7 @@ def build_report(
         noise=noise,
         memory_measure=memory_measure(run),
         shared=shared,
+        target=target,
         time_logs=logs[COMPARED[1].name],
         memory_column=columns[COMPARED[2].name],
         missing=missing_trials(run),

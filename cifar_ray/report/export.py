@@ -22,11 +22,11 @@ from .document import Document, to_markdown
 from .findings import findings
 from .header import header_info
 from .html import to_html
+from .overview import draw_overview
 from .plots import plot_curves, plot_factor
 from .roofline import PLOT_FILE as ROOFLINE_PLOT
 from .roofline import draw_roofline, roofline_data, shows_plot
-from .sections import document
-from .verdicts import DEFAULT_MARGIN_PP
+from .sections import OVERVIEW, document
 
 FORMATS = ("md", "csv", "json", "html")
 REPORT_DIR = "report"  # the default output folder, inside a local run folder
@@ -98,7 +98,7 @@ def report_document(report: Report, out_dir: Path) -> Document:
     import matplotlib.style
 
     with matplotlib.style.context("default"):
-        plots = {"": plot_curves(report, out_dir)}
+        plots = {"": plot_curves(report, out_dir), OVERVIEW: draw_overview(report, out_dir)}
         for key in report.factors:
             plots[key] = plot_factor(report, key, out_dir)
         roofline = roofline_data(report)
@@ -140,8 +140,8 @@ def write_report(
     out_dir: str | Path | None = None,
     baseline: dict | None = None,
     fmt: str = "md",
-    margin_pp: float = DEFAULT_MARGIN_PP,
     force: bool = False,
+    **judging: Any,
 ) -> Path:
     """Write the report of the run at `run_dir`, or of several runs compared (a list: the runs become the factor
     `run`); returns the main file (README.md, trials.csv, report.json or report.html).
@@ -149,12 +149,13 @@ def write_report(
     `out_dir` defaults to RUN_DIR/report for a run on this machine's disk, else to reports/<sweep name> (for several
     runs reports/<label>-vs-<label>...), refused when git tracks files there unless `force`: the default never
     replaces a committed file. `baseline` ({key: grid value}, {"run": label} among them) picks the reference value
-    of a factor for the Δ columns (default: its first grid value, the first run); `margin_pp` is the equivalence
-    margin of accuracy effects in percentage points. Raises ConfigError on bad input.
+    of a factor for the Δ columns (default: its first grid value, the first run); `judging` goes to build_report:
+    `margin_pp` (the equivalence margin of accuracy effects in percentage points), `target` (a test accuracy whose
+    time to reach is compared). Raises ConfigError on bad input.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")
-    report = build_report(run_dir, baseline, margin_pp)
+    report = build_report(run_dir, baseline, **judging)
     out = Path(out_dir) if out_dir is not None else default_out(report)
     refusal = None if out_dir is not None or force else tracked_refusal(out)
     if refusal:

@@ -1,5 +1,5 @@
 """The findings, answer first: one line per compared factor value with its time, memory and accuracy effects and
-their verdicts (answer_lines; answer_text is its plain form for the terminal), then the leaders read off the
+their verdicts in full (answer_lines; report/screen.py has the short ones), then the leaders read off the
 configuration tables (best by the sweep's metric, fastest, most accurate, least memory; named only beyond the noise,
 each with its configuration's failures said first), the trials that shared a device, the planned trials missing."""
 
@@ -284,14 +284,6 @@ def failed_lines(report: Report) -> list[str]:
         for _, row in report.effects[key][PAIRED_METRICS[0].column].iterrows()
         if row["verdict"] == FAILED
     ]
-
-
-def answer_text(report: Report) -> list[str]:
-    """The answer lines of every factor (answer_lines) as plain text, for the terminal; [] with nothing compared."""
-    if report.configs["n"].gt(0).sum() < 2:
-        return []
-    lines = [line for key in report.factors for line in answer_lines(report, key)]
-    return [line.replace("**", "").replace("`", "") for line in lines]
 
 
 def _memory_text(config: pd.Series) -> str:

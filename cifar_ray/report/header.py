@@ -184,20 +184,33 @@ def _software(versions: dict) -> str:
     return f"Python {versions['python']}, torch {versions['torch']}, Ray {versions['ray']}, CUDA {versions['cuda']}"
 
 
-def header_blocks(report: Report) -> list[Block]:
-    """The title, the answer block (the sweep's question, what was measured) and the setup table; for several runs,
-    a row per run and what they share."""
-    return _runs_header(report) if report.comparison else _run_header(report)
-
-
-def _answer(report: Report, description: str) -> list[Block]:
+def title_blocks(report: Report) -> list[Block]:
+    """The title and the sweep's question (its description; for several runs, each run's where they differ)."""
+    info = header_info(report)
+    if report.comparison:
+        runs = info["compared_runs"]
+        descriptions = {run["label"]: str(run["description"]) for run in runs if run["description"]}
+        if len(set(descriptions.values())) == 1:
+            description = next(iter(descriptions.values()))
+        else:
+            description = "; ".join(f"**{label}**: {text}" for label, text in descriptions.items())
+        title = " vs ".join(run["label"] for run in runs)
+    else:
+        title, description = report.name, str(info["description"])
     question = [Paragraph(f"**Question.** {' '.join(description.split())}")] if description else []
-    return [*question, Paragraph(f"**Measured.** {measured_text(report)}")]
+    return [Heading(title, 1), *question]
 
 
-def _run_header(report: Report) -> list[Block]:
+def setup_blocks(report: Report) -> list[Block]:
+    """When, where and how the run ran, and what it measured: the setup table; for several runs, a row per run and
+    what they share."""
+    return _runs_setup(report) if report.comparison else _run_setup(report)
+
+
+def _run_setup(report: Report) -> list[Block]:
     info = header_info(report)
     rows = (
+        ("Measured", measured_text(report)),
         ("Date", info["date"]),
         ("Git revision", "; ".join(filter(None, [f"`{info['git_revision']}`", info["uncommitted"]]))),
         *(
@@ -212,7 +225,7 @@ def _run_header(report: Report) -> list[Block]:
         ("Best means", info["best"]),
         *([("Until settled", settle_line(report))] if settle_line(report) else []),
     )
-    return [Heading(report.name, 1), *_answer(report, str(info["description"])), Table(("", ""), rows, name="setup")]
+    return [Heading("Setup"), Table(("", ""), rows, name="setup")]
 
 
 def settle_line(report: Report) -> str:
@@ -243,15 +256,10 @@ def run_level_text(report: Report) -> str:
     )
 
 
-def _runs_header(report: Report) -> list[Block]:
-    """The header of a report on several runs: a row per run (where, how and what re-runs it), then what they share."""
+def _runs_setup(report: Report) -> list[Block]:
+    """The setup of a report on several runs: a row per run (where, how and what re-runs it), then what they share."""
     info = header_info(report)
     runs = info["compared_runs"]
-    descriptions = {run["label"]: str(run["description"]) for run in runs if run["description"]}
-    if len(set(descriptions.values())) == 1:
-        description = next(iter(descriptions.values()))
-    else:
-        description = "; ".join(f"**{label}**: {text}" for label, text in descriptions.items())
     run_rows = tuple(
         (
             run["label"],
@@ -267,13 +275,13 @@ def _runs_header(report: Report) -> list[Block]:
     )
     run_level = run_level_text(report) or "none: the runs' configs differ only in keys that vary within a run"
     rows = (
+        ("Measured", measured_text(report)),
         ("Run-level keys", run_level),
         ("Fixed settings (not default)", _fixed_text(report)),
         ("Best means", info["best"]),
     )
     return [
-        Heading(" vs ".join(run["label"] for run in runs), 1),
-        *_answer(report, description),
+        Heading("Setup"),
         Paragraph(
             f"{len(runs)} runs compared as one more factor, `{RUN_FACTOR}` (the label is each run's folder name):"
         ),
@@ -284,5 +292,4 @@ def _runs_header(report: Report) -> list[Block]:
             "runs",
         ),
         Table(("", ""), rows, name="setup"),
-        Paragraph(f"**Pairing across runs.** {RUN_MATCH_RULE}"),
     ]

@@ -367,7 +367,7 @@ def judge_report(
     judged: dict[str, dict[str, pd.DataFrame]] = {}
     pooled: list[Effect] = []
     per_cell: list[Effect] = []
-    for metric in COMPARED:
+    for metric in (metric for metric in COMPARED if metric.name in evidence):
         factors = list(evidence[metric.name])
         looked = level if metric.unit == "pp" else None
         frames = _test_family(metric, [evidence[metric.name][key] for key in factors], margin, seeds, looked)
@@ -377,6 +377,8 @@ def judge_report(
         cell_frames = []
         for key, frame in judged[metric.name].items():
             frame["failed"] = [failed_text(trials, key, value) for value in frame[key]]
+            if "never_reached" in frame:  # no trial of the value reached the target: that is its answer
+                frame["failed"] = [f or never for f, never in zip(frame["failed"], frame["never_reached"])]
             frame.loc[(frame["n_pairs"] == 0) & (frame["failed"] != ""), "verdict"] = FAILED
             frame["depends_on"] = [dependencies(interactions, metric.name, key, value) for value in frame[key]]
             cells = interactions.cells.get((metric.name, key), [])

@@ -232,6 +232,27 @@ def _trial_row(trial, e: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
     return row
 
 
+def target_times(trials: pd.DataFrame, epochs: pd.DataFrame, target: float) -> pd.DataFrame:
+    """`trials` with each one's time to `target` test accuracy: time_to_target_s, the wall time of its epochs up to
+    and including the first whose test accuracy reached it (training and evaluation, as epoch_time_s logs them,
+    from the first epoch's start), epochs_to_target that epoch; both NaN for a trial that never reached it
+    (censored: reached_target False)."""
+    times, reached_at = [], []
+    for name in trials["trial"]:
+        e = epochs[epochs["trial"] == name].sort_values("epoch")
+        hit = e[e["test_acc"] >= target]
+        if len(hit):
+            first = int(hit["epoch"].iloc[0])
+            times.append(float(e.loc[e["epoch"] <= first, "epoch_time_s"].sum()))
+            reached_at.append(first)
+        else:
+            times.append(math.nan)
+            reached_at.append(math.nan)
+    return trials.assign(
+        time_to_target_s=times, epochs_to_target=reached_at, reached_target=[not math.isnan(t) for t in times]
+    )
+
+
 def trial_frame(
     run: RunLog, epochs: pd.DataFrame, keys: list[str], breakdown: Sequence[str]
 ) -> tuple[pd.DataFrame, dict[str, Overfit]]:

@@ -42,11 +42,13 @@ COST_METRICS = (FACTOR_METRICS[2], FACTOR_METRICS[4], FACTOR_METRICS[5])
 @dataclass(frozen=True)
 class Compared:
     """A metric the report compares between a factor's values, on matched pairs (report/effects.Effect.metric is its
-    `name`). `columns`: the trial columns it reads, the first that every included trial logged (peak memory: the
-    total over workers, else per worker); `unit`: "pp" (a difference of accuracies, stats.paired_effects) or
-    "ratio" (value / baseline on the log scale, stats.ratio_effects); `epoch_column`: the per-epoch log whose warm
-    epochs give a trial's own noise (none: one number per trial); `contended`: a device shared with another trial
-    changes it, so such pairs are not judged; `words`: a ratio below and above 1 in words."""
+    `name`), `label` in words. `columns`: the trial columns it reads, the first that every included trial logged
+    (peak memory: the total over workers, else per worker); `unit`: "pp" (a difference of accuracies,
+    stats.paired_effects) or "ratio" (value / baseline on the log scale, stats.ratio_effects); `epoch_column`: the
+    per-epoch log whose warm epochs give a trial's own noise (none: one number per trial); `contended`: a device
+    shared with another trial changes it, so such pairs are not judged; `words`: a ratio below and above 1 in words,
+    `short` what they are about ("1.30x faster per epoch"); `needs_target`: measured only where a target accuracy is
+    set."""
 
     name: str
     label: str
@@ -55,6 +57,8 @@ class Compared:
     epoch_column: str | None = None
     contended: bool = False
     words: tuple[str, str] = ("lower", "higher")
+    short: str = ""  # what a ratio's words are about, in an answer line: "per epoch", "memory"
+    needs_target: bool = False  # compared only where the report has a target accuracy
 
     def column(self, included: pd.DataFrame) -> str:
         """The trial column compared, given the included trials: the first of `columns` every one of them logged."""
@@ -64,8 +68,9 @@ class Compared:
         return self.columns[-1]
 
 
+TIME_TO_TARGET = Metric("time_to_target_s", "time to target (s)", "min", "cost")
 COMPARED = (
-    Compared("accuracy", "final test accuracy", (FACTOR_METRICS[0].column,), "pp"),
+    Compared("accuracy", "final test accuracy", (FACTOR_METRICS[0].column,), "pp", short="accuracy"),
     Compared(
         "time_per_epoch",
         "time per epoch",
@@ -74,6 +79,7 @@ COMPARED = (
         "epoch_time_s",
         contended=True,
         words=("faster", "slower"),
+        short="per epoch",
     ),
     Compared(
         "peak_memory",
@@ -81,6 +87,18 @@ COMPARED = (
         (FACTOR_METRICS[5].column, FACTOR_METRICS[4].column),
         "ratio",
         words=("less", "more"),
+        short="memory",
+    ),
+    # one number per trial: the wall time until its test accuracy first reached the target (load.target_times)
+    Compared(
+        "time_to_target",
+        "time to the target accuracy",
+        (TIME_TO_TARGET.column,),
+        "ratio",
+        contended=True,
+        words=("sooner", "later"),
+        short="to the target",
+        needs_target=True,
     ),
 )
 COMPARED_NAMES = tuple(m.name for m in COMPARED)

@@ -40,8 +40,11 @@ def _save(fig, path: Path) -> None:
     fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
 
 
+MAX_LEGEND = 24  # more entries than this push the axes out of the figure: no legend (the trial table names them)
+
+
 def _legend(ax, n: int) -> None:
-    if n:
+    if 0 < n <= MAX_LEGEND:
         ax.legend(
             fontsize=7 if n > 6 else 8,
             ncol=1 if n <= 12 else 2,

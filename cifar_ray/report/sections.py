@@ -10,15 +10,18 @@ from ..core.runlog import TIME_PER_EPOCH_RULE
 from ..core.status import SETTLE_KEY
 from ..core.text import counted
 from .build import Report
+from .compare import RUN_MATCH_RULE
 from .document import Block, Bullets, Document, Figure, Heading, Paragraph
 from .findings import findings
 from .format import fmt_int, fmt_pct, fmt_value, last_line
-from .header import header_blocks, status_counts
+from .header import setup_blocks, status_counts, title_blocks
 from .interactions import TESTABLE_RULE
 from .metrics import INCOMPLETE, PAIRED_METRICS
 from .network import network_blocks
 from .profile import profile_blocks
 from .roofline import roofline_blocks
+from .screen import answer_lines as screen_answers
+from .screen import config_table, left_out_line
 from .stats import OVERFIT_RULE
 from .tables import (
     MAX_TRIAL_COLUMNS,
@@ -119,8 +122,34 @@ def _excluded_lines(report: Report) -> list[str]:
     return lines
 
 
-def answer_section(report: Report, plots: Plots) -> list[Block]:
-    return header_blocks(report)
+def title_section(report: Report, plots: Plots) -> list[Block]:
+    return title_blocks(report)
+
+
+def configurations_section(report: Report, plots: Plots) -> list[Block]:
+    """`Configurations`: every configuration in one table (beyond 12: the best and the worst)."""
+    left_out = left_out_line(report)
+    return [Heading("Configurations"), config_table(report), *([Paragraph(left_out)] if left_out else [])]
+
+
+def answers_section(report: Report, plots: Plots) -> list[Block]:
+    """`Answers`: one short line per compared factor value, from the effect records; the details are below."""
+    lines = screen_answers(report)
+    if not lines:
+        return []
+    return [Heading("Answers"), Bullets(tuple(lines))]
+
+
+def setup_section(report: Report, plots: Plots) -> list[Block]:
+    return setup_blocks(report)
+
+
+OVERVIEW = "overview"  # the plots key of the overview's figures (report/overview.py)
+
+
+def overview_section(report: Report, plots: Plots) -> list[Block]:
+    """`Plots`: test accuracy against wall-clock time, the speed-up against workers, train and test accuracy."""
+    return [Heading("Plots"), *(Figure(file, caption) for file, caption in plots.get(OVERVIEW, []))]
 
 
 def findings_section(report: Report, plots: Plots) -> list[Block]:
@@ -134,7 +163,8 @@ def findings_section(report: Report, plots: Plots) -> list[Block]:
         if counts["finished"] == 1
         else f"All {counts['finished']} trials finished with every epoch logged and enter the aggregates."
     )
-    return [Heading("Findings"), Bullets(tuple(findings(report))), Paragraph(scope)]
+    pairing = [Paragraph(f"**Pairing across runs.** {RUN_MATCH_RULE}")] if report.comparison else []
+    return [Heading("Findings"), *pairing, Bullets(tuple(findings(report))), Paragraph(scope)]
 
 
 def factor_sections(report: Report, plots: Plots) -> list[Block]:
@@ -299,9 +329,13 @@ def profile_section(report: Report, plots: Plots) -> list[Block]:
 
 # The page, in order: each entry gives its blocks (none to leave itself out).
 LAYOUT: tuple[Section, ...] = (
-    answer_section,
-    findings_section,
+    title_section,
+    configurations_section,
+    answers_section,
+    setup_section,
+    overview_section,
     factor_sections,
+    findings_section,
     interactions_section,
     roofline_section,
     trials_section,

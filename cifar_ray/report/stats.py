@@ -127,6 +127,13 @@ def factor_frame(
     return frame
 
 
+def config_members(trials: pd.DataFrame, factors: Sequence[str], values: Mapping[str, Any]) -> pd.DataFrame:
+    """The trials of one configuration: those with each factor at its value in `values` (a config row or dict)."""
+    for key in factors:
+        trials = rows_with(trials, key, values[key])
+    return trials
+
+
 def config_frame(
     trials: pd.DataFrame,
     factors: list[str],
@@ -134,14 +141,14 @@ def config_frame(
     breakdown: Sequence[str] = (),
     metrics: Sequence[Metric] = FACTOR_METRICS,
 ) -> pd.DataFrame:
-    """One row per combination of factor values (seeds averaged): n, mean/std of each metric."""
-    done = included(trials)
+    """One row per combination of factor values (seeds averaged): n (included trials), outcomes (each trial outcome
+    -> how many of the configuration's trials had it), mean/std of each metric."""
     rows = []
     for combo in itertools.product(*(grid[key] for key in factors)):
-        chosen = done
-        for key, value in zip(factors, combo):
-            chosen = rows_with(chosen, key, value)
-        row: dict[str, Any] = dict(zip(factors, combo)) | {"n": len(chosen)}
+        everyone = config_members(trials, factors, dict(zip(factors, combo)))
+        chosen = included(everyone)
+        outcomes = {str(outcome): int(n) for outcome, n in everyone["outcome"].value_counts().items()}
+        row: dict[str, Any] = dict(zip(factors, combo)) | {"n": len(chosen), "outcomes": outcomes}
         for column in _metric_columns(breakdown, metrics):
             row[f"{column}_mean"], row[f"{column}_std"] = sample_stats(chosen[column])
         rows.append(row)
