@@ -33,7 +33,7 @@ from .compare import (
 from .effects import Effect
 from .format import fmt_value, values_label
 from .interactions import Evidence, Interactions, find_interactions
-from .judge import judge_report
+from .judge import Leaders, Ranked, judge_report, rank_configs
 from .load import (
     breakdown_keys,
     epochs_frame,
@@ -99,6 +99,7 @@ class Report:
     per_image: dict[str, ImageScores]  # trial -> which test images its final evaluation got right, where logged
     sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
     comparison: RunComparison | None = None  # None for one run
+    leaders: dict[str, Leaders] = field(default_factory=dict)  # judge.rank_configs: who leads, beyond the noise
 
     def trial_label(self, row: pd.Series) -> str:
         """A trial row named by its label_keys' values, or by the trial's name when there are none."""
@@ -229,7 +230,7 @@ def build_report(
     accuracy = columns[COMPARED[0].name]
     comparisons = sum(int((effects[key][accuracy]["n_pairs"] >= MIN_PAIRS).sum()) for key in factors)
     noise = seed_noise(trials, factors, accuracy)
-    return Report(
+    report = Report(
         run=run,
         name=str(sweep.get("name") or run.path.name),
         factors=factors,
@@ -263,3 +264,17 @@ def build_report(
         sources=sources,
         comparison=comparison,
     )
+    time_column = columns[COMPARED[1].name]
+    report.leaders = rank_configs(
+        Ranked(
+            configs,
+            trials,
+            factors,
+            per_image,
+            report.time_logs,
+            {key: effects[key][time_column] for key in factors},
+            objective,
+            report.memory_column,
+        )
+    )
+    return report

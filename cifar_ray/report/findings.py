@@ -6,9 +6,7 @@ each with its configuration's failures said first), the trials that shared a dev
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pandas as pd
 
@@ -35,13 +33,12 @@ from .format import (
 from .header import run_level_text
 from .interactions import DEPENDS as INTERACTS
 from .interactions import MIN_STRATUM_PAIRS, UNTESTABLE, by_label, stratum_label
-from .judge import ci_label, fmt_dof
+from .judge import BEST, FASTEST, LEAST_MEMORY, MOST_ACCURATE, Leaders, ci_label, fmt_dof
 from .load import config_value
-from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Compared, Metric
+from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Compared
 from .sequential import look_text
-from .stats import PAIRS_DISAGREE, UNFINISHED, WITHIN, included, pooled_std, rows_with, scored_trials
-from .testset import testset_var
-from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_MARGIN, leaders
+from .stats import PAIRS_DISAGREE, UNFINISHED, included, rows_with
+from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_MARGIN
 
 
 def shared_note(report: Report) -> str:
@@ -78,26 +75,14 @@ def _n_note(configs: pd.DataFrame, i) -> str:
     return f", mean of {n} trials" if n > 1 else ""
 
 
-@dataclass(frozen=True)
-class Ranking:
-    """What a leader line ranks: its `title`, a configuration's value as text (`show`, given its row of configs),
-    what it ranks by (`basis`), and the noise a leader must beat."""
-
-    title: str
-    show: Callable[[pd.Series], str]
-    basis: str = ""
-    noise: str = "the seed noise"
-
-
-def _leader_line(report: Report, configs: pd.DataFrame, ranking: Ranking, within: list | None, ranked: list) -> str:
+def _leader_line(report: Report, title: str, show: Callable[[pd.Series], str], ranking: Leaders | None) -> str:
     """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than the ranking's noise
-    (`within`: verdicts.leaders, `ranked`: best first); else the candidates within noise of it, or, with the noise
-    unknown (`within` None), the range measured. A configuration whose trials did not all finish says so first. ""
-    when no configuration logged the measure."""
-    if within == [] or not ranked:
+    (judge.rank_configs); else the candidates within noise of it, or, with the noise unknown, the range measured. A
+    configuration whose trials did not all finish says so first. "" when no configuration logged the measure."""
+    if ranking is None or ranking.within == () or not ranking.ranked:
         return ""
-    show, noise = ranking.show, ranking.noise
-    head = f"**{ranking.title}**" + (f" ({ranking.basis})" if ranking.basis else "")
+    configs, ranked, within, noise = report.configs, ranking.ranked, ranking.within, ranking.noise
+    head = f"**{title}**" + (f" ({ranking.basis})" if ranking.basis else "")
 
     def named(i) -> str:
         failed = failures_text(report, configs.loc[i])
@@ -125,74 +110,11 @@ def _leader_line(report: Report, configs: pd.DataFrame, ranking: Ranking, within
     return f"{head}: within {noise} of each other: {listed}."
 
 
-def _config_trials(report: Report, configs: pd.DataFrame, i) -> pd.DataFrame:
-    """The included trials of configuration `i` (a row of `configs`)."""
-    chosen = included(report.trials)
-    for key in report.factors:
-        chosen = rows_with(chosen, key, configs.loc[i, key])
-    return chosen
-
-
-def _ranked_line(report: Report, configs: pd.DataFrame, title: str, metric: Metric, show, basis: str = "") -> str:
-    """_leader_line for a trial column (`metric`) against the seed noise, the pooled within-configuration std (plus
-    the test set's binomial noise for an accuracy)."""
-    column = metric.column
-    means = configs[f"{column}_mean"]
-    std, dof, _ = pooled_std(report.trials, report.factors, column)
-    pair_var, noise = None, "the seed noise"
-    if metric.kind == "acc":  # the test set is shared: its part of a difference does not shrink with seeds
-        cells = {i: scored_trials(_config_trials(report, configs, i), column, report.per_image) for i in configs.index}
-        pair_var = lambda a, b: testset_var([(cells[a], cells[b])])[0] if cells[a] and cells[b] else 0.0  # noqa: E731
-        noise = "the seed and test-set noise"
-    within = leaders(means, configs["n"], metric.better, std, dof, pair_var)
-    ranked = list(means.dropna().sort_values(ascending=metric.better == "min").index)
-    return _leader_line(report, configs, Ranking(title, show, basis, noise), within, ranked)
-
-
-def fastest_line(report: Report, configs: pd.DataFrame) -> str:
-    """**Fastest**, ranked by the mean log time per epoch over a configuration's warm epochs (stats.log_values),
-    against the seed noise of that mean where a configuration ran twice or more, else against the trials' own
-    epoch-to-epoch noise (stats.WITHIN): a one-seed sweep still names one where its epochs separate it."""
-    time_column = COST_METRICS[0].column
-    per_trial = {
-        i: [report.time_logs[name] for name in _config_trials(report, configs, i)["trial"] if name in report.time_logs]
-        for i in configs.index
-    }
-    means = pd.Series({i: statistics.fmean(statistics.fmean(t) for t in ts) for i, ts in per_trial.items() if ts})
-    if not len(means):
-        return ""
-    repeated = [[statistics.fmean(t) for t in ts] for ts in per_trial.values() if len(ts) >= 2]
-    if repeated:
-        dof = sum(len(r) - 1 for r in repeated)
-        ss = sum((x - statistics.fmean(r)) ** 2 for r in repeated for x in r)
-        counts = pd.Series({i: len(per_trial[i]) for i in means.index})
-        basis, noise = "seed noise of the log time per epoch", "the seed noise"
-    else:
-        epochs = [t for ts in per_trial.values() for t in ts]
-        dof = sum(len(t) - 1 for t in epochs)
-        ss = sum((x - statistics.fmean(t)) ** 2 for t in epochs for x in t)
-        counts = pd.Series({i: sum(len(t) for t in per_trial[i]) for i in means.index})
-        basis, noise = WITHIN, "the epoch-to-epoch noise"
-    within = leaders(means, counts, "min", math.sqrt(ss / dof) if dof else math.nan, dof)
-    if basis == WITHIN and within:
-        # A factor whose pairs disagree in direction shows trials of it differing beyond their epochs' noise: what
-        # differs from the fastest only in such factors is not separated from it.
-        unsettled = [k for k in report.factors if (report.effects[k][time_column]["basis"] == PAIRS_DISAGREE).any()]
-        best = means.idxmin()
-        for i in means.index:
-            differs = [k for k in report.factors if not same_value(configs.loc[i, k], configs.loc[best, k])]
-            if i not in within and differs and set(differs) <= set(unsettled):
-                within.append(i)
-        if unsettled:
-            noise += f" (and the trial-to-trial noise {', '.join(unsettled)}'s disagreeing pairs show)"
-    ranking = Ranking(
-        "Fastest",
-        lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch",
-        f"by the geometric mean of warm epochs; noise: {basis}",
-        noise,
-    )
-    line = _leader_line(report, configs, ranking, within, list(means.sort_values().index))
-    if report.shared and set(report.shared) != set(included(report.trials)["trial"]):
+def fastest_line(report: Report) -> str:
+    """**Fastest** (judge.rank_fastest), and whether the ranking is fair."""
+    ranking = report.leaders.get(FASTEST)
+    line = _leader_line(report, "Fastest", lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch", ranking)
+    if line and report.shared and set(report.shared) != set(included(report.trials)["trial"]):
         line += " Not a fair ranking: it ranks trials that shared a device with trials that ran alone (next line)."
     return line
 
@@ -220,31 +142,15 @@ def findings(report: Report) -> list[str]:
     best = report.objective
     if report.objective_note:
         lines.append(f"**Best** means the {best_phrase(best)} ({report.objective_note}).")
-    if best != FACTOR_METRICS[0]:  # the default objective's best is the Most accurate line
+    if BEST in report.leaders:  # the default objective's best is the Most accurate line
         show_best = lambda c: fmt_metric(best, c[f"{best.column}_mean"])  # noqa: E731
-        lines.append(
-            _ranked_line(report, configs, "Best", best, show_best, f"by the sweep's metric: {best_phrase(best)}")
-        )
-    lines.append(fastest_line(report, configs))
+        lines.append(_leader_line(report, "Best", show_best, report.leaders[BEST]))
+    lines.append(fastest_line(report))
     if note := shared_note(report):
         lines.append(note)
     show_acc = lambda c: f"{fmt_pct(c['final_test_acc_mean'])} %"  # noqa: E731
-    lines.append(_ranked_line(report, configs, "Most accurate", FACTOR_METRICS[0], show_acc))
-    # Ranked by the total (what running the configuration costs) when every configuration logged one.
-    by_total = report.memory_column == COST_METRICS[2].column
-    memory = FACTOR_METRICS[5] if by_total else FACTOR_METRICS[4]
-    lines.append(
-        _ranked_line(
-            report,
-            configs,
-            "Least memory",
-            memory,
-            _memory_text,
-            "by the peak total over workers"
-            if by_total
-            else "by the peak per worker: not every configuration logged a total",
-        )
-    )
+    lines.append(_leader_line(report, "Most accurate", show_acc, report.leaders.get(MOST_ACCURATE)))
+    lines.append(_leader_line(report, "Least memory", _memory_text, report.leaders.get(LEAST_MEMORY)))
     lines.append(missing_line(report))
     lines = [line for line in lines if line]
     std, n_configs = report.noise
