@@ -177,6 +177,37 @@ def test_a_resume_closes_a_run_whose_driver_was_killed_after_its_last_trial_ende
     assert "nothing to resume" in capsys.readouterr().out
 
 
+def test_a_lost_empty_or_damaged_trial_json_is_rebuilt_from_the_plan_on_resume(monkeypatch, tmp_path, capsys):
+    """A trial.json deleted, cut to nothing or to no JSON (a full disk at a trial's start, a hand) made --resume write
+    one with a status and no index, name, swept or config, and the report read an empty configuration. The plan
+    says who each trial is: --resume rebuilds them, says so in one line, and every trial then finishes with its
+    identity; the trained one keeps its epoch and is closed, not trained again."""
+    storage = ["--storage", str(tmp_path)]
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage], trains=1) == 130  # 3 trials unfinished
+    run_dir = tmp_path / "quickstart"
+    names = runlog.read_json(run_dir / runlog.SWEEP_FILE)["trials"]
+    before = {name: runlog.read_json(run_dir / name / runlog.TRIAL_FILE) for name in names}
+    (run_dir / names[0] / runlog.TRIAL_FILE).unlink()  # the trained one
+    (run_dir / names[1] / runlog.TRIAL_FILE).write_text("")
+    (run_dir / names[2] / runlog.TRIAL_FILE).write_text("{cut")
+    capsys.readouterr()
+    assert drive(monkeypatch, ["sweep", str(SWEEP), *ARGS, *storage, "--resume"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "rebuilt" in line]
+    assert said == [
+        f"{run_dir}: rebuilt the trial.json of 3 trials from the plan: {names[0]} (no trial.json); "
+        f"{names[1]} (trial.json is empty); {names[2]} (trial.json is not JSON)"
+    ]
+    for name in names:
+        record = runlog.read_json(run_dir / name / runlog.TRIAL_FILE)
+        assert {key: record[key] for key in ("index", "name", "swept")} == {
+            key: before[name][key] for key in ("index", "name", "swept")
+        }
+        assert record["config"] == before[name]["config"] and record["status"] == "finished"
+    assert len(runlog.read_epochs(run_dir / names[0])) == 1  # closed, not trained again
+    notes = runlog.read_json(run_dir / names[1] / runlog.TRIAL_FILE)["notes"]
+    assert notes == ["trial.json rebuilt from the plan on --resume (trial.json is empty)"]
+
+
 # The floors of the package's layers (tests/test_layers.py): a module calls only down, or along its floor.
 FLOORS = {"core": 0, "training": 1, "cluster": 2, "report": 3, "export": 3, "api": 4, "commands": 5, "cli": 6}
 

@@ -58,9 +58,16 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     check_fits(plan, capacity)
     if not run.admitted:  # api.execute_plan asked before Ray started; bench and tests call run_plan directly
         run.admit(plan, options.resume)
-    changed = run.changed_configs_refusal(plan) if options.resume else None  # resolved configs: on Ray only
+    damaged = run.damaged_trials() if options.resume else {}
+    changed = run.changed_configs_refusal(plan, list(damaged)) if options.resume else None  # resolved: on Ray only
     if changed:
         raise ConfigError(changed)
+    if damaged:  # the plan says who each trial is: never a trial with no config, name or index
+        run.rebuild_trials(plan, damaged)
+        options.print_line(
+            f"{run.path}: rebuilt the {runlog.TRIAL_FILE} of {counted(len(damaged), 'trial')} from the plan: "
+            + "; ".join(f"{name} ({why})" for name, why in damaged.items())
+        )
     if capacity["nodes"] > 1 or is_ray_client():  # a Ray Client driver may sit on another machine
         check_shared_storage(run.path.parent, options.print_line)
     warm = run.sweep().get("warm", False) if options.resume else not options.isolate  # a resume keeps its choice

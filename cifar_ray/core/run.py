@@ -21,11 +21,12 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import provenance, runlog
+from .checkpoints import CHECKPOINTS
 from .errors import ConfigError, StorageError
 from .record import TrialRecord
 from .storage import StoragePath
@@ -60,6 +61,9 @@ class RunOptions:
 
     def run_dir(self, name: str) -> StoragePath:
         return StoragePath.of(self.storage) / name
+
+
+IDENTITY = ("index", "name", "swept", "config")  # what a trial.json must hold to say which trial of the plan it is
 
 
 class RunFolder:
@@ -178,12 +182,56 @@ class RunFolder:
             "in <trial>/train), which this version cannot continue: finish it with that version, or pass --name NEW"
         )
 
-    def changed_configs_refusal(self, plan: SweepPlan) -> str | None:
+    def damaged_trials(self) -> dict[str, str]:
+        """The run's planned trials (sweep.json's list) whose trial.json cannot say who they are: missing, empty, not
+        JSON after every try, or without the plan's identity (index, name, swept, config); name -> what is wrong."""
+        damaged = {}
+        for name in self.sweep().get("trials", []):
+            path = self.trial_file(name)
+            try:
+                data = self.trial(name).to_json()  # kept: the resume reads it once
+            except StorageError as error:
+                if not isinstance(error.__cause__, ValueError):  # an outage or a refusal: not damage
+                    raise
+                empty = not path.read_bytes().strip()  # a full disk at the write leaves none
+                damaged[name] = f"{runlog.TRIAL_FILE} is {'empty' if empty else 'not JSON'}"
+                continue
+            lacking = [key for key in IDENTITY if key not in data]
+            if not data and not path.exists():
+                damaged[name] = f"no {runlog.TRIAL_FILE}"
+            elif lacking:
+                damaged[name] = f"{runlog.TRIAL_FILE} {'is empty' if not data else 'lacks ' + ', '.join(lacking)}"
+        return damaged
+
+    def rebuild_trials(self, plan: SweepPlan, damaged: dict[str, str]) -> None:
+        """Each `damaged` trial's trial.json rebuilt from the plan (its index, name, swept values and config), keeping
+        what a readable one held, and its status from what its folder holds: interrupted (a resume continues it from
+        its checkpoint, or closes it when every epoch is logged) where it logged an epoch or saved a checkpoint, else
+        pending; a note says why."""
+        for spec in plan.trials:
+            if spec.name not in damaged:
+                continue
+            folder = self.path / spec.name
+            held = bool(runlog.read_epochs(folder)) or (folder / CHECKPOINTS).exists()
+            try:
+                kept = runlog.read_json(self.trial_file(spec.name))
+            except StorageError:  # not JSON: damaged_trials said so
+                kept = {}
+            status = kept.get("status") or ("interrupted" if held else "pending")
+            note = f"{runlog.TRIAL_FILE} rebuilt from the plan on --resume ({damaged[spec.name]})"
+            record = kept | spec.as_dict() | {"status": status, "notes": [*kept.get("notes", []), note]}
+            self._records.pop(spec.name, None)
+            self._write_trial(TrialRecord.from_json(spec.name, record))
+
+    def changed_configs_refusal(self, plan: SweepPlan, damaged: Sequence[str] = ()) -> str | None:
         """Why `plan` may not resume the run here, in one line: the resolved config of a trial differs from the
         one its trial.json recorded (old -> new per key); None when they agree. Keys the recorded config lacks
-        (added by a later cifar-ray) are not compared."""
+        (added by a later cifar-ray) are not compared, nor the `damaged` trials (damaged_trials): the plan rebuilds
+        them."""
         changes = []
         for trial in plan.trials:
+            if trial.name in damaged:
+                continue
             recorded = self.trial(trial.name).config
             if not recorded:
                 continue

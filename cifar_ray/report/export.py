@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -114,9 +115,11 @@ def export_markdown(report: Report, out_dir: Path) -> Path:
 
 
 def export_html(report: Report, out_dir: Path) -> Path:
-    """report.html, the plots inside it (their PNG files stay beside it, as for README.md)."""
+    """report.html, one self-contained page: its plots drawn in a scratch folder and embedded, no file beside it."""
     path = out_dir / "report.html"
-    path.write_text(to_html(report_document(report, out_dir), out_dir, report.name), encoding="utf-8")
+    with tempfile.TemporaryDirectory(prefix="cifar-ray-figures-") as figures:
+        page = to_html(report_document(report, Path(figures)), Path(figures), report.name)
+    path.write_text(page, encoding="utf-8")
     return path
 
 

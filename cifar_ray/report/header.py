@@ -82,7 +82,14 @@ def measured_text(report: Report) -> str:
     seeds = f"{report.seeds} seed{'s' if report.seeds != 1 else ''}"
     epochs = _values_text([c.get("epochs") for c in configs]) if configs else "—"
     dataset = _values_text([config_value(c, "dataset") for c in configs]) if configs else "—"
-    tested = f", tested on {report.test_images} images" if report.test_images else ""
+    images = sorted({int(n) for n in report.trials["test_images"].dropna()})
+    tested = (
+        f", tested on {images[0]} images"
+        if len(images) == 1
+        else f", tested on {images[0]} to {images[-1]} images (trials differ)"
+        if images
+        else ""
+    )
     return (
         f"{n} trial{'s' if n != 1 else ''} ({statuses_text(status_counts(report.trials))}): "
         f"{grid + ' × ' if grid else ''}{seeds}, {counted(epochs, 'epoch')} each on {dataset}{tested}. Measured per "
