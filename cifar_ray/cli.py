@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from .commands import COMMANDS
-from .commands.common import INTERRUPTED, PROG, Parser
+from .commands.common import PROG, Parser, stopped_status
 from .core.errors import UsageError, UserError
 
 USAGE_ERROR = 2
@@ -85,7 +85,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return USAGE_ERROR
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return stopped_status()
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ def test_bare_command_prints_the_usage_and_errors_name_the_subcommand_once(capsy
     assert main(["sweep", str(SWEEPS / "quickstart.yaml"), "--max-concurrent", "x"]) == 2
     assert capsys.readouterr().err == "cifar-ray sweep: error: argument --max-concurrent: invalid int value: 'x'\n"
     assert main(["bogus"]) == 2
-    assert capsys.readouterr().err.startswith("cifar-ray: error: argument command: invalid choice: 'bogus'")
+    assert capsys.readouterr().err.startswith("cifar-ray: error: unknown command 'bogus'; allowed: train, ")
 
 
 def test_help_version_usage_errors_and_dry_run_import_neither_torch_nor_ray():
@@ -352,6 +352,38 @@ ALLOWED = "; allowed: the options of `cifar-ray {} --help`"
 def test_set_errors_stay_one_line(argv, error, capsys, ray_start):
     assert main(argv) == 2
     assert capsys.readouterr().err == error + "\n"
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["swep", QUICKSTART], "cifar-ray: error: unknown command 'swep' (did you mean 'sweep'?); allowed: train, "),
+        (
+            ["sweep", "sweeps/quickstat.yaml", "--dry-run"],
+            "cifar-ray: error: cannot read sweep file sweeps/quickstat.yaml: No such file or directory (did you mean "
+            "sweeps/quickstart.yaml?)",
+        ),
+        (["train", "--set", "lr=-0.1"], "lr=-0.1: should be greater than 0; allowed: a number greater than 0"),
+        (["train", "--set", "lr=abc"], "lr='abc': should be a valid number; allowed: a number greater than 0"),
+        (
+            ["train", "--set", "epochs=0"],
+            "epochs=0: should be greater than or equal to 1; allowed: an integer at least 1",
+        ),
+    ],
+)
+def test_a_misspelt_command_or_file_is_matched_and_an_allowed_value_names_its_bounds(argv, error, capsys, ray_start):
+    """Issue 51's messages: the nearest command and sweep file are suggested; `allowed` says the bounds."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert error in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_number_in_quotes_in_a_sweep_file_is_text_not_a_number(tmp_path, capsys, ray_start):
+    """Strict YAML everywhere else reads "64" as text; the sweep file's values no longer become numbers quietly."""
+    sweep = tmp_path / "q.yaml"
+    sweep.write_text('name: q\ngrid: {batch_size: ["64"]}\n')
+    assert main(["sweep", str(sweep), "--dry-run"]) == 2
+    assert "batch_size='64': a number in quotes is text: write it without quotes" in capsys.readouterr().err
 
 
 def help_examples(command: str, capsys) -> list[list[str]]:

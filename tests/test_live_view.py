@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import assert_tensorboard_holds_every_epoch, wait_for
+from helpers import assert_tensorboard_holds_every_epoch, tensorboard_scalars, wait_for
 
-from cifar_ray.cluster.live_view import LIVE_FLUSH_S, live_tensorboard, logged_epochs
+from cifar_ray.cluster.live_view import LIVE_FLUSH_S, fill_in_ended, live_tensorboard, logged_epochs
 from cifar_ray.core import runlog
 from cifar_ray.core.storage import StoragePath
 
@@ -61,3 +61,35 @@ def test_epochs_trained_while_no_driver_listened_are_filled_in_as_the_trial_ends
 
 def test_a_run_folder_at_a_uri_keeps_tunes_own_logger(tmp_path):
     assert live_tensorboard(StoragePath.of("s3://bucket/runs/live?endpoint_override=localhost:1")) == []
+
+
+def test_a_resume_fills_in_the_trials_it_will_not_train_and_writes_no_epoch_twice(tmp_path):
+    """A trial that ended (finished or diverged) while its driver was being killed is not trained again, so no
+    result of it reaches the live view: its event file missed epochs for good, or was cut mid-record. The resume
+    fills each one in from metrics.jsonl before its trials start (fill_in_ended), once: a second resume writes
+    nothing; and an epoch retrained after a checkpoint fallback is not written a second time."""
+    run_dir = tmp_path / "live"
+    ended, cut = run_dir / "t000", run_dir / "t001"
+    for trial_dir in (ended, cut):
+        trial_dir.mkdir(parents=True)
+        runlog.append_epoch(trial_dir, epoch_row(1))
+    assert fill_in_ended(StoragePath.of(run_dir), ["t000", "t001"]) == 2
+    for trial_dir in (ended, cut):
+        for epoch in (2, 3):
+            runlog.append_epoch(trial_dir, epoch_row(epoch))  # the last epochs the dying driver never passed on
+    [events] = cut.glob("events.out.tfevents.*")
+    events.write_bytes(events.read_bytes()[:-7])  # cut mid-record by the kill: epoch 1 is no longer whole
+    assert logged_epochs(cut) == set()
+    assert fill_in_ended(StoragePath.of(run_dir), ["t000", "t001"]) == 2 + 3
+    assert fill_in_ended(StoragePath.of(run_dir), ["t000", "t001"]) == 0
+    for trial_dir in (ended, cut):
+        assert logged_epochs(trial_dir) == {1, 2, 3}
+        assert_tensorboard_holds_every_epoch(trial_dir)
+
+    [session] = live_tensorboard(StoragePath.of(run_dir))
+    trial = FakeTrial(ended)
+    session.log_trial_start(trial)
+    session.log_trial_result(1, trial, epoch_row(3) | {"timesteps_total": 3})  # epoch 3 again, from a fallback
+    session.log_trial_end(trial)
+    assert_tensorboard_holds_every_epoch(ended)
+    assert sorted(step for step, _ in tensorboard_scalars(ended)["ray/tune/test_acc"]) == [1, 2, 3]

@@ -200,6 +200,47 @@ def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes
     assert len(walls) == 2 and run.sweep["wall_time_s"] == pytest.approx(sum(walls))
 
 
+def test_sigterm_stops_a_sweep_like_ctrl_c_with_exit_143_and_no_ray_dump(tmp_path):
+    """SIGTERM to the driver alone (kill, a scheduler's time limit, Slurm's and Kubernetes' stop) in its second
+    trial: Ray's init had replaced the command's handler, so the driver died in Ray's `*** SIGTERM received ***`
+    dump with no summary and no resume command. Now it stops as Ctrl-C does: the trial interrupted, the resume
+    command printed within CTRL_C_S, exit 143, no dump."""
+    sweep_file, storage = tmp_path / "term.yaml", tmp_path / "runs"
+    sweep_file.write_text(
+        "name: term\nbase: {dataset: synthetic, train_subset: 4096, test_subset: 256, width: 8, epochs: 3,\n"
+        "       batch_size: 64, workers: 1, norm: none}\ngrid:\n  seed: [0, 1]\n"
+    )
+    second = storage / "term" / "t001-seed=1"
+    sweep = ["sweep", str(sweep_file), "--storage", str(storage), "--max-concurrent", "1"]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "cifar_ray.cli", *sweep],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        text=True,
+    )
+    printed: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
+    reader.start()
+    try:
+        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial")
+        os.kill(driver.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        driver.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # the local Ray the driver started
+        driver.wait()
+        reader.join()
+    resume = f"cifar-ray sweep {sweep_file} --resume --storage {storage}"
+    [shown] = [at - sent for at, line in printed if line.strip() == resume]
+    output = "".join(line for _, line in printed)
+    assert driver.returncode == 143 and shown <= CTRL_C_S, (driver.returncode, shown, output[-2000:])
+    assert "SIGTERM received" not in output
+    assert [t.status for t in runlog.load_run(storage / "term").trials] == ["finished", "interrupted"]
+
+
 def test_resume_with_another_config_is_refused_naming_the_keys_before_anything_is_written(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text(
         "name: mixed\nbase: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 4, depth: 2, epochs: 1,\n"

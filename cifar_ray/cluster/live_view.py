@@ -7,7 +7,9 @@ a driver killed in between loses what was not copied yet; a --resume continues f
 those epochs again. RunFolderTensorBoard, a TBXLoggerCallback (so Tune adds none of its own), writes into each
 trial's folder itself, within LIVE_FLUSH_S of the result, each epoch at step = epoch (slots.thin_trial reports it
 as timesteps_total). Before an epoch, and as the trial ends, it writes from metrics.jsonl, the training's own
-record, every earlier epoch that the trial's event files lack: those a killed driver never passed on. Each writer
+record, every earlier epoch that the trial's event files lack: those a killed driver never passed on; an epoch its
+files hold already (retrained after a checkpoint fallback) is not written again. A resumed sweep first fills in the
+trials it will not train (fill_in_ended): those that ended while a driver was dying. Each writer
 gets a file of its own (tensorboardX names a file by the second and the host only: a second writer in the same
 second emptied the first one's file). A run folder at a URI keeps Tune's logger and its lag: tensorboardX writes
 local files.
@@ -65,6 +67,38 @@ def import_tensorboardx_without_torch() -> None:
         del sys.modules["torch"]
 
 
+def missing_rows(trial_dir: str | Path) -> list[dict]:
+    """The epochs of a trial's metrics.jsonl (the last copy of each) that its event files do not hold whole."""
+    logged = logged_epochs(trial_dir)
+    return [row for row in runlog.read_epochs(trial_dir) if row["epoch"] not in logged]
+
+
+def fill_in_ended(run_dir: StoragePath, names: list[str]) -> int:
+    """Bring the event files of the trials `names`, which this session will not train (they ended under an earlier
+    driver, maybe as it was killed), up to their metrics.jsonl: each missing epoch once, tagged as the live view tags
+    a result (TUNE_TAG, its timesteps_total last, at step = epoch). Returns the epochs written."""
+    if not run_dir.is_local:
+        return 0
+    from ray.tune.result import TIMESTEPS_TOTAL
+
+    written = 0
+    for name in names:
+        folder = Path(run_dir.path) / name
+        rows = missing_rows(folder) if folder.is_dir() else []
+        if not rows:
+            continue
+        import_tensorboardx_without_torch()
+        from tensorboardX import SummaryWriter
+
+        with SummaryWriter(str(folder), filename_suffix=f".{uuid.uuid4().hex[:8]}") as writer:
+            for row in rows:
+                for key, value in (row | {TIMESTEPS_TOTAL: row["epoch"]}).items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        writer.add_scalar(TUNE_TAG.format(key), value, global_step=row["epoch"])
+                written += 1
+    return written
+
+
 def live_tensorboard(run_dir: StoragePath) -> list:
     """The Tune callbacks of the live view: [RunFolderTensorBoard] for a local run folder, [] (Tune's own) for a URI."""
     if not run_dir.is_local:
@@ -100,6 +134,8 @@ def live_tensorboard(run_dir: StoragePath) -> list:
             epoch = result.get("epoch")
             if isinstance(epoch, int):
                 self._fill_in(iteration, trial, epoch)
+                if epoch in self._logged[trial]:  # retrained after a checkpoint fallback: in its files already
+                    return
                 self._logged[trial].add(epoch)
             super().log_trial_result(iteration, trial, result)
 

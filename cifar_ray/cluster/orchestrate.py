@@ -26,7 +26,7 @@ from ..core.sweep import SweepPlan, TrialSpec
 from ..core.text import counted, precise_duration
 from . import pool, slots
 from .dispatcher import tune_trial
-from .live_view import live_tensorboard
+from .live_view import fill_in_ended, live_tensorboard
 from .placement import check_fits, cluster_capacity, resolve_plan
 from .progress import SweepProgress, dispatcher_events, follow, progress_callback, sweep_header
 from .session import check_shared_storage, is_ray_client, write_provenance
@@ -76,6 +76,7 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     # A resumed run trains its failed and interrupted trials again too (resume_errored; slots.plan_slots).
     slot_plan = slots.plan_slots(plan, run, capacity, options.max_concurrent, not warm, options.profile)
     if options.resume and not slot_plan.specs:  # no session, no provenance: at most the close a killed driver missed
+        fill_in_ended(run.path, [t.name for t in plan.trials])
         closed = run.close_after_kill()
         if closed:
             wall, sessions = precise_duration(closed["wall_time_s"]), counted(len(closed["sessions"]), "session")
@@ -90,6 +91,8 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
         return run.path
     if options.resume:
         _add_seeds(run, plan)
+        # trials that ended under a driver that died before passing their last epochs to the live view
+        fill_in_ended(run.path, [t.name for t in plan.trials if t.name not in {s.name for s in slot_plan.specs}])
     limit = slot_plan.count  # thin trials: one per slot running (a trial taken before its thin trial starts is
     # forwarded from its first epoch when it does)
     # A new Tune experiment of the trials still to train, never Tune's restore: a failed read of its saved state

@@ -3,10 +3,13 @@ proving that every node reaches the run storage."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
+import threading
 import traceback
 import warnings
 from collections.abc import Callable
@@ -132,6 +135,20 @@ def cluster_runtime_env(verbose: bool) -> dict[str, Any]:
     return env
 
 
+@contextlib.contextmanager
+def our_sigterm_handler():
+    """Ray's init replaces the driver's SIGTERM handler with an exit (and its core worker dumps "*** SIGTERM
+    received ***"): the handler the command set (SIGTERM as Ctrl-C: trials marked, summary, resume command) is put
+    back once Ray is up."""
+    main = threading.current_thread() is threading.main_thread()
+    ours = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and ours is not None:
+            signal.signal(signal.SIGTERM, ours)
+
+
 def init_ray(
     address: str | None = None, verbose: bool = False, num_cpus: int | None = None, num_gpus: int | None = None
 ) -> bool:
@@ -160,7 +177,8 @@ def init_ray(
         tries = CLIENT_CONNECT_TRIES if address.startswith("ray://") else 1
         for attempt in range(1, tries + 1):
             try:
-                ray.init(address=address, **options)
+                with our_sigterm_handler():
+                    ray.init(address=address, **options)
                 break
             except (ConnectionError, RuntimeError, ValueError, ImportError, ray.exceptions.RayError) as error:
                 ray.shutdown()
@@ -176,14 +194,15 @@ def init_ray(
         # of the job's own: with one, no prestarted worker serves the job and each new worker process waits for the
         # runtime-env agent; its processes inherit RAY_ENV_DEFAULTS, and their logs stay in Ray's files (log_to_driver).
         global _started_here
-        ray.init(
-            address="local",
-            num_cpus=node["CPU"],
-            num_gpus=node["GPU"],
-            include_dashboard=False,
-            resources={key: node[key] for key in (RESOURCE_CPU, RESOURCE_GPU)},
-            **options,
-        )
+        with our_sigterm_handler():
+            ray.init(
+                address="local",
+                num_cpus=node["CPU"],
+                num_gpus=node["GPU"],
+                include_dashboard=False,
+                resources={key: node[key] for key in (RESOURCE_CPU, RESOURCE_GPU)},
+                **options,
+            )
         _started_here = (ray.get_runtime_context().gcs_address, dict(os.environ))
     return True
 

@@ -7,12 +7,15 @@ Importing this module imports neither torch nor Ray: the functions that need the
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +28,22 @@ if TYPE_CHECKING:
     from ..core.sweep import SweepPlan
 
 PROG = "cifar-ray"
-INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C or SIGTERM, as a shell reports SIGINT
+INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C, as a shell reports SIGINT
+TERMINATED = 143  # ... and by SIGTERM (kill, a scheduler's time limit, Slurm's or Kubernetes' stop)
+_TERMINATED = threading.Event()  # the stop that came was SIGTERM
+
+
+def _stop_as_ctrl_c(signum: int, frame: Any) -> None:
+    """SIGTERM handled as Ctrl-C (trials marked interrupted, the summary, the resume command), its exit status 143."""
+    _TERMINATED.set()
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def stopped_status() -> int:
+    """The exit status of a run that was stopped: TERMINATED after SIGTERM, else INTERRUPTED."""
+    return TERMINATED if _TERMINATED.is_set() else INTERRUPTED
+
+
 # train_acc: running mean over the epoch; train_eval_acc: training images evaluated like the test set.
 # time_per_epoch_s: runlog.TIME_PER_EPOCH_RULE, as the report's; peak_mem_mb: the largest worker's peak;
 # peak_mem_total_mb: the sum over workers (docs/semantics.md).
@@ -84,6 +102,12 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:  # argparse prints usage + exits 2; we want one line
+        choice = re.match(r"argument \w+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:  # a misspelt subcommand: `swep`
+            word, choices = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
+            close = difflib.get_close_matches(word, choices, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            message = f"unknown command '{word}'{hint}; allowed: {', '.join(choices)}"
         raise UsageError(message, self.prog)
 
     def parse_known_args(self, args=None, namespace=None):
@@ -223,7 +247,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
 
     # Ctrl-C (SIGINT) stops the sweep: run_plan marks the running trials interrupted, Ray stops, the summary and the
     # resume command follow. SIGTERM gets the same treatment.
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    signal.signal(signal.SIGTERM, _stop_as_ctrl_c)  # kept across Ray's start (cluster/session.our_sigterm_handler)
     try:
         run_dir = execute_plan(
             plan,
@@ -268,7 +292,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
         results = [{k: v for k, v in r.items() if k != "epochs"} for r in rows]
         print(json.dumps(results[0] if args.command == "train" else results))
     if unfinished:
-        return INTERRUPTED
+        return stopped_status()
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -229,9 +230,13 @@ class TrainConfig(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic takes true for 1 in an int or float key: `epochs: true` would run one epoch.
-        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation in (int, float):
-            raise ValueError("true or false is not a number")
+        # pydantic takes true for 1 and "64" for 64 in an int or float key: `epochs: true` would run one epoch, and a
+        # quoted number reads as text everywhere else in a sweep file.
+        if cls.model_fields[info.field_name].annotation in (int, float):
+            if isinstance(value, bool):
+                raise ValueError("true or false is not a number")
+            if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", value.strip()):
+                raise ValueError("a number in quotes is text: write it without quotes")
         return value
 
     @model_validator(mode="after")
@@ -343,15 +348,27 @@ class TrainConfig(BaseModel):
 KEYS: tuple[str, ...] = tuple(TrainConfig.model_fields)
 
 
+def _number(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
 def allowed_values(key: str) -> str:
     """Human description of what `key` accepts, for error messages."""
-    annotation = TrainConfig.model_fields[key].annotation
-    choices = get_args(annotation)
+    field = TrainConfig.model_fields[key]
+    choices = get_args(field.annotation)
     if choices and all(isinstance(choice, str) for choice in choices):
         return "one of " + ", ".join(choices)
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
-        annotation, str(annotation)
+    kind = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        field.annotation, str(field.annotation)
     )
+    words = {"gt": "greater than", "ge": "at least", "lt": "less than", "le": "at most"}
+    bounds = [
+        f"{word} {_number(getattr(m, attr))}"
+        for m in field.metadata
+        for attr, word in words.items()
+        if hasattr(m, attr)
+    ]
+    return " ".join([kind, " and ".join(bounds)]) if bounds else kind
 
 
 def did_you_mean(key: str, known: Sequence[str]) -> str:

@@ -22,6 +22,7 @@ Everything is validated before Ray starts; errors are one line naming the file a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import math
 import re
@@ -386,6 +387,16 @@ def load_sweep(
     return build_plan(read_sweep_file(path), overrides, str(path), name, repeats)
 
 
+def _near_file(path: Path) -> str:
+    """` (did you mean sweeps/quickstart.yaml?)` for the YAML file beside a missing `path` whose name is closest."""
+    try:
+        names = [p.name for p in path.parent.iterdir() if p.suffix in (".yaml", ".yml")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1)
+    return f" (did you mean {path.parent / close[0]}?)" if close else ""
+
+
 def read_sweep_file(path: str | Path) -> Any:
     """The parsed YAML document of a sweep file, or a one-line ConfigError."""
     path = Path(path)
@@ -393,7 +404,8 @@ def read_sweep_file(path: str | Path) -> Any:
         with path.open("rb") as file:
             data = file.read(SWEEP_FILE_MAX + 1)  # no more: a larger file is refused unread
     except OSError as error:
-        raise ConfigError(f"cannot read sweep file {path}: {error.strerror or error}") from None
+        hint = _near_file(path) if isinstance(error, FileNotFoundError) else ""
+        raise ConfigError(f"cannot read sweep file {path}: {error.strerror or error}{hint}") from None
     if len(data) > SWEEP_FILE_MAX:
         raise ConfigError(f"{path}: larger than {SWEEP_FILE_MAX:,} bytes; allowed: a sweep file up to 1 MB")
     try:
