@@ -135,7 +135,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loadi
     from cifar_ray.training import loop
     from cifar_ray.training.distributed import Worker
     from cifar_ray.training.models import build_model
-    from cifar_ray.training.state import NoCheckpointLoads, resume_newest
+    from cifar_ray.training.state import NoCheckpointLoadsError, resume_newest
 
     cfg, weights = trained_checkpoints(trial_dir, tmp_path, 3)
     cpu, notes = torch.device("cpu"), []
@@ -154,7 +154,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loadi
         "does not load: continues from epoch-0002"
     )
     cut_in_half(trial_dir, 2)
-    with pytest.raises(NoCheckpointLoads) as failed:
+    with pytest.raises(NoCheckpointLoadsError) as failed:
         resume_newest(trial_dir, fresh(), Worker.single(cpu), note=notes.append)
     message = str(failed.value)
     assert "\n" not in message and message.startswith("no checkpoint of t000 loads: epoch-0003 (RuntimeError: ")

@@ -204,7 +204,8 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_with_exit_143_and_no_ray_dump(tmp_pat
     """SIGTERM to the driver alone (kill, a scheduler's time limit, Slurm's and Kubernetes' stop) in its second
     trial: Ray's init had replaced the command's handler, so the driver died in Ray's `*** SIGTERM received ***`
     dump with no summary and no resume command. Now it stops as Ctrl-C does: the trial interrupted, the resume
-    command printed within CTRL_C_S, exit 143, no dump."""
+    command printed within CTRL_C_S, exit 143, no dump. The driver starts with SIGINT ignored, as a shell starts a
+    background job: SIGTERM, handled as SIGINT, must still stop it."""
     sweep_file, storage = tmp_path / "term.yaml", tmp_path / "runs"
     sweep_file.write_text(
         "name: term\nbase: {dataset: synthetic, train_subset: 4096, test_subset: 256, width: 8, epochs: 3,\n"
@@ -219,6 +220,7 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_with_exit_143_and_no_ray_dump(tmp_pat
         start_new_session=True,
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # a background job's
     )
     printed: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))

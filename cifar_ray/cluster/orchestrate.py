@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core import lease, runlog, sysinfo
 from ..core.errors import ConfigError
-from ..core.run import RunFolder, RunOptions
+from ..core.run import UNLOADABLE, RunFolder, RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, TrialSpec
 from ..core.text import counted, precise_duration
@@ -62,6 +62,12 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     changed = run.changed_configs_refusal(plan, list(damaged)) if options.resume else None  # resolved: on Ray only
     if changed:
         raise ConfigError(changed)
+    restarted = run.restart_unloadable() if options.resume else {}
+    if restarted:
+        options.print_line(
+            f"{run.path}: no checkpoint of {', '.join(restarted)} loads: restarted from epoch 1, its checkpoints kept "
+            f"in {UNLOADABLE}/ (the first error: {next(iter(restarted.values()))})"
+        )
     if damaged:  # the plan says who each trial is: never a trial with no config, name or index
         run.rebuild_trials(plan, damaged)
         options.print_line(

@@ -141,7 +141,7 @@ def slot_loop(loop_config: dict) -> None:
     from ..training.distributed import Worker, select_devices, worker_system
     from ..training.loop import TrialOptions, run_trial
     from ..training.memory import GpuOutOfMemoryError
-    from ..training.state import NoCheckpointLoads
+    from ..training.state import NoCheckpointLoadsError
 
     source, broker = loop_config["dispatcher"], loop_config.get("broker")
     shape, slot = loop_config["shape"], loop_config["slot"]
@@ -191,7 +191,7 @@ def slot_loop(loop_config: dict) -> None:
         except Exception as error:
             trace = "".join(traceback.format_exception(error)) if rank == 0 else None
             # Out of memory, it would run out again; with no checkpoint that loads, it would find the same files.
-            final = isinstance(error, (GpuOutOfMemoryError, NoCheckpointLoads))
+            final = isinstance(error, (GpuOutOfMemoryError, NoCheckpointLoadsError))
             failure = (spec.name, failure_status(error), error_line(error), trace, final)
             ray.get(dispatcher.failed_attempt.remote(*failure))
             raise  # Ray Train restarts the worker group (a rank may wait in a collective); rank 0 asks again

@@ -248,6 +248,9 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     # Ctrl-C (SIGINT) stops the sweep: run_plan marks the running trials interrupted, Ray stops, the summary and the
     # resume command follow. SIGTERM gets the same treatment.
     signal.signal(signal.SIGTERM, _stop_as_ctrl_c)  # kept across Ray's start (cluster/session.our_sigterm_handler)
+    # A shell starts a background job (`cifar-ray sweep ... &`) with SIGINT ignored, so Python sets no handler: Ctrl-C,
+    # `kill -INT` and the SIGTERM above would do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run_dir = execute_plan(
             plan,

@@ -40,7 +40,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint that must not be loaded: the message is one line, fit to print as is."""
 
 
-class NoCheckpointLoads(CheckpointError):
+class NoCheckpointLoadsError(CheckpointError):
     """Not one of a trial's stored checkpoints loads: the trial fails with this line, not retried (each attempt
     would find the same files)."""
 
@@ -154,7 +154,7 @@ def resume_newest(
     has none (it starts afresh). Only checkpoints at or before the last epoch in metrics.jsonl count: one after it
     (that epoch's line was cut) would leave the epoch out of the log for good. A checkpoint that cannot be read or
     loaded (cut short, corrupt) is passed over for the one before, and `note` is told so in one line;
-    NoCheckpointLoads names each and why when none loads."""
+    NoCheckpointLoadsError names each and why when none loads."""
     logged = runlog.read_epochs(trial_dir)
     passed_over = []
     for epoch in complete_checkpoints(trial_dir, logged[-1]["epoch"] if logged else 0):
@@ -175,5 +175,5 @@ def resume_newest(
                 note(line)
         return done
     if passed_over:
-        raise NoCheckpointLoads(f"no checkpoint of {trial_dir.name} loads: {'; '.join(passed_over)}")
+        raise NoCheckpointLoadsError(f"no checkpoint of {trial_dir.name} loads: {'; '.join(passed_over)}")
     return 0
