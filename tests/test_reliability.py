@@ -129,6 +129,28 @@ os.replace = _logged_replace
 """
 
 
+def stop_in_its_second_trial(
+    driver: subprocess.Popen, second: Path, stop
+) -> tuple[list[tuple[float, str]], float, float]:
+    """`stop(pid)` once the driver's second trial (folder `second`) logged an epoch; its output lines with when each
+    came, when the stop was sent, and how long the driver took to end after it. Kills what is left after."""
+    printed: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
+    reader.start()
+    try:
+        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial")
+        stop(driver.pid)
+        sent = time.monotonic()
+        driver.wait(timeout=120)
+        ended = time.monotonic() - sent
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # the local Ray the driver started
+        driver.wait()
+        reader.join()
+    return printed, sent, ended
+
+
 CTRL_C_S = 5.0  # from Ctrl-C to the resume command on the screen (2.8 to 3.5 s measured on a busy 2-core machine)
 
 
@@ -159,21 +181,8 @@ def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes
         env=env | {"PYTHONUNBUFFERED": "1"},
         text=True,
     )
-    printed: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
-    reader.start()
-    try:
-        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial")
-        time.sleep(0.5)  # into epoch 2
-        os.killpg(driver.pid, signal.SIGINT)
-        pressed = time.monotonic()
-        driver.wait(timeout=120)
-        ended = time.monotonic() - pressed
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)  # the local Ray the driver started
-        driver.wait()
-        reader.join()
+    into_epoch_2 = lambda pid: (time.sleep(0.5), os.killpg(pid, signal.SIGINT))  # noqa: E731
+    printed, pressed, ended = stop_in_its_second_trial(driver, second, into_epoch_2)
     resume = f"cifar-ray sweep {sweep_file} --resume --storage {storage}"
     [shown] = [at - pressed for at, line in printed if line.strip() == resume]
     assert driver.returncode == 130 and shown <= CTRL_C_S and ended <= CTRL_C_S + 5, (shown, ended)
@@ -222,19 +231,7 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_with_exit_143_and_no_ray_dump(tmp_pat
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # a background job's
     )
-    printed: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
-    reader.start()
-    try:
-        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial")
-        os.kill(driver.pid, signal.SIGTERM)
-        sent = time.monotonic()
-        driver.wait(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)  # the local Ray the driver started
-        driver.wait()
-        reader.join()
+    printed, sent, _ = stop_in_its_second_trial(driver, second, lambda pid: os.kill(pid, signal.SIGTERM))
     resume = f"cifar-ray sweep {sweep_file} --resume --storage {storage}"
     [shown] = [at - sent for at, line in printed if line.strip() == resume]
     output = "".join(line for _, line in printed)

@@ -276,6 +276,7 @@ def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reser
 
     from cifar_ray.cluster.placement import cluster_capacity, resolve_plan
     from cifar_ray.cluster.slots import plan_slots
+    from cifar_ray.core.config import parse_overrides
     from cifar_ray.core.run import RunFolder
     from cifar_ray.core.sweep import build_plan
 
@@ -283,7 +284,7 @@ def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reser
         return {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
 
     before = reserved()
-    base = dict(item.split("=") for item in TINY) | {"epochs": 50, "train_subset": 2048}
+    base = parse_overrides(TINY) | {"epochs": 50, "train_subset": 2048}  # typed, as --set reads them
     plan = resolve_plan(build_plan({"name": "stopped", "base": base, "grid": {"seed": [0]}}), cluster_capacity(), print)
     run = RunFolder(tmp_path / "stopped")
     run.create(plan, {})

@@ -62,17 +62,17 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     changed = run.changed_configs_refusal(plan, list(damaged)) if options.resume else None  # resolved: on Ray only
     if changed:
         raise ConfigError(changed)
-    restarted = run.restart_unloadable() if options.resume else {}
-    if restarted:
-        options.print_line(
-            f"{run.path}: no checkpoint of {', '.join(restarted)} loads: restarted from epoch 1, its checkpoints kept "
-            f"in {UNLOADABLE}/ (the first error: {next(iter(restarted.values()))})"
-        )
     if damaged:  # the plan says who each trial is: never a trial with no config, name or index
         run.rebuild_trials(plan, damaged)
         options.print_line(
             f"{run.path}: rebuilt the {runlog.TRIAL_FILE} of {counted(len(damaged), 'trial')} from the plan: "
             + "; ".join(f"{name} ({why})" for name, why in damaged.items())
+        )
+    restarted = run.restart_unloadable() if options.resume else {}
+    if restarted:
+        options.print_line(
+            f"{run.path}: no checkpoint of {', '.join(restarted)} loads: restarted from epoch 1, its checkpoints kept "
+            f"in {UNLOADABLE}/ (the first error: {next(iter(restarted.values()))})"
         )
     if capacity["nodes"] > 1 or is_ray_client():  # a Ray Client driver may sit on another machine
         check_shared_storage(run.path.parent, options.print_line)
