@@ -35,7 +35,7 @@ from .interactions import DEPENDS as INTERACTS
 from .interactions import MIN_STRATUM_PAIRS, UNTESTABLE, by_label, stratum_label
 from .judge import BEST, FASTEST, LEAST_MEMORY, MOST_ACCURATE, Leaders, ci_label, fmt_dof
 from .load import config_value
-from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, Compared
+from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, TIME_TO_TARGET, Compared
 from .sequential import look_text
 from .stats import PAIRS_DISAGREE, UNFINISHED, included, rows_with
 from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_MARGIN
@@ -387,7 +387,8 @@ def answer_lines(report: Report, key: str) -> list[str]:
         report.effects[key][COST_METRICS[0].column].iterrows(),
         report.effects[key][report.memory_column].iterrows(),
     )
-    for (_, row), (_, time), (_, memory) in rows:
+    reaching = report.effects[key].get(TIME_TO_TARGET.column)  # with a target only
+    for i, ((_, row), (_, time), (_, memory)) in enumerate(rows):
         head = f"**{key}={fmt_value(row[key])}** vs {base}: "
         if row["verdict"] == FAILED:
             lines.append(failed_line(report, key, row))
@@ -397,8 +398,17 @@ def answer_lines(report: Report, key: str) -> list[str]:
             lines.append(head + f"no matched pairs (no included {partner}; {pairs_text(row)}).")
             continue
         mean = paired_parts(PAIRED_METRICS[0], row)[0]  # its interval is in the factor's effects table
+        target = ""
+        if reaching is not None:  # censored trials counted: "did not reach 85 % in 1 of 3"
+            reach = reaching.iloc[i]
+            what = f"time to {fmt_value(round(100 * report.target, 6))} %"
+            target = ratio_text(reach, what, ("sooner", "later"), "s") + (
+                f" ({reach['lost']})" if reach["lost"] else ""
+            )
+            target += "; "
         lines.append(
             head
+            + target
             + ratio_text(time, "time per epoch", ("faster", "slower"), "s")
             + "; "
             + ratio_text(memory, f"peak memory ({figure})", ("less", "more"), "MB")
