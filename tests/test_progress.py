@@ -80,8 +80,8 @@ def test_the_dispatcher_logs_every_trials_news_in_the_order_it_came(tmp_path):
     asyncio.run(d.epoch(b.name, {"epoch": 1}))
     asyncio.run(d.epoch(a.name, {"epoch": 1}))
     told = [
-        (a.name, {"start": 0}),
-        (b.name, {"start": 0}),
+        (a.name, {"start": 0, "logged": 0}),
+        (b.name, {"start": 0, "logged": 0}),
         (b.name, {"epoch": {"epoch": 1}}),
         (a.name, {"epoch": {"epoch": 1}}),
     ]
@@ -187,3 +187,30 @@ def test_a_terminal_gets_a_live_bar_any_other_stream_plain_lines(tmp_path):
         "t000-lr=0.1  FAILED: boom",
         "[0/2 done · 1 pending · 1 failed] 65 s elapsed this session · ETA unknown (no epoch has finished yet)",
     ]
+
+
+def test_a_taken_trial_says_where_it_really_continues(tmp_path):
+    """ "continues after epoch 2/3" was printed from the epochs logged, also for a trial with no checkpoint (it
+    starts again from epoch 1) and for one that had trained every epoch (it only closes). The Dispatcher now tells
+    where the trial continues: its newest complete checkpoint at or before its last logged epoch."""
+    from cifar_ray.cluster.dispatcher import resume_point
+    from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder
+
+    run_dir = StoragePath.of(tmp_path)
+    trial = spec(run_dir, epochs=3)
+    folder = tmp_path / trial.name
+    for epoch in (1, 2):
+        runlog.append_epoch(run_dir / trial.name, epoch_row(epoch))
+    assert resume_point(run_dir / trial.name) == (0, 2)  # no checkpoint: from epoch 1 again
+    assert (
+        progress.start_line(trial, 0, 2).split("  ")[1] == "starts again from epoch 1 (no checkpoint to continue from)"
+    )
+    for epoch in (1, 2, 3):  # epoch 3's checkpoint is after the last logged epoch: not resumed from
+        (folder / CHECKPOINTS / epoch_folder(epoch)).mkdir(parents=True)
+        (folder / CHECKPOINTS / epoch_folder(epoch) / CHECKPOINT_FILE).write_bytes(b"x")
+    assert resume_point(run_dir / trial.name) == (2, 2)
+    assert progress.start_line(trial, 2, 2).split("  ")[1] == "continues after epoch 2/3"
+    runlog.append_epoch(run_dir / trial.name, epoch_row(3))
+    assert resume_point(run_dir / trial.name) == (3, 3)
+    assert progress.start_line(trial, 3, 3).split("  ")[1] == "has trained all 3 epochs: closes it"
+    assert progress.start_line(spec(run_dir, index=1), 0, 0).split("  ")[1] == "starts"

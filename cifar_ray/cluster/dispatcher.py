@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from ..core import runlog
+from ..core.checkpoints import complete_checkpoints
 from ..core.config import TrainConfig
 from ..core.run import RunFolder
 from ..core.shapes import trial_shape
@@ -152,7 +153,8 @@ class Dispatcher(PlacementGroupRecords):
             spec = self.in_flight[slot] = self.pending[shape].popleft()
             self.served.add(slot)
         self.attempts[spec.name] += 1
-        await self._tell(spec.name, {"start": len(runlog.read_epochs(spec.trial_dir))})
+        start, logged = resume_point(spec.trial_dir)
+        await self._tell(spec.name, {"start": start, "logged": logged})
         return spec
 
     async def wanted(self, shape: str, slot: str) -> bool:
@@ -227,6 +229,16 @@ class Dispatcher(PlacementGroupRecords):
         finally:
             await self._tell(spec.name, {"failed": error, "status": status})
         self.in_flight.pop(slot, None)
+
+
+def resume_point(trial_dir: StoragePath) -> tuple[int, int]:
+    """Where a trial taken now continues: after its newest complete checkpoint at or before its last logged epoch
+    (training.state.resume_newest starts there; it says so should that one not load), 0 without one; and how many
+    epochs it had logged (more than the first: it starts again from epoch 1)."""
+    logged = runlog.read_epochs(trial_dir)
+    last = logged[-1]["epoch"] if logged else 0
+    newest = complete_checkpoints(trial_dir, last) if last else []
+    return (newest[0] if newest else 0), len(logged)
 
 
 def dispatcher_name(run_name: str) -> str:

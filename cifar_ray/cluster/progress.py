@@ -51,8 +51,16 @@ def sweep_header(
     return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}{expected}"
 
 
-def start_line(trial: RunTrial, done: int) -> str:
-    what = f"continues after epoch {done}/{trial.config.epochs}" if done else "starts"
+def start_line(trial: RunTrial, done: int, logged: int) -> str:
+    """`starts`, `continues after epoch 2/3`, `has trained every epoch: closes it` (a trial whose driver died before
+    it was marked), or `starts again from epoch 1` (epochs logged, but no checkpoint to continue from)."""
+    epochs = trial.config.epochs
+    if done >= epochs:
+        what = f"has trained all {epochs} epochs: closes it"
+    elif done:
+        what = f"continues after epoch {done}/{epochs}"
+    else:
+        what = "starts again from epoch 1 (no checkpoint to continue from)" if logged else "starts"
     return f"{trial.name}  {what}  {status.swept_text(trial.swept)}".rstrip()
 
 
@@ -155,7 +163,7 @@ class SweepProgress:
         """One of the Dispatcher's events about `trial` (dispatcher.Dispatcher._tell)."""
         spec = self.specs[trial]
         if "start" in event:
-            self._say(start_line(spec, event["start"]))
+            self._say(start_line(spec, event["start"], event.get("logged", event["start"])))
             self._epochs(trial, event["start"])
         elif "epoch" in event:
             self._say(format_epoch(trial, event["epoch"], spec.config.epochs))
