@@ -97,13 +97,13 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
         return run.path
     if options.resume:
         _add_seeds(run, plan)
-        # trials that ended under a driver that died before passing their last epochs to the live view
-        fill_in_ended(run.path, [t.name for t in plan.trials if t.name not in {s.name for s in slot_plan.specs}])
     limit = slot_plan.count  # thin trials: one per slot running (a trial taken before its thin trial starts is
     # forwarded from its first epoch when it does)
     # A new Tune experiment of the trials still to train, never Tune's restore: a failed read of its saved state
     # makes Tune restart the experiment silently, and the slots go by trial.json, not by Tune's state.
     to_train = {spec.name for spec in slot_plan.specs}
+    if options.resume:  # trials that ended under a driver that died before passing their last epochs to the live view
+        fill_in_ended(run.path, [t.name for t in plan.trials if t.name not in to_train])
     untrained = len(slot_plan.specs) if options.resume else None
     options.print_line(sweep_header(plan, capacity, limit, run.path, untrained, options.estimate_s))
     tune_trials = [t for t in plan.trials if t.name in to_train]

@@ -211,16 +211,15 @@ class RunFolder:
         """Each `damaged` trial's trial.json rebuilt from the plan (its index, name, swept values and config), keeping
         what a readable one held, and its status from what its folder holds: interrupted (a resume continues it from
         its checkpoint, or closes it when every epoch is logged) where it logged an epoch or saved a checkpoint, else
-        pending; a note says why."""
+        pending; a note says why. What a readable one held is the record damaged_trials kept (before the session
+        opens): a file that is not JSON is not read, and retried, again."""
         for spec in plan.trials:
             if spec.name not in damaged:
                 continue
             folder = self.path / spec.name
             held = bool(runlog.read_epochs(folder)) or (folder / CHECKPOINTS).exists()
-            try:
-                kept = runlog.read_json(self.trial_file(spec.name))
-            except StorageError:  # not JSON: damaged_trials said so
-                kept = {}
+            record = self._records.get(spec.name)  # none for a file that is not JSON
+            kept = record.to_json() if record is not None else {}
             status = kept.get("status") or ("interrupted" if held else "pending")
             note = f"{runlog.TRIAL_FILE} rebuilt from the plan on --resume ({damaged[spec.name]})"
             record = kept | spec.as_dict() | {"status": status, "notes": [*kept.get("notes", []), note]}

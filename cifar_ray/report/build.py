@@ -197,20 +197,19 @@ def build_report(
 
     def effects_of(metric: Compared) -> Evidence:
         if metric.unit == "pp":
-            return lambda chosen, key: paired_effects(chosen, key, pairing, columns[metric.name], per_image=per_image)
+            return lambda subset, key: paired_effects(subset, key, pairing, columns[metric.name], per_image=per_image)
         contended = list(shared) if metric.contended else []
         if not metric.needs_target:
-            return lambda chosen, key: ratio_effects(chosen, logs[metric.name], key, pairing, MIN_PAIRS, contended)
+            return lambda subset, key: ratio_effects(subset, logs[metric.name], key, pairing, MIN_PAIRS, contended)
 
-        def reaching(chosen: pd.DataFrame, key: str) -> pd.DataFrame:
-            frame = ratio_effects(chosen, logs[metric.name], key, pairing, MIN_PAIRS, contended)
-            texts = [censored(chosen, key, value, chosen_baseline[key], target) for value in frame[key]]
+        def reaching(subset: pd.DataFrame, key: str) -> pd.DataFrame:
+            frame = ratio_effects(subset, logs[metric.name], key, pairing, MIN_PAIRS, contended)
+            texts = [censored(subset, key, value, chosen[key], target) for value in frame[key]]
             lost = [text or row for (text, _), row in zip(texts, frame["lost"])]
             return frame.assign(lost=lost, never_reached=[never for _, never in texts])
 
         return reaching
 
-    chosen_baseline = chosen
     evidence = {metric.name: (metric.unit, effects_of(metric)) for metric in compared}
     # what pairing reads, no more: the interactions split these rows hundreds of times at 1,000 trials
     read = [*factors, "seed", "paired_config", "trial", "outcome", "test_images", "reached_target", *columns.values()]

@@ -38,7 +38,7 @@ from .load import config_value
 from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, TIME_TO_TARGET, Compared
 from .sequential import look_text
 from .stats import PAIRS_DISAGREE, UNFINISHED, included, rows_with
-from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_MARGIN
+from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_BAND
 
 
 def shared_note(report: Report) -> str:
@@ -344,11 +344,9 @@ def ratio_text(row: pd.Series, what: str, words: tuple[str, str], unit: str) -> 
     if verdict == DIFFERS:
         judged = words[0] if lower else words[1]
     elif verdict == NO_PRACTICAL:
-        judged = (
-            f"no practical difference: within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %, though its CI excludes 1"
-        )
+        judged = f"no practical difference: within {RATIO_BAND}, though its CI excludes 1"
     elif verdict == EQUIVALENT:
-        judged = f"no difference within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
+        judged = f"no difference within {RATIO_BAND}"
     elif verdict == DEPENDS:
         judged = f"depends on {', '.join(row['depends_on'])} (its effect per cell: *Effects per cell*)"
     elif verdict == UNFAIR:

@@ -404,10 +404,9 @@ def judge_report(
                 if row["verdict"] != DIFFERS or len(sides) > 1:
                     frame.loc[i, "verdict"] = DEPENDS
             dependent = [bool(d) for d in frame["depends_on"]]
-            for cell, cell_frame in cells:
-                if any(dependent):
-                    kept = cell_frame[[bool(d) and n > 0 for d, n in zip(dependent, cell_frame["n_pairs"])]]
-                    cell_frames.append((key, cell, kept.assign(depends_on=[()] * len(kept))))
+            for cell, cell_frame in cells if any(dependent) else []:
+                kept = cell_frame[[bool(d) and n > 0 for d, n in zip(dependent, cell_frame["n_pairs"])]]
+                cell_frames.append((key, cell, kept.assign(depends_on=[()] * len(kept))))
         _finish_family(metric, frames, margin, looked)
         for key, frame in judged[metric.name].items():
             pooled.extend(_records(metric, key, baseline[key], frame, {}, margin))

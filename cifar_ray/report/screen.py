@@ -15,7 +15,7 @@ from .document import Table
 from .effects import DEPENDS, DIFFERS, EQUIVALENT, FAILED, NO_PAIRS, NO_PRACTICAL, NO_VERDICT, OPEN, UNFAIR, Effect
 from .format import fmt_mean_std, fmt_value, value_key
 from .metrics import COMPARED, FACTOR_METRICS, Compared
-from .verdicts import RATIO_MARGIN
+from .verdicts import RATIO_BAND
 
 # the order an answer line names the metrics in: what a configuration costs to reach the goal, then what it is
 ANSWER_ORDER = ("time_to_target", "time_per_epoch", "peak_memory", "accuracy")
@@ -121,11 +121,7 @@ def effect_phrase(report: Report, metric: Compared, effect: Effect) -> str:
         size = f"{ratio:.2f}x {metric.words[0] if flip else metric.words[1]} {about}"
         if metric.name == COMPARED[2].name:
             size += " in total" if report.memory_column == FACTOR_METRICS[5].column else " per worker"
-    band = (
-        f"±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
-        if metric.unit == "ratio"
-        else f"±{fmt_value(round(100 * report.margin, 6))} pp"
-    )
+    band = RATIO_BAND if metric.unit == "ratio" else f"±{fmt_value(round(100 * report.margin, 6))} pp"
     if effect.verdict == DIFFERS:
         return size + _ci(metric, effect, flip)
     if effect.verdict == EQUIVALENT:
@@ -182,4 +178,5 @@ def config_text(report: Report) -> list[str]:
     """The configuration table as terminal lines (and what it leaves out)."""
     table = config_table(report)
     lines = text_table([list(row) for row in table.rows], header=list(table.headers)).splitlines()
-    return lines + ([left_out_line(report).replace("`", "")] if left_out_line(report) else [])
+    left_out = left_out_line(report)
+    return lines + ([left_out.replace("`", "")] if left_out else [])

@@ -34,7 +34,7 @@ from .tables import (
     trial_breakdown_table,
     trial_table,
 )
-from .verdicts import ALPHA, MAX_PAIRS, MIN_PAIRS, RATIO_MARGIN
+from .verdicts import ALPHA, MAX_PAIRS, MIN_PAIRS, RATIO_BAND
 
 Plots = dict[str, list[tuple[str, str]]]  # factor -> (file, caption) of its plots; "" -> the training curves
 Section = Callable[[Report, Plots], list[Block]]
@@ -269,7 +269,7 @@ def how_to_read_section(report: Report, plots: Plots) -> list[Block]:
         "Welch-Satterthwaite (*epoch noise and seed noise combined*: two seeds that agree keep a verdict one seed "
         "gave); one seed: for time, the spread of each trial's epochs about its own mean, *within-trial epoch noise "
         f"only*: it knows nothing of how another seed would run. Verdicts from {MIN_PAIRS - 1} degrees of freedom: "
-        f"*faster*/*slower* (*less*/*more*), *no difference within ±{fmt_value(round(100 * RATIO_MARGIN, 6))} %* "
+        f"*faster*/*slower* (*less*/*more*), *no difference within {RATIO_BAND}* "
         "(two one-sided tests), *no practical difference* where the interval excludes no change but lies inside "
         "that band, else *not conclusive*, Holm-corrected "
         "within each measure. A time comparison that pairs a trial which shared a device with other trials (a node's "

@@ -29,7 +29,7 @@ from .interactions import by_label, stratum_label
 from .judge import ci_label, fmt_dof
 from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, PAIRED_METRICS, Metric
 from .stats import WITHIN
-from .verdicts import RATIO_MARGIN
+from .verdicts import RATIO_BAND
 
 
 def has_train_eval(report: Report) -> bool:
@@ -168,7 +168,7 @@ def _ratio_cell(row: pd.Series) -> str:
 
 
 def _ratio_verdict(row: pd.Series, words: tuple[str, str]) -> str:
-    verdict, band = row["verdict"], f"±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"
+    verdict, band = row["verdict"], RATIO_BAND
     if verdict == DIFFERS:
         return words[0] if row["ratio"] < 1 else words[1]
     if verdict == EQUIVALENT:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from .format import fmt_value
 from .stats import t_quantile, t_upper
 
 MIN_PAIRS = 3
@@ -25,6 +26,7 @@ DEFAULT_MARGIN_PP = 1.0  # equivalence margin of accuracy effects, percentage po
 # Equivalence margin of time and memory effects: a ratio within 1/1.05 .. 1.05 is "no difference" (on the log scale
 # the margin is ±log 1.05, symmetric: 5 % slower and 1/1.05 faster weigh alike).
 RATIO_MARGIN = 0.05
+RATIO_BAND = f"±{fmt_value(round(100 * RATIO_MARGIN, 6))} %"  # that band, as the report writes it
 MAX_PAIRS = 1000  # pairs_needed looks no further
 MAX_TEST_GROWTH = 10_000  # testset_growth_needed looks no further
 
