@@ -1,6 +1,7 @@
 """A trial's checkpoints: the newest complete one is chosen, by number; a folder a killed writer left holding only
 a temp file is never chosen; the newest `keep` stay. On a disk and through a non-local filesystem alike. A stored
-checkpoint that does not load (cut in half) is passed over for the one before; the trial fails when none loads."""
+checkpoint that does not load (cut in half) is passed over for the one before; when none loads the trial starts again
+from epoch 1, once."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from cifar_ray.core import runlog
 from cifar_ray.core.checkpoints import (
     CHECKPOINT_FILE,
     CHECKPOINTS,
+    UNLOADABLE,
     complete_checkpoints,
     epoch_folder,
     fetch_checkpoint,
@@ -129,7 +131,12 @@ def cut_in_half(trial_dir: StoragePath, epoch: int) -> None:
     stored.write_bytes(data[: len(data) // 2])
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loading_fails_the_trial(trial_dir, tmp_path):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loading_starts_again_once(
+    trial_dir, tmp_path
+):
+    """None loading: on a disk the trial starts again from epoch 1 at once, its checkpoints kept aside, a note saying
+    why (the first --resume failed it, and only a second restarted it); should its new ones not load either, or in an
+    object store (no rename), it fails, naming each checkpoint and why."""
     import torch
 
     from cifar_ray.training import loop
@@ -154,11 +161,20 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_and_none_loadi
         "does not load: continues from epoch-0002"
     )
     cut_in_half(trial_dir, 2)
+    if trial_dir.is_local:
+        assert resume_newest(trial_dir, fresh(), Worker.single(cpu), note=notes.append) == 0
+        assert notes[1].startswith("no checkpoint of t000 loads: epoch-0003 (RuntimeError: ")
+        assert notes[1].endswith(f": starts again from epoch 1, its checkpoints kept in {UNLOADABLE}/")
+        kept = Path(trial_dir.path) / UNLOADABLE
+        assert sorted(p.name for p in kept.iterdir()) == ["epoch-0002", "epoch-0003"]
+        assert not (trial_dir / CHECKPOINTS).exists()
+        trained_checkpoints(trial_dir, tmp_path / "again", 1)  # its new checkpoint does not load either
+        cut_in_half(trial_dir, 1)
     with pytest.raises(NoCheckpointLoadsError) as failed:
         resume_newest(trial_dir, fresh(), Worker.single(cpu), note=notes.append)
     message = str(failed.value)
-    assert "\n" not in message and message.startswith("no checkpoint of t000 loads: epoch-0003 (RuntimeError: ")
-    assert "; epoch-0002 (RuntimeError: " in message and len(notes) == 1
+    assert "\n" not in message and message.startswith("no checkpoint of t000 loads: epoch-000")
+    assert "(RuntimeError: " in message and len(notes) == (2 if trial_dir.is_local else 1)
 
 
 def test_a_checkpoint_after_the_last_logged_epoch_is_not_resumed_from(trial_dir, tmp_path):

@@ -170,9 +170,9 @@ def test_fused_optimizers_are_registered_ones():
     assert set(optim.FUSED_ON_CUDA) <= set(optim.OPTIMIZERS)
 
 
-def test_config_imports_nothing_of_the_package_but_errors_datasets_and_strict_yaml():
+def test_config_imports_nothing_of_the_package_but_errors_datasets_strict_yaml_and_text():
     """config.py must stay importable without torch or Ray (the CLI's --help, --dry-run and errors): of the package
-    it imports only these three small core modules, none of which imports more than errors."""
+    it imports only these four small core modules, none of which imports more than errors."""
     tree = ast.parse(Path(config.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
@@ -180,7 +180,7 @@ def test_config_imports_nothing_of_the_package_but_errors_datasets_and_strict_ya
             imported.add(node.module or "")
         elif isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names if alias.name.startswith("cifar_ray")}
-    assert imported == {"errors", "datasets", "strict_yaml"}
+    assert imported == {"errors", "datasets", "strict_yaml", "text"}
 
 
 def test_resolve_plan_refuses_bf16_compression_where_torch_refuses_its_hook(monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 
 from cifar_ray.core import runlog
 from cifar_ray.core.config import TrainConfig
-from cifar_ray.core.run import UNLOADABLE, UNLOADABLE_ERROR, RunFolder
+from cifar_ray.core.run import RunFolder
 from cifar_ray.core.storage import StoragePath
 from cifar_ray.core.sweep import SweepPlan, TrialSpec
 
@@ -70,37 +70,3 @@ def test_a_resume_compares_the_resolved_configs_with_the_recorded_ones(tmp_path)
     changed, _ = plan_of(tmp_path, use_gpu="true", width=64)
     refusal = RunFolder(run_dir).changed_configs_refusal(changed)
     assert "t000 (width 32 -> 64, use_gpu 'false' -> 'true'); t001 (" in refusal, refusal
-
-
-def test_a_trial_none_of_whose_checkpoints_loads_restarts_from_epoch_1_once(tmp_path):
-    """Every --resume failed such a trial again with the same error (each try finds the same files), and only a
-    hand deleting its checkpoints helped. A resume restarts it from epoch 1 with its checkpoints moved aside (kept,
-    never deleted), a note saying why; should it fail so again, it stays failed."""
-    plan, run_dir = plan_of(tmp_path)
-    runlog.write_json(run_dir / runlog.SWEEP_FILE, plan.summary())
-    error = f"{UNLOADABLE_ERROR}: no checkpoint of t000 loads: epoch-0002 (RuntimeError: cut)"
-    for trial, status in zip(plan.trials, ("failed", "finished")):
-        runlog.write_json(
-            run_dir / trial.name / runlog.TRIAL_FILE,
-            trial.as_dict() | {"status": status, "error": error if status == "failed" else None},
-        )
-        (tmp_path / trial.name / "checkpoints" / "epoch-0002").mkdir(parents=True)
-    assert RunFolder(run_dir).restart_unloadable() == {"t000": error}
-    record = runlog.read_json(run_dir / "t000" / runlog.TRIAL_FILE)
-    assert (record["status"], record["error"]) == ("interrupted", None)
-    assert record["notes"] == [
-        f"restarted from epoch 1 on --resume: {error}; its checkpoints are kept in {UNLOADABLE}/"
-    ]
-    assert (tmp_path / "t000" / UNLOADABLE / "epoch-0002").is_dir() and not (tmp_path / "t000" / "checkpoints").exists()
-    assert (tmp_path / "t001" / "checkpoints" / "epoch-0002").is_dir()  # a finished trial's are not touched
-
-    (tmp_path / "t000" / "checkpoints" / "epoch-0001").mkdir(parents=True)  # its new ones do not load either
-    runlog.update_json(run_dir / "t000" / runlog.TRIAL_FILE, status="failed", error=error)
-    assert RunFolder(run_dir).restart_unloadable() == {}
-    assert runlog.read_json(run_dir / "t000" / runlog.TRIAL_FILE)["status"] == "failed"
-
-
-def test_the_unloadable_error_is_the_training_side_class():
-    from cifar_ray.training.state import NoCheckpointLoadsError
-
-    assert NoCheckpointLoadsError.__name__ == UNLOADABLE_ERROR

@@ -187,6 +187,26 @@ def test_update_json_never_takes_an_unreadable_file_for_an_empty_one(tmp_path, m
     assert runlog.read_json(tmp_path / "new.json") == {"status": "pending"}
 
 
+def test_a_read_under_a_file_is_absent_at_once_not_an_outage(tmp_path, monkeypatch, capsys):
+    """`status FILE` read FILE/sweep.json: NotADirectoryError was retried TRIES times as an outage, then printed
+    `[Errno 20]`. A path under a file holds nothing, as a missing one."""
+    file = tmp_path / "notes.txt"
+    file.write_text("not a run folder")
+    reads = []
+    real_read = StoragePath.read_bytes
+
+    def counted_read(self: StoragePath) -> bytes:
+        reads.append(self.path)
+        return real_read(self)
+
+    monkeypatch.setattr(StoragePath, "read_bytes", counted_read)
+    assert runlog.read_json(StoragePath.of(str(file)) / runlog.SWEEP_FILE) == {} and len(reads) == 1
+    assert not (StoragePath.of(str(file)) / runlog.SWEEP_FILE).exists()
+    assert main(["status", str(file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Errno" not in err, err
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
 def test_new_files_and_folders_get_the_modes_open_and_mkdir_give(tmp_path, umask):
     old = os.umask(umask)

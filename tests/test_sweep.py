@@ -11,13 +11,14 @@ from cifar_ray.core.config import ConfigError, TrainConfig
 from cifar_ray.core.sweep import (
     NAME_MAX,
     NAME_PATTERN,
-    TrialWork,
+    SWEEP_FILE_ALLOWED,
+    SweepFile,
     build_plan,
     load_sweep,
     trial_name,
-    trial_work,
-    work_summary,
 )
+from cifar_ray.core.text import SHOWN_MAX
+from cifar_ray.core.work import TrialWork, trial_work, work_summary
 
 ROOT = Path(__file__).parent.parent
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
@@ -158,22 +159,26 @@ NAME_REFUSAL = (
 
 
 @pytest.mark.parametrize(
-    "name", ["../x", "/abs", "a/b", "..", ".hidden", "", "has space", "trailing\n", "x" * (NAME_MAX + 1)]
+    "name", ["../x", "/abs", "a/b", "..", ".hidden", "", "has space", "trailing\n", "x" * (NAME_MAX + 1), "y" * 300]
 )
 def test_a_name_that_is_no_single_folder_name_is_refused(name, tmp_path):
-    """--name, the file's name and a bundle factor's name become folder, CSV and PNG names."""
+    """--name, the file's name and a bundle factor's name become folder, CSV and PNG names. A long one is echoed
+    cut to its first SHOWN_MAX characters."""
+    shown_name = (
+        repr(name) if len(repr(name)) <= SHOWN_MAX else f"{repr(name)[: SHOWN_MAX - 1]}… ({len(repr(name))} characters)"
+    )
     with pytest.raises(ConfigError) as error:
         build_plan({"name": "ok"}, name=name)
-    assert str(error.value) == f"--name {name!r} {NAME_REFUSAL}"
+    assert str(error.value) == f"--name {shown_name} {NAME_REFUSAL}"
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps({"name": name}))
     with pytest.raises(ConfigError) as error:
         load_sweep(path)
-    assert str(error.value) == f"{path}: name: {name!r} {NAME_REFUSAL}"
+    assert str(error.value) == f"{path}: name: {shown_name} {NAME_REFUSAL}"
     path.write_text(json.dumps({"name": "ok", "grid": {name: [{"lr": 0.1}, {"lr": 0.2}]}}))
     with pytest.raises(ConfigError) as error:
         load_sweep(path)
-    assert str(error.value) == f"{path}: grid: factor {name!r} {NAME_REFUSAL}"
+    assert str(error.value) == f"{path}: grid: factor {shown_name} {NAME_REFUSAL}"
 
 
 def test_names_with_the_characters_trial_names_use_are_accepted():
@@ -226,12 +231,12 @@ def test_yaml_1_1_booleans_are_the_strings_amp_takes_and_bool_keys_still_read_th
         ),
         ("name: x\ngrid: {seed: [1, 2]}\nrepeats: 2\n", "grid.seed and repeats=2 both vary the seed"),
         ("name: x\ngrid: {lr: [0.1, {lr: 0.2}]}\n", "grid.lr mixes mappings and plain values"),
-        ("description: no name\n", "name: Field required"),
+        ("description: no name\n", "name is missing; allowed: a name of up to 80 letters"),
         ("name: has space\n", "name: 'has space' is not a name; allowed: up to 80 letters"),
         ("- just\n- a list\n", "a sweep file is a YAML mapping"),
         ("name: x\nbase: {lr: 0.1\n", "invalid YAML at line"),
         ("name: !!python/object/apply:os.system ['echo pwned']\n", "refused YAML tag"),
-        ("name: x\nmetric: accuracy\n", "metric: Input should be"),
+        ("name: x\nmetric: accuracy\n", "metric='accuracy': not allowed; allowed: test_acc, train_acc"),
         ("name: x\nbase: {epochs: 010}\n", "line 2: 010 is an integer written with a leading zero"),
         (
             "name: x\ngrid: {lr: [0.1]}\nrepeats: 2\ngrid: {lr: [0.2]}\n",
@@ -274,7 +279,7 @@ LAUGHS = "name: lol\ngrid:\n  lr: [&a0 [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 
 def test_aliases_expanding_past_the_node_budget_are_one_line_in_bounded_memory(tmp_path):
     """In a child limited to 1 GB of address space, so that a regression dies of MemoryError instead of taking
     the machine: with and without --dry-run (the plan is read before Ray starts), refused at the alias that
-    crosses 100,000 values; the child's peak resident memory (VmHWM: ru_maxrss counts the forking pytest too) comes
+    crosses 20,000 values; the child's peak resident memory (VmHWM: ru_maxrss counts the forking pytest too) comes
     back."""
     path = tmp_path / "laughs.yaml"
     path.write_text(LAUGHS)
@@ -295,8 +300,8 @@ def test_aliases_expanding_past_the_node_budget_are_one_line_in_bounded_memory(t
     assert done.returncode == 0, done.stderr[-2000:]
     results, peak_kb = json.loads(done.stdout)
     refusal = (
-        f"cifar-ray: error: {path}: line 7: more than 100,000 values with its aliases expanded; allowed: up to "
-        "100,000 (a sweep file needs a few hundred)\n"
+        f"cifar-ray: error: {path}: line 7: more than 20,000 values with its aliases expanded; allowed: up to "
+        "20,000 (a sweep file needs a few hundred)\n"
     )
     assert results == [[2, refusal], [2, refusal]] and len(LAUGHS) < 600
     assert peak_kb < 200 * 1024  # about 40 MB: the interpreter and pydantic
@@ -413,3 +418,59 @@ def test_two_factors_that_set_one_key_are_refused_in_one_line_before_ray(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith("cifar-ray: error: ") and "\n" not in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_sweep_file_key_says_what_it_allows():
+    """SWEEP_FILE_ALLOWED names what each key of SweepFile takes: pydantic's own words ("Input should be a valid
+    integer") said nothing of it."""
+    assert set(SWEEP_FILE_ALLOWED) == set(SweepFile.model_fields)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("name: x\nrepeats: 0\n", "repeats=0: should be greater than or equal to 1; allowed: an integer from 1 to"),
+        ("name: x\nrepeats: many\n", "repeats='many': should be a valid integer; allowed: an integer from 1 to"),
+        ("name: x\nbase: [1]\n", "base=[1]: should be a valid dictionary; allowed: a mapping of config keys"),
+        ("name: x\ngrid: {lr: 0.1}\n", "grid.lr=0.1: should be a valid list; allowed: a mapping of factor names"),
+        ("name: x\nmode: up\n", "mode='up': not allowed; allowed: max, min"),
+        ("name: x\nmax_concurrent: 0\n", "max_concurrent=0: should be greater than or equal to 1; allowed: an"),
+    ],
+)
+def test_a_bad_value_of_a_sweep_file_key_says_what_is_allowed(tmp_path, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_sweep(path)
+    assert str(error.value).startswith(f"{path}: {expected}"), str(error.value)
+
+
+def test_a_refused_value_is_echoed_cut_to_a_line(tmp_path):
+    """A 1,000-value list given where a mapping belongs, and a grid repeating a 300-character value: each echoed
+    in at most SHOWN_MAX characters and its size, not whole."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(json.dumps({"name": "x", "base": list(range(1000))}))
+    with pytest.raises(ConfigError) as error:
+        load_sweep(path)
+    assert str(error.value) == (
+        f"{path}: base=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, … (1,000 values): should be a "
+        "valid dictionary; allowed: a mapping of config keys to values (cifar-ray keys lists them)"
+    )
+    path.write_text(json.dumps({"name": "x", "grid": {"note": ["n" * 300, "n" * 300]}}))
+    with pytest.raises(ConfigError) as error:
+        load_sweep(path)
+    assert (
+        str(error.value)
+        == f"{path}: grid: grid.note repeats a value: '{'n' * 58}… (302 characters); allowed: each value once"
+    )
+
+
+@pytest.mark.parametrize("written, value", [("1e-3", 0.001), ("5E-4", 0.0005), ("1.5e+2", 150.0), ("2e0", 2.0)])
+def test_a_number_in_e_notation_is_a_float_in_a_sweep_file_and_in_set(tmp_path, written, value):
+    """YAML 1.1 reads 1e-3 as text (its floats want a dot), which the config then refused as a number in quotes."""
+    from cifar_ray.core.config import parse_overrides
+
+    path = tmp_path / "e.yaml"
+    path.write_text(f"name: e\nbase: {{lr: {written}}}\n")
+    assert load_sweep(path).trials[0].config.lr == value
+    assert parse_overrides([f"lr={written}"]) == {"lr": value}

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core import lease, runlog, sysinfo
 from ..core.errors import ConfigError
-from ..core.run import UNLOADABLE, RunFolder, RunOptions
+from ..core.run import RunFolder, RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, TrialSpec
 from ..core.text import counted, precise_duration
@@ -67,12 +67,6 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
         options.print_line(
             f"{run.path}: rebuilt the {runlog.TRIAL_FILE} of {counted(len(damaged), 'trial')} from the plan: "
             + "; ".join(f"{name} ({why})" for name, why in damaged.items())
-        )
-    restarted = run.restart_unloadable() if options.resume else {}
-    if restarted:
-        options.print_line(
-            f"{run.path}: no checkpoint of {', '.join(restarted)} loads: restarted from epoch 1, its checkpoints kept "
-            f"in {UNLOADABLE}/ (the first error: {next(iter(restarted.values()))})"
         )
     if capacity["nodes"] > 1 or is_ray_client():  # a Ray Client driver may sit on another machine
         check_shared_storage(run.path.parent, options.print_line)

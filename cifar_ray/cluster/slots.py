@@ -33,7 +33,7 @@ up, or whose controller is lost, hands its trial to a surviving slot of its shap
 attempts left, else fails it. A diverged trial just ends: the slot goes on. `--resume` trains a failed,
 interrupted or incomplete trial again from its last checkpoint. A stored checkpoint that does not load is passed
 over for the one before (training.state.resume_newest; the trial's progress line says so); when none loads the
-trial fails at once, not retried.
+trial starts again from epoch 1 with them set aside, once; a second time it fails at once, not retried.
 """
 
 from __future__ import annotations

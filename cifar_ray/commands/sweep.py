@@ -110,7 +110,7 @@ def estimate_refusal(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from ..api import check_max_concurrent, default_max_seeds, resumed_sweep_plan, settle_options, sweep_plan
-    from ..core.sweep import trial_table, work_summary
+    from ..core.work import trial_table, work_summary
 
     if args.resume:  # the run's trials as it planned them, and new seeds' where --repeats asks for more
         plan = resumed_sweep_plan(args.file, args.set, args.name, args.repeats, args.storage)

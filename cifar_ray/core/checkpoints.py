@@ -12,6 +12,7 @@ newest complete checkpoint, by number, is the one a restart or `--resume` contin
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from .errors import StorageError
 from .storage import StoragePath, read_retrying
 
 CHECKPOINTS = "checkpoints"  # in the trial's folder
+# A trial none of whose checkpoints loads starts again from epoch 1, once: they are moved here, kept, never deleted.
+UNLOADABLE = "checkpoints.unloadable"
 CHECKPOINT_FILE = "state.pt"  # one epoch's state, written by training.state.save_checkpoint
 EPOCH_FOLDER = re.compile(r"epoch-(\d+)")  # only folders of this form are ours to choose or delete
 
@@ -64,3 +67,15 @@ def fetch_checkpoint(trial_dir: StoragePath, into: Path, epoch: int) -> Path:
         raise StorageError(f"cannot read {stored}: it was listed as a complete checkpoint, then was gone")
     (into / CHECKPOINT_FILE).write_bytes(state)
     return into
+
+
+def can_set_aside(trial_dir: StoragePath) -> bool:
+    """Whether the trial's checkpoints can be moved aside to UNLOADABLE: a folder on a disk (a rename) where none
+    were moved aside before."""
+    return trial_dir.is_local and not (trial_dir / UNLOADABLE).exists()
+
+
+def set_aside(trial_dir: StoragePath) -> None:
+    """The trial's checkpoints moved to UNLOADABLE (can_set_aside said it may)."""
+    folder = Path(trial_dir.path)
+    os.rename(folder / CHECKPOINTS, folder / UNLOADABLE)

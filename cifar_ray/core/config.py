@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from .datasets import DATASET_SIZES
 from .errors import ConfigError, YamlValueError
 from .strict_yaml import parse_value
+from .text import shown
 
 
 def default_data_dir() -> str:
@@ -388,8 +389,9 @@ def validation_line(
     allowed: Callable[[str], str] | None = None,
 ) -> str:
     """The first of pydantic's errors as one line after `where`: an unknown key as `unknown_key(key)` says; a
-    bad value as `KEY=VALUE: what is wrong; allowed: allowed(KEY)`, or `KEY: pydantic's message` without
-    `allowed`; a cross-field check's message as it is."""
+    bad value as `KEY=VALUE: what is wrong; allowed: allowed(KEY)` (the value cut to SHOWN_MAX characters; a
+    check whose own message says what is allowed keeps it), or `KEY: pydantic's message` without `allowed`; a
+    missing key as `KEY is missing; allowed: ...`; a cross-field check's message as it is."""
     first = error.errors()[0]
     key = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
@@ -399,10 +401,13 @@ def validation_line(
         return f"{where}{message}"
     if allowed is None:
         return f"{where}{key}: {message}"
+    if first["type"] == "missing":
+        return f"{where}{key} is missing; allowed: {allowed(key)}"
+    if "allowed:" in message:  # a check of ours that names what is allowed (a run's name, a target)
+        return f"{where}{key}: {message}"
     # "Input should be a valid integer, unable to parse ..." -> "should be a valid integer"
     message = "not allowed" if first["type"] == "literal_error" else message.split(",")[0].removeprefix("Input ")
-    got = first.get("input")
-    return f"{where}{key}={got!r}: {message}; allowed: {allowed(key)}"
+    return f"{where}{key}={shown(first.get('input'))}: {message}; allowed: {allowed(key)}"
 
 
 def parse_config(values: dict[str, Any], where: str = "") -> TrainConfig:

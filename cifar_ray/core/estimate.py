@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from .config import TrainConfig
 from .shapes import trial_shape
-from .sweep import trial_work
 from .text import rough_duration
+from .work import trial_work
 
 # The config keys one worker's training step and evaluation depend on, besides its share of the batch: trials
 # that agree on them (and on per_worker_batch) are timed once.

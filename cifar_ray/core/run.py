@@ -23,7 +23,6 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import provenance, runlog
@@ -65,9 +64,6 @@ class RunOptions:
 
 
 IDENTITY = ("index", "name", "swept", "config")  # what a trial.json must hold to say which trial of the plan it is
-# A trial none of whose checkpoints loads fails with this error (training/state.py; tests/test_checkpoints.py binds
-# the name); --resume restarts it from epoch 1 once, its checkpoints moved aside to UNLOADABLE, never deleted.
-UNLOADABLE_ERROR, UNLOADABLE = "NoCheckpointLoadsError", "checkpoints.unloadable"
 
 
 class RunFolder:
@@ -225,27 +221,6 @@ class RunFolder:
             record = kept | spec.as_dict() | {"status": status, "notes": [*kept.get("notes", []), note]}
             self._records.pop(spec.name, None)
             self._write_trial(TrialRecord.from_json(spec.name, record))
-
-    def restart_unloadable(self) -> dict[str, str]:
-        """The trials that failed because none of their checkpoints loads (UNLOADABLE_ERROR): each restarts from
-        epoch 1, once: its checkpoints are moved aside to UNLOADABLE (kept), its status interrupted, a note says why.
-        One whose checkpoints were moved aside before stays failed. A local run folder only (a rename). Returns the
-        restarted trials and the error each failed with."""
-        if not self.path.is_local:
-            return {}
-        restarted = {}
-        for name in self.sweep().get("trials", []):
-            record = self.trial(name)
-            folder = Path(self.path.path) / name
-            if record.status != "failed" or not (record.error or "").startswith(UNLOADABLE_ERROR):
-                continue
-            if (folder / UNLOADABLE).exists() or not (folder / CHECKPOINTS).is_dir():
-                continue
-            os.rename(folder / CHECKPOINTS, folder / UNLOADABLE)
-            note = f"restarted from epoch 1 on --resume: {record.error}; its checkpoints are kept in {UNLOADABLE}/"
-            self.update_trial(name, status="interrupted", error=None, notes=[*record.notes, note])
-            restarted[name] = record.error
-        return restarted
 
     def changed_configs_refusal(self, plan: SweepPlan, damaged: Sequence[str] = ()) -> str | None:
         """Why `plan` may not resume the run here, in one line: the resolved config of a trial differs from the

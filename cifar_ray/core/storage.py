@@ -46,6 +46,8 @@ URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@?\s]*@")
 TRIES = 5  # a failed read or write is tried again after RETRY_S, then twice as long each time (1.5 s in all)
 RETRY_S = 0.1
+# What a read that finds nothing raises: no file, or a path under a file (a file given where a folder belongs).
+ABSENT = (FileNotFoundError, NotADirectoryError)
 Parsed = TypeVar("Parsed")
 ALLOWED = (
     "a folder, or a URI pyarrow opens: s3://bucket/path, gs://bucket/path, abfs://..., hdfs://host/path, file:///path"
@@ -130,7 +132,7 @@ class StoragePath:
         0700) raises StorageError: os.path.exists would take it for absent and a trial would silently vanish."""
         try:
             return os.stat(self.path)
-        except (FileNotFoundError, NotADirectoryError):
+        except ABSENT:
             return None
         except OSError as error:
             raise StorageError(f"cannot tell whether {self.path} exists: {error.strerror or error}") from error
@@ -278,18 +280,18 @@ def read_retrying(path: StoragePath, parse: Callable[[bytes], Parsed], absent: P
     all, then StorageError names it and the reason. `parse` raises ValueError for content it refuses."""
     try:
         return _retrying(lambda: parse(path.read_bytes()), f"cannot read {path}", (OSError, ValueError))
-    except FileNotFoundError:
+    except ABSENT:
         return absent
 
 
 def _retrying(action: Callable[[], Parsed], what: str, failures: tuple[type[Exception], ...]) -> Parsed:
-    """`action()`, tried again after each of `failures` (FileNotFoundError passes through: absent, not failed),
+    """`action()`, tried again after each of `failures` (ABSENT passes through: absent, not failed),
     TRIES times in all with a doubling pause; then StorageError: `what`, the tries and the reason."""
     attempt = 1
     while True:
         try:
             return action()
-        except FileNotFoundError:
+        except ABSENT:
             raise
         except failures as error:
             if attempt == TRIES:

@@ -9,22 +9,25 @@ import yaml
 
 from .errors import YamlValueError
 
-_BOOL_TAG, _INT_TAG, _LEADING_ZERO_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:cifar-ray:leading-zero"
+_BOOL_TAG, _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_LEADING_ZERO_TAG = "tag:cifar-ray:leading-zero"
 # How deep collections may nest: a sweep file needs 4 (the file, grid, a factor's list, a bundle); PyYAML composes
 # recursively, so 10^5 levels end in a RecursionError, and a few thousand already in a page-long pydantic message.
 NESTING_MAX = 32
 # How many nodes a document may compose, an alias counted as the nodes it repeats: a sweep file needs a few hundred,
 # and 560 bytes of aliases nested 9 deep ("billion laughs") repeat 10^9 values that repr and pydantic then walk.
-NODES_MAX = 100_000
+# Above the 10,000-trial cap; a 1 MB list of numbers is refused at its 20,001st value, before PyYAML builds it all.
+NODES_MAX = 20_000
 
 
 class StrictLoader(yaml.SafeLoader):
     """Safe YAML (Python object tags refused) read as a config means it, for sweep files and --set alike:
     true/false are the only booleans (YAML 1.1 reads off/on/yes/no as booleans: `amp: off` would be False;
     a bool key still takes them, as pydantic reads "off" as false), an integer with a leading zero is refused
-    (YAML 1.1 reads 010 as octal 8), 1:30 is text (not YAML 1.1's sexagesimal 90), a mapping may not
-    repeat a key (YAML keeps the last one silently), collections nest at most NESTING_MAX deep, and a document
-    holds at most NODES_MAX nodes with its aliases expanded."""
+    (YAML 1.1 reads 010 as octal 8), 1e-3 is a float (YAML 1.1 wants a dot, 1.0e-3, and reads 1e-3 as text), 1:30
+    is text (not YAML 1.1's sexagesimal 90), a mapping may not repeat a key (YAML keeps the last one silently),
+    collections nest at most NESTING_MAX deep, and a document holds at most NODES_MAX nodes with its aliases
+    expanded."""
 
     yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
@@ -93,6 +96,9 @@ class StrictLoader(yaml.SafeLoader):
 StrictLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 StrictLoader.add_implicit_resolver(
     _INT_TAG, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0b[01_]+|0x[0-9a-fA-F_]+)$"), list("-+0123456789")
+)
+StrictLoader.add_implicit_resolver(
+    _FLOAT_TAG, re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
 )
 StrictLoader.add_implicit_resolver(_LEADING_ZERO_TAG, re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
 StrictLoader.add_constructor(_LEADING_ZERO_TAG, StrictLoader.construct_leading_zero)

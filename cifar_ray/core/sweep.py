@@ -43,11 +43,10 @@ from .config import (
     unknown_key_message,
     validation_line,
 )
-from .datasets import test_images
 from .errors import ConfigError, YamlValueError
 from .runlog import DEFAULT_OBJECTIVE, MODES, OBJECTIVES
 from .strict_yaml import load_yaml
-from .text import counted
+from .text import counted, shown
 
 # Run names (--name, a sweep file's name) and bundle factor names become folder, CSV and PNG names: one path
 # component that stays inside its folder (no /, no leading dot, so no .. either). Trial names match it too.
@@ -65,7 +64,7 @@ def name_refusal(name: Any) -> str | None:
     if isinstance(name, str) and re.fullmatch(NAME_PATTERN, name) and len(name) <= NAME_MAX:
         return None
     return (
-        f"{name!r} is not a name; allowed: up to {NAME_MAX} letters, digits and . _ = + -, starting with a letter "
+        f"{shown(name)} is not a name; allowed: up to {NAME_MAX} letters, digits and . _ = + -, starting with a letter "
         f"or digit ({NAME_PATTERN}), as it names a folder or file"
     )
 
@@ -73,7 +72,7 @@ def name_refusal(name: Any) -> str | None:
 def target_refusal(target: Any) -> str | None:
     """Why `target` is not a target test accuracy (a number above 0 and below 1); None when it is one."""
     if isinstance(target, bool) or not isinstance(target, (int, float)):
-        return f"target {target!r} is not a number; allowed: a test accuracy above 0 and below 1, e.g. 0.85"
+        return f"target {shown(target)} is not a number; allowed: a test accuracy above 0 and below 1, e.g. 0.85"
     if 1 <= target <= 100:
         return f"target {target:g} reads as a percentage; write it as a fraction: {target / 100:g}"
     if not 0 < target < 1:
@@ -116,20 +115,22 @@ class SweepFile(BaseModel):
     def _grid_lists(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for key, values in grid.items():
             if not values:
-                raise ValueError(f"grid.{key} is an empty list; give at least one value")
+                raise ValueError(f"grid.{key} is an empty list; allowed: a list of at least one value")
             if len(values) > TRIALS_MAX:  # refused before repr walks them: each value is at least one trial
                 raise ValueError(
                     f"grid.{key} has {len(values):,} values, a trial each; "
                     f"allowed: at most {TRIALS_MAX:,} trials per sweep"
                 )
             seen: set[str] = set()
-            for text in map(repr, values):
-                if text in seen:
-                    raise ValueError(f"grid.{key} repeats a value: {text}")
-                seen.add(text)
+            for value in values:
+                if repr(value) in seen:
+                    raise ValueError(f"grid.{key} repeats a value: {shown(value)}; allowed: each value once")
+                seen.add(repr(value))
             bundles = [isinstance(value, dict) for value in values]
             if any(bundles) and not all(bundles):
-                raise ValueError(f"grid.{key} mixes mappings and plain values; use one or the other")
+                raise ValueError(
+                    f"grid.{key} mixes mappings and plain values; allowed: all mappings or all plain values"
+                )
             refusal = name_refusal(key) if all(bundles) else None
             if refusal:  # a bundle factor's name is free: it goes into trial, CSV and PNG names
                 raise ValueError(f"factor {refusal}")
@@ -227,6 +228,25 @@ def _values_that_run(values: list[Any], overrides: dict[str, Any]) -> list[Any]:
     return list({repr(value): value for value in ran}.values())
 
 
+# What each key of a sweep file takes, for the refusal of a value pydantic's own words would not explain.
+SWEEP_FILE_ALLOWED = {
+    "name": f"a name of up to {NAME_MAX} letters, digits and . _ = + - (it names the run folder)",
+    "description": "text",
+    "base": "a mapping of config keys to values (cifar-ray keys lists them)",
+    "grid": "a mapping of factor names to lists of values, e.g. {batch_size: [64, 128]}",
+    "repeats": f"an integer from 1 to {REPEATS_MAX} (seeds per grid point)",
+    "max_concurrent": "an integer of at least 1 (trials at once)",
+    "metric": ", ".join(OBJECTIVES),
+    "mode": ", ".join(MODES),
+    "target": "a test accuracy above 0 and below 1, e.g. 0.85",
+}
+
+
+def sweep_file_allowed(key: str) -> str:
+    """What the sweep-file key `key` (`grid.lr` is under grid) takes."""
+    return SWEEP_FILE_ALLOWED[key.split(".")[0]]
+
+
 def unknown_top_level_key(key: str) -> str:
     known = tuple(SweepFile.model_fields)
     return f"unknown top-level key '{key}'{did_you_mean(key, known)}; allowed: {', '.join(known)}"
@@ -253,7 +273,7 @@ def build_plan(
     try:
         sweep = SweepFile(**data)
     except ValidationError as error:
-        raise ConfigError(validation_line(error, where, unknown_top_level_key)) from None
+        raise ConfigError(validation_line(error, where, unknown_top_level_key, sweep_file_allowed)) from None
     except TypeError as error:  # non-string keys
         raise ConfigError(f"{where}{error}") from None
     if repeats is not None:
@@ -434,62 +454,4 @@ def single_run_plan(overrides: dict[str, Any], name: str) -> SweepPlan:
     """`cifar-ray train`: one trial of base config + overrides, recorded like a sweep."""
     return build_plan(
         {"name": name, "description": "A single training run (cifar-ray train).", "base": {}}, overrides, "--set", name
-    )
-
-
-@dataclass(frozen=True)
-class TrialWork:
-    """The size of one trial's work, from its config and the full datasets' sizes."""
-
-    dataset: str
-    train_images: int  # after train_subset
-    test_images: int  # after test_subset
-    epochs: int
-    images_trained: int  # over all epochs: an epoch trains whole optimizer steps only
-
-
-def trial_work(config: TrainConfig) -> TrialWork:
-    train = config.train_images
-    test = test_images(config.dataset, config.test_subset)
-    # an epoch is floor(n / effective_batch) optimizer steps; the rest is skipped (data.train_step_indices)
-    per_epoch = train // config.effective_batch * config.effective_batch
-    return TrialWork(config.dataset, train, test, config.epochs, per_epoch * config.epochs)
-
-
-def trial_table(plan: SweepPlan) -> list[dict[str, Any]]:
-    """Rows for --dry-run and the summary: swept values, workers, per-worker and effective batch, and
-    the images each trial trains."""
-    return [
-        {
-            "trial": t.name,
-            **t.swept,
-            "workers": t.config.workers,
-            "strategy": t.config.strategy,
-            "per_worker_batch": t.config.per_worker_batch,
-            "effective_batch": t.config.effective_batch,
-            "epochs": t.config.epochs,
-            "images_trained": trial_work(t.config).images_trained,
-        }
-        for t in plan.trials
-    ]
-
-
-def _span(values: list[Any]) -> str:
-    """One value, or the range of values the trials have: '50,000' or '4,992-5,000'; 'cifar10/synthetic'."""
-    if all(isinstance(value, int) for value in values):
-        low, high = min(values), max(values)
-        return f"{low:,}" if low == high else f"{low:,}-{high:,}"
-    return "/".join(dict.fromkeys(values))
-
-
-def work_summary(plan: SweepPlan) -> str:
-    """The --dry-run's closing line: what the sweep will train, e.g. '4 trials · dataset synthetic ·
-    5,000 train / 1,000 test images per trial · 3 epochs · 59,904 images trained in all (14,976 per trial)'."""
-    works = [trial_work(t.config) for t in plan.trials]
-    trained = [w.images_trained for w in works]
-    return (
-        f"{counted(f'{len(works):,}', 'trial')} · dataset {_span([w.dataset for w in works])} · "
-        f"{_span([w.train_images for w in works])} train / {_span([w.test_images for w in works])} test images "
-        f"per trial · {counted(_span([w.epochs for w in works]), 'epoch')} · {sum(trained):,} images trained "
-        f"in all ({_span(trained)} per trial)"
     )

@@ -12,6 +12,18 @@ def counted(number: int | str, noun: str) -> str:
     return f"{number} {noun}" if str(number) == "1" else f"{number} {noun}s"
 
 
+SHOWN_MAX = 60  # characters of a refused value echoed back: a 1 MB name is named, not printed
+
+
+def shown(value: Any) -> str:
+    """`value` as Python writes it (repr), cut to SHOWN_MAX characters: `'abc'`, `[1, 2, 3, 4, …] (1,000 values)`."""
+    text = repr(value)
+    if len(text) <= SHOWN_MAX:
+        return text
+    size = f" ({len(value):,} values)" if isinstance(value, (list, tuple, dict)) else f" ({len(text):,} characters)"
+    return text[: SHOWN_MAX - 1] + "…" + size
+
+
 def rough_duration(seconds: float) -> str:
     """A duration for an estimate or an age: `26 s` under 2 min, `14 min` under 2 h, else `2 h 05 min`."""
     if seconds < 120:

@@ -15,10 +15,18 @@ import torch
 from torch import nn
 
 from ..core import runlog
-from ..core.checkpoints import CHECKPOINT_FILE, complete_checkpoints, epoch_folder, fetch_checkpoint
+from ..core.checkpoints import (
+    CHECKPOINT_FILE,
+    UNLOADABLE,
+    can_set_aside,
+    complete_checkpoints,
+    epoch_folder,
+    fetch_checkpoint,
+    set_aside,
+)
 from ..core.storage import StoragePath
 from . import comm
-from .distributed import Worker, rank_seed
+from .distributed import Worker, barrier, rank_seed
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +49,8 @@ class CheckpointError(RuntimeError):
 
 
 class NoCheckpointLoadsError(CheckpointError):
-    """Not one of a trial's stored checkpoints loads: the trial fails with this line, not retried (each attempt
-    would find the same files)."""
+    """Not one of a trial's stored checkpoints loads, and they were set aside once before (or cannot be: an object
+    store): the trial fails with this line, not retried (each attempt would find the same files)."""
 
 
 def rng_state(*devices: torch.device) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
@@ -153,8 +161,9 @@ def resume_newest(
     """Restore the trial's newest stored checkpoint that loads into `training`; returns its epoch, 0 when the trial
     has none (it starts afresh). Only checkpoints at or before the last epoch in metrics.jsonl count: one after it
     (that epoch's line was cut) would leave the epoch out of the log for good. A checkpoint that cannot be read or
-    loaded (cut short, corrupt) is passed over for the one before, and `note` is told so in one line;
-    NoCheckpointLoadsError names each and why when none loads."""
+    loaded (cut short, corrupt) is passed over for the one before, and `note` is told so in one line. When none
+    loads, the trial starts again from epoch 1 (returns 0) with its checkpoints set aside, `note` told why; when
+    they were set aside before, or cannot be, NoCheckpointLoadsError names each and why."""
     logged = runlog.read_epochs(trial_dir)
     passed_over = []
     for epoch in complete_checkpoints(trial_dir, logged[-1]["epoch"] if logged else 0):
@@ -174,6 +183,16 @@ def resume_newest(
             if note is not None:
                 note(line)
         return done
-    if passed_over:
-        raise NoCheckpointLoadsError(f"no checkpoint of {trial_dir.name} loads: {'; '.join(passed_over)}")
+    if not passed_over:
+        return 0
+    unloadable = f"no checkpoint of {trial_dir.name} loads: {'; '.join(passed_over)}"
+    if not can_set_aside(trial_dir):  # every rank sees the same: rank 0 moves them only after the barrier
+        raise NoCheckpointLoadsError(unloadable)
+    barrier()  # every rank has read the checkpoints before rank 0 moves them
+    if worker.rank == 0:
+        set_aside(trial_dir)
+    line = f"{unloadable}: starts again from epoch 1, its checkpoints kept in {UNLOADABLE}/"
+    logger.warning("%s: %s", trial_dir, line)
+    if note is not None:
+        note(line)
     return 0
