@@ -19,7 +19,7 @@ from helpers import cost_run, grid_run
 from cifar_ray.report import build_report
 from cifar_ray.report.effects import VERDICTS, Effect, Verdict
 from cifar_ray.report.export import export_json
-from cifar_ray.report.findings import findings
+from cifar_ray.report.findings import NOISE_UNKNOWN, NOISE_UNKNOWN_AGAIN, findings
 from cifar_ray.report.interactions import strata_test
 from cifar_ray.report.judge import judge_differences
 from cifar_ray.report.metrics import COMPARED
@@ -178,3 +178,13 @@ def test_damaged_and_missing_trial_files_are_named_not_a_traceback(tmp_path):
     assert effect(report, "time_per_epoch", "workers").pairs == 1  # seed 2's pair; seeds 0 and 1 lost their baseline
     missing = next(line for line in findings(report) if line.startswith("**Missing**"))
     assert all(name in missing for name in ("trial_000", "trial_001", "trial_006"))
+
+
+def test_why_no_leader_is_named_is_said_once():
+    """The quickstart ran each configuration once: the most accurate and the least memory are both unnamed for that
+    one reason, said in the first of those lines and pointed back to in the next (it was said twice)."""
+    logs = Path(__file__).parent.parent / "reports" / "quickstart" / "logs"
+    lines = findings(build_report(logs))
+    unnamed = [line for line in lines if ": none named: " in line]
+    assert len(unnamed) == 2 and sum(NOISE_UNKNOWN in line for line in lines) == 1
+    assert f"none named: {NOISE_UNKNOWN} (" in unnamed[0] and f"none named: {NOISE_UNKNOWN_AGAIN} (" in unnamed[1]

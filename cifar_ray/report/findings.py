@@ -75,7 +75,13 @@ def _n_note(configs: pd.DataFrame, i) -> str:
     return f", mean of {n} trials" if n > 1 else ""
 
 
-def _leader_line(report: Report, title: str, show: Callable[[pd.Series], str], ranking: Leaders | None) -> str:
+# Why no leader is named when no configuration ran twice: said in the first such line, pointed back to after it.
+NOISE_UNKNOWN, NOISE_UNKNOWN_AGAIN = "no configuration ran twice, so the seed noise is unknown", "as above"
+
+
+def _leader_line(
+    report: Report, title: str, show: Callable[[pd.Series], str], ranking: Leaders | None, said: list[str]
+) -> str:
     """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than the ranking's noise
     (judge.rank_configs); else the candidates within noise of it, or, with the noise unknown, the range measured. A
     configuration whose trials did not all finish says so first. "" when no configuration logged the measure."""
@@ -96,8 +102,10 @@ def _leader_line(report: Report, title: str, show: Callable[[pd.Series], str], r
         )
     if within is None:
         first, last = ranked[0], ranked[-1]
+        reason = NOISE_UNKNOWN_AGAIN if said else NOISE_UNKNOWN
+        said.append(title)
         return (
-            f"{head}: none named: no configuration ran twice, so the seed noise is unknown (measured: "
+            f"{head}: none named: {reason} (measured: "
             f"{named(first)} {show(configs.loc[first])} to {_name(report, configs, last)} "
             f"{show(configs.loc[last])})."
         )
@@ -110,10 +118,10 @@ def _leader_line(report: Report, title: str, show: Callable[[pd.Series], str], r
     return f"{head}: within {noise} of each other: {listed}."
 
 
-def fastest_line(report: Report) -> str:
+def fastest_line(report: Report, said: list[str]) -> str:
     """**Fastest** (judge.rank_fastest), and whether the ranking is fair."""
     ranking = report.leaders.get(FASTEST)
-    line = _leader_line(report, "Fastest", lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch", ranking)
+    line = _leader_line(report, "Fastest", lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch", ranking, said)
     if line and report.shared and set(report.shared) != set(included(report.trials)["trial"]):
         line += " Not a fair ranking: it ranks trials that shared a device with trials that ran alone (next line)."
     return line
@@ -142,15 +150,16 @@ def findings(report: Report) -> list[str]:
     best = report.objective
     if report.objective_note:
         lines.append(f"**Best** means the {best_phrase(best)} ({report.objective_note}).")
+    said: list[str] = []  # the leader lines that said NOISE_UNKNOWN
     if BEST in report.leaders:  # the default objective's best is the Most accurate line
         show_best = lambda c: fmt_metric(best, c[f"{best.column}_mean"])  # noqa: E731
-        lines.append(_leader_line(report, "Best", show_best, report.leaders[BEST]))
-    lines.append(fastest_line(report))
+        lines.append(_leader_line(report, "Best", show_best, report.leaders[BEST], said))
+    lines.append(fastest_line(report, said))
     if note := shared_note(report):
         lines.append(note)
     show_acc = lambda c: f"{fmt_pct(c['final_test_acc_mean'])} %"  # noqa: E731
-    lines.append(_leader_line(report, "Most accurate", show_acc, report.leaders.get(MOST_ACCURATE)))
-    lines.append(_leader_line(report, "Least memory", _memory_text, report.leaders.get(LEAST_MEMORY)))
+    lines.append(_leader_line(report, "Most accurate", show_acc, report.leaders.get(MOST_ACCURATE), said))
+    lines.append(_leader_line(report, "Least memory", _memory_text, report.leaders.get(LEAST_MEMORY), said))
     lines.append(missing_line(report))
     lines = [line for line in lines if line]
     std, n_configs = report.noise
