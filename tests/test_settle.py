@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -501,8 +502,13 @@ def test_a_budget_that_cannot_fit_the_grid_is_refused_with_its_estimate(tmp_path
 @pytest.mark.slow
 def test_two_rounds_run_and_sweep_json_records_them(tmp_path, ray_cluster):
     """1 seed: a pair per look, too few for a verdict; --max-seeds 2: round 2 adds seed 1, then the rounds stop.
-    Round 2 trains in the slots round 1 started (a warm pool for the rounds), not in slots of its own."""
-    run = api.sweep(TINY, storage=tmp_path, until_settled=True, max_seeds=2, print_line=lambda line: None)
+    Round 2 trains in the slots round 1 started (a warm pool for the rounds), not in slots of its own. The elapsed
+    time counts from the command's start in every round (it began again at each: 8 s shown after a 57 s run)."""
+    lines = []
+    run = api.sweep(TINY, storage=tmp_path, until_settled=True, max_seeds=2, print_line=lines.append)
+    shown = [m.groups() for line in lines if (m := re.search(r"\] (\d+) (s|min) elapsed this session", line))]
+    elapsed = [int(number) * (60 if unit == "min" else 1) for number, unit in shown]
+    assert len(elapsed) >= 4 and elapsed == sorted(elapsed), lines
     assert sorted(run.trials["trial"]) == ["t000-lr=0.05", "t001-lr=0.5", "t002-lr=0.05-seed=1", "t003-lr=0.5-seed=1"]
     slot = {t.name: t.meta["slot"] for t in runlog.load_run(tmp_path / "tiny").trials}
     assert {slot["t002-lr=0.05-seed=1"], slot["t003-lr=0.5-seed=1"]} <= {slot["t000-lr=0.05"], slot["t001-lr=0.5"]}

@@ -143,7 +143,7 @@ def _train_session(
         started_slots = pool.start_slots(slot_plan)
         write_provenance(run.path, session)
         tuner = make_tuner()
-        view = SweepProgress(run.path, slot_plan.specs, options.print_line, started, options.stream)
+        view = SweepProgress(run.path, slot_plan.specs, options.print_line, options.started, options.stream)
         dispatcher = started_slots.dispatcher
         with follow(dispatcher_events(dispatcher), view, dispatcher.end_events.remote):  # all printed before stop
             with ctrl_c_interrupts_tune():

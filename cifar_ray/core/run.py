@@ -22,7 +22,7 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import provenance, runlog
@@ -46,7 +46,8 @@ class RunOptions:
     `address`: the Ray cluster (None: $RAY_ADDRESS, else an embedded Ray). `estimate_s`: the wall time `sweep
     --estimate` expected (None: not estimated), recorded in sweep.json and the header. `profile`: --profile.
     `command`: the shell command that runs this again, recorded in sweep.json (None from Python). `print_line`
-    gets the progress lines; `stream` is where it prints them (a terminal gets a live bar)."""
+    gets the progress lines; `stream` is where it prints them (a terminal gets a live bar). `started`: when the
+    command began, what its elapsed time counts from (every round of --until-settled alike)."""
 
     storage: str | os.PathLike | StoragePath = "runs"
     resume: bool = False
@@ -58,6 +59,7 @@ class RunOptions:
     command: str | None = None
     print_line: Callable[[str], None] = print
     stream: TextIO | None = None
+    started: float = field(default_factory=time.time)
 
     def run_dir(self, name: str) -> StoragePath:
         return StoragePath.of(self.storage) / name
