@@ -243,8 +243,8 @@ def test_the_api_page_runs_as_written_and_the_command_line_leaves_the_same_run_f
     ray_cluster, tmp_path, monkeypatch, capsys
 ):
     """docs/api.md's Python blocks, in order, in one namespace, in a scratch folder that holds only a link to
-    sweeps/: its runs/ and reports/ land there. Then `cifar-ray sweep` runs the page's sweep as a file with the same
-    overrides: the same run folder, the same trial table, the same progress lines."""
+    sweeps/: its runs and reports land in runs/ there. Then `cifar-ray sweep` runs the page's sweep as a file with
+    the same overrides: the same run folder, the same trial table, the same progress lines."""
     (tmp_path / "sweeps").symlink_to(ROOT / "sweeps")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
@@ -255,8 +255,9 @@ def test_the_api_page_runs_as_written_and_the_command_line_leaves_the_same_run_f
     run = cifar_ray.load("runs/api-demo")
     assert run.status_counts() == {"finished": 2} and len(run.epochs) == 2
     assert cifar_ray.load("runs/api-one").status_counts() == {"finished": 1}
-    assert (tmp_path / "reports" / "api-demo" / "README.md").is_file()
-    assert (tmp_path / "reports" / "api-demo-json" / "report.json").is_file()
+    assert (tmp_path / "runs" / "api-demo-report" / "README.md").is_file()
+    assert (tmp_path / "runs" / "api-demo-json" / "report.json").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["runs", "sweeps"]  # nothing beside runs/
 
     sweep_file = write_sweep_file(tmp_path, namespace["sweep"])
     assert main(["sweep", str(sweep_file), "--set", "epochs=1", "batch_size=32", "--storage", "cli"]) == 0

@@ -135,11 +135,27 @@ def params(mark: str) -> list:
     return [pytest.param(block, id=block.id) for block in chosen]
 
 
+def written_outside_runs(cwd: Path, before: set[Path]) -> list[str]:
+    """What a block wrote outside runs/ (which a clone ignores) and the run folders it was given: an example that
+    wrote compared/ or reports/api-demo left untracked folders in the reader's checkout."""
+    after = set(cwd.rglob("*"))  # not into the links to sweeps/ and docs/
+    given = cwd / "reports" / "quickstart" / "logs"  # a run folder: an export may write into it
+    return sorted(
+        str(path.relative_to(cwd))
+        for path in after - before
+        if not path.is_relative_to(cwd / "runs") and not path.is_relative_to(given)
+    )
+
+
 def check(block: Block, tmp_path: Path, timeout_s: int) -> None:
     if block.mark == "skip":
         pytest.skip(f"{block.id} skipped: {block.reason}")
-    problem = run_block(block, scratch(tmp_path), timeout_s)
+    cwd = scratch(tmp_path)
+    before = set(cwd.rglob("*"))
+    problem = run_block(block, cwd, timeout_s)
     assert problem is None, f"{block.id} does not run as written: {problem}"
+    stray = written_outside_runs(cwd, before)
+    assert not stray, f"{block.id} writes outside runs/: {stray[:5]}"
 
 
 @pytest.mark.parametrize("block", params(""))
@@ -181,6 +197,17 @@ def test_a_broken_command_and_a_wrong_output_are_caught(tmp_path):
     assert "not printed" in run_block(wrong, tmp_path, FAST_TIMEOUT_S)
     right = Block(page, 1, "console", "$ cifar-ray sweep sweeps/quickstart.yaml --res\ncifar-ray: error: ...\n", "")
     assert run_block(right, tmp_path, FAST_TIMEOUT_S) is None
+
+
+def test_a_block_writing_outside_runs_is_caught(tmp_path):
+    cwd = scratch(tmp_path)
+    before = set(cwd.rglob("*"))
+    page = ROOT / "docs" / "usage.md"
+    command = "cifar-ray report reports/quickstart/logs --out compared\n"
+    command += "cifar-ray report reports/quickstart/logs --out runs/report\n"
+    assert run_block(Block(page, 1, "bash", command, ""), cwd, FAST_TIMEOUT_S) is None
+    assert written_outside_runs(cwd, before)[0] == "compared"
+    assert all(path.startswith("compared") for path in written_outside_runs(cwd, before))
 
 
 def test_an_unmarked_block_runs_and_a_mark_is_read(tmp_path):

@@ -19,7 +19,7 @@ import pytest
 
 from cifar_ray.cli import main
 from cifar_ray.core import runlog
-from cifar_ray.export.viewers import DEFAULT_OUT, EXPORT_MARK, RUN_STARTED_TAG, ViewerError, export_run
+from cifar_ray.export.viewers import DEFAULT_OUT, EXPORT_MARK, MLFLOW_UI_VENV, RUN_STARTED_TAG, ViewerError, export_run
 
 QUICKSTART_LOGS = Path(__file__).resolve().parent.parent / "reports" / "quickstart" / "logs"
 FAILED, PENDING = "t004-restarted-then-failed", "t005-pending"
@@ -305,7 +305,7 @@ def test_mlflow_holds_every_epoch_metric_the_config_and_the_status(run_dir, caps
     assert out[0].startswith(
         f"mlflow: 6 trials, 14 epochs, {metric_values(run_dir)} metric values logged to experiment"
     )
-    assert out[1:] == [f"open it: mlflow ui --backend-store-uri {uri}"]
+    assert out[1:] == [f"open it: mlflow ui --backend-store-uri {uri} ({MLFLOW_UI_VENV})"]
     assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # nor left behind
     first = read_mlflow(uri, "quickstart")
     sweep = runlog.read_json(run_dir / runlog.SWEEP_FILE)
@@ -375,7 +375,9 @@ def test_mlflow_file_store_when_out_names_one(run_dir, capsys, monkeypatch):
     store = run_dir.parent / "mlruns"
     assert main(["export", str(run_dir), "--to", "mlflow", "--out", str(store)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == f"open it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {store.as_uri()}"
+    assert out[-1] == (
+        f"open it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {store.as_uri()} ({MLFLOW_UI_VENV})"
+    )
     assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow reads a file store back only when allowed
     seen = read_mlflow(store.as_uri(), "quickstart")

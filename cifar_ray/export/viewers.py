@@ -65,6 +65,10 @@ TENSORBOARD_STATUS = {
     "interrupted": "STATUS_UNKNOWN",
     "pending": "STATUS_UNKNOWN",
 }
+
+# `mlflow ui` needs the full mlflow package (flask and more), which cifar-ray's extra leaves out.
+MLFLOW_UI_VENV = "from a venv of its own: pip install mlflow; its pins clash with cifar-ray's"
+
 MLFLOW_STATUS = {
     "finished": "FINISHED",
     "diverged": "FAILED",
@@ -353,6 +357,7 @@ def _log_to_mlflow(run: runlog.RunLog, uri: str, file_store: bool) -> str:
         opener = f"mlflow ui --backend-store-uri {shlex.quote(shown)}"
         if file_store:
             opener = f"MLFLOW_ALLOW_FILE_STORE=true {opener}"
+        opener += f" ({MLFLOW_UI_VENV})"
     written = (
         f"mlflow: {_summary_counts(run, values)} logged to experiment '{experiment_name}' (id {experiment_id}) "
         f"at {shown}, one run per trial"
