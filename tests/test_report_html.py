@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import re
+import subprocess
+import sys
 
 import pytest
 from helpers import make_run
@@ -113,3 +115,16 @@ def test_header_cells_wrap_and_a_wide_table_scrolls_in_its_own_box():
     assert nowrap and all(part.strip().startswith("td") for s in nowrap for part in s.split(",")), nowrap
     assert "overflow-x: auto" in rules[".table"] and "max-width: 100%" in rules[".table"]
     assert "overflow-wrap: anywhere" in rules["p code, li code"]  # a long path in prose cannot widen the page
+
+
+@pytest.mark.parametrize("options", [["--format", "pdf"], ["--target", "85"]])
+def test_a_bad_report_option_is_refused_before_the_reports_imports(tmp_path, options):
+    """The report's options were checked after it imported pandas and matplotlib (2 to 7 s, 200 MB): now first."""
+    script = (
+        "import sys\nfrom cifar_ray.cli import main\n"
+        f"code = main(['report', {str(tmp_path)!r}, *{options!r}])\n"
+        "print(code, 'pandas' in sys.modules, 'matplotlib' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("cifar-ray: error: ")

@@ -77,6 +77,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..core.report_options import check_report_options
+
+    check_report_options(args.format, args.target)  # before the report's imports: a bad option is refused at once
     from ..api import report
 
     runs = args.run_dir if len(args.run_dir) > 1 else args.run_dir[0]

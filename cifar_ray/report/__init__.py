@@ -16,10 +16,11 @@ it) and export (the files).
 Imports only core (and numpy, pandas; matplotlib only inside the drawing functions).
 """
 
+from ..core.report_options import FORMATS
 from ..core.text import markdown_table
 from .build import Report, build_report
 from .compare import RUN_FACTOR, RUN_MATCH_RULE
-from .export import FORMATS, write_report
+from .export import write_report
 from .findings import findings
 from .load import MEMORY_MEASURES
 from .metrics import FACTOR_METRICS, OBJECTIVES, Metric

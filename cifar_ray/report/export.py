@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..core.errors import ConfigError
 from ..core.provenance import tracked_refusal
+from ..core.report_options import check_report_options
 from ..core.runlog import Where
 from ..core.storage import local_write_refusal
 from .build import Report, build_report
@@ -29,7 +30,6 @@ from .roofline import PLOT_FILE as ROOFLINE_PLOT
 from .roofline import draw_roofline, roofline_data, shows_plot
 from .sections import OVERVIEW, document
 
-FORMATS = ("md", "csv", "json", "html")
 REPORT_DIR = "report"  # the default output folder, inside a local run folder
 
 
@@ -156,8 +156,7 @@ def write_report(
     `margin_pp` (the equivalence margin of accuracy effects in percentage points), `target` (a test accuracy whose
     time to reach is compared). Raises ConfigError on bad input.
     """
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown report format '{fmt}'; allowed: {', '.join(FORMATS)}")
+    check_report_options(fmt, judging.get("target"))
     report = build_report(run_dir, baseline, **judging)
     out = Path(out_dir) if out_dir is not None else default_out(report)
     refusal = None if out_dir is not None or force else tracked_refusal(out)
