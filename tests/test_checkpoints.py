@@ -211,3 +211,18 @@ def test_resume_trains_again_a_finished_trial_that_lost_an_epochs_line_and_no_ot
     capacity = {"per_node": [{"CPU": 2.0, "memory": 8e9}]}
     slot_plan = plan_slots(plan, RunFolder(run_dir), capacity, max_concurrent=None, one_trial=False)
     assert [spec.name for spec in slot_plan.specs] == [plan.trials[1].name]  # incomplete: trained again
+
+
+def test_why_a_checkpoint_does_not_load_is_its_first_sentence_whole():
+    """torch's zip error is 300 characters: it was cut at 200, mid-sentence, in the trial's notes."""
+    from cifar_ray.training.state import first_sentence
+
+    torch_says = (
+        "PytorchStreamReader failed reading zip archive: failed finding central directory. This is an internal "
+        "miniz error. If you are seeing this error, there is a high likelihood that your checkpoint file is corrupted"
+    )
+    assert (
+        first_sentence(torch_says)
+        == "PytorchStreamReader failed reading zip archive: failed finding central directory."
+    )
+    assert first_sentence("no dot " * 50) == ("no dot " * 50)[:199] + "…"

@@ -151,6 +151,13 @@ def load_checkpoint(folder: Path, training: Training, worker: Worker, seed: int 
     return state["epoch"]
 
 
+def first_sentence(text: str, limit: int = 200) -> str:
+    """`text` up to the end of its first sentence, whole: torch's zip error goes on for 300 characters of advice."""
+    end = text.find(". ")
+    text = text if end < 0 else text[: end + 1]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def resume_newest(
     trial_dir: StoragePath,
     training: Training,
@@ -174,7 +181,7 @@ def resume_newest(
             except torch.OutOfMemoryError:
                 raise  # the device's trouble, not the file's
             except Exception as error:  # any way this file fails to load: the one before may load
-                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+                reason = first_sentence((str(error).strip().splitlines() or [type(error).__name__])[0])
                 passed_over.append(f"{epoch_folder(epoch)} ({type(error).__name__}: {reason})")
                 continue
         if passed_over:
