@@ -149,9 +149,18 @@ def ray_starting() -> Iterator[None]:
     each with all its descendants, are stopped, then `ray.shutdown()`. A KeyboardInterrupt then goes on as the
     command's stop; Ray's SIGTERM exit is handed to the SIGTERM handler that was in place before Ray's start (a
     command's turns it into the same stop), else it goes on."""
+    import ray._private.ray_constants as ray_constants
+
     main = threading.current_thread() is threading.main_thread()
     ours = signal.getsignal(signal.SIGTERM) if main else None
     before = _own_children()
+    no_dump = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    if callable(ours):
+        # The driver's core worker, made inside ray.init, installs Abseil's failure-signal handler, SIGTERM among its
+        # signals: a SIGTERM between then and init's end dumped "*** SIGTERM received ***" and aborted (exit -6,
+        # measured at the first idle worker's start). Without it (in this process only; the driver's own C++ crashes
+        # then go undumped) that SIGTERM too reaches Ray's Python handler, and so the command's.
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     try:
         yield
     except KeyboardInterrupt as stop:
@@ -166,6 +175,7 @@ def ray_starting() -> Iterator[None]:
             ours(signal.SIGTERM, None)  # the command's: raises its stop (commands/common.py: _stop_as_ctrl_c)
         raise
     finally:
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = no_dump
         if main and ours is not None:
             signal.signal(signal.SIGTERM, ours)
 
@@ -221,9 +231,8 @@ def _stop_half_started(tb: Any, before: set[tuple[int, float]]) -> None:
         for node in nodes:  # its processes are gone: Ray reaps them and forgets them
             node.kill_all_processes(check_alive=False, allow_graceful=False)
         ray.shutdown()
-    except (
-        Exception
-    ) as error:  # the stop goes on; what could not be stopped ends with this process (Ray's fate sharing)
+    except Exception as error:
+        # the stop goes on; what could not be stopped ends with this process (Ray's fate sharing)
         logging.getLogger(__name__).warning(f"stopping the Ray processes of an interrupted start: {error_line(error)}")
 
 
