@@ -9,10 +9,13 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 from cifar_ray.cli import build_parser
@@ -21,10 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SLURM = ROOT / "docs" / "recipes" / "slurm.sbatch"
 RAYJOB = ROOT / "docs" / "recipes" / "rayjob.yaml"
 
-# Each fake appends one JSON line to $RECORD: its name, its arguments and the token-auth environment it saw.
+# Each fake appends one JSON line to $RECORD: its name, its arguments and the token-auth environment it saw. One
+# os.write on a file opened O_APPEND per line: fakes run at once (the `ray start`s in the background) and print()'s
+# lines from several processes could interleave.
 RECORD = (
-    "#!/bin/bash\n{python} -c 'import json, os, sys; print(json.dumps([sys.argv[1], sys.argv[2:], "
-    '{{k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}}]))\' {name} "$@" >> "$RECORD"\n'
+    "#!/bin/bash\n{python} -c 'import json, os, sys; line = json.dumps([sys.argv[1], sys.argv[2:], "
+    '{{k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}}]) + "\\n"; '
+    'fd = os.open(os.environ["RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT); os.write(fd, line.encode())\' '
+    '{name} "$@"\n'
 )
 FAKES = {
     # two nodes in the allocation
@@ -44,10 +51,13 @@ FAKES = {
 FAST_POLLS = f'#!/bin/bash\n[[ $* == 5 ]] && set -- 0.1\nexec {shlex.quote(shutil.which("sleep"))} "$@"\n'
 
 
-def run_slurm_script(tmp_path: Path, fakes: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
-    """The Slurm script run here on a 2-node allocation with `fakes` on PATH; returns its result and the record."""
+def slurm_job(
+    tmp_path: Path, fakes: dict[str, str], storage: str = "/shared/runs", *options: str
+) -> tuple[list[str], dict[str, str], Path]:
+    """The command line and environment that run the Slurm script here on a 2-node allocation with `fakes` on PATH,
+    on sweeps/quickstart.yaml with `storage` and `options` after --max-concurrent 2; and the record's path."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     for name, body in fakes.items():
         (bin_dir / name).write_text(RECORD.format(python=shlex.quote(sys.executable), name=name) + body)
         (bin_dir / name).chmod(0o755)
@@ -61,14 +71,19 @@ def run_slurm_script(tmp_path: Path, fakes: dict[str, str]) -> tuple[subprocess.
         "SLURM_JOB_NODELIST": "node-[a-b]",
         "SLURM_CPUS_PER_TASK": "4",
     }
-    result = subprocess.run(
-        ["bash", str(SLURM), "sweeps/quickstart.yaml", "/shared/runs", "--max-concurrent", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return result, record
+    return ["bash", str(SLURM), "sweeps/quickstart.yaml", storage, "--max-concurrent", "2", *options], env, record
+
+
+def run_slurm_script(
+    tmp_path: Path, fakes: dict[str, str], storage: str = "/shared/runs", *options: str
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """The Slurm script run to its end (slurm_job); returns its result and the record."""
+    command, env, record = slurm_job(tmp_path, fakes, storage, *options)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60), record
+
+
+def records(record: Path) -> list[list]:
+    return [json.loads(line) for line in record.read_text().splitlines()]
 
 
 def test_the_slurm_script_parses():
@@ -84,7 +99,7 @@ def test_the_slurm_script_runs_a_head_a_worker_and_the_sweep_on_localhost(tmp_pa
 
     result, record = run_slurm_script(tmp_path, FAKES)
     assert result.returncode == 0, result.stderr
-    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    calls = records(record)
     ran = [(name, args) for name, args, _ in calls if name in ("ray", "cifar-ray")]
     starts = [args for name, args in ran if name == "ray" and args[0] == "start"]
     # both starts run in the background, so their records may come in either order
@@ -146,3 +161,85 @@ def test_the_slurm_script_stops_when_the_head_does_not_start(tmp_path):
     result, record = run_slurm_script(tmp_path, failing)
     assert result.returncode == 1 and "the Ray head on node-a did not start" in result.stderr, result.stderr
     assert "cifar-ray" not in record.read_text()
+
+
+# `cifar-ray sweep` as the Slurm script runs it, faked: a trial that logs an epoch and runs until SIGTERM, which it
+# takes as the real command does (the trial marked interrupted, the resume command printed, exit 143), taking a
+# while over it; with --resume, the trial finishes.
+SWEEP_UNTIL_TERM = """
+import json, signal, sys, time
+from pathlib import Path
+
+args = sys.argv[1:]
+trial = Path(args[args.index("--storage") + 1]) / "fake" / "t000"
+trial.mkdir(parents=True, exist_ok=True)
+
+
+def status(value):
+    (trial / "trial.json").write_text(json.dumps({"status": value}))
+
+
+def stop(signum, frame):
+    time.sleep(1)  # a stop takes a while: the batch script must wait for it
+    status("interrupted")
+    print("interrupted: 1 trial(s) unfinished; continue with:", "cifar-ray", *args, "--resume", flush=True)
+    sys.exit(143)
+
+
+if "--resume" in args:
+    status("finished")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+status("running")
+(trial / "metrics.jsonl").write_text(json.dumps({"epoch": 1}) + "\\n")
+while True:
+    signal.pause()
+"""
+
+
+def processes_of(record: Path) -> list[str]:
+    """The live processes of a job: those with its $RECORD in their environment (every fake, their children)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("RECORD") == str(record) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(" ".join(proc.cmdline()))
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_the_slurm_script_stops_the_sweep_at_the_time_limit_and_the_next_job_resumes_it(tmp_path):
+    """#SBATCH --signal=B:TERM@120: SIGTERM to the batch script (Slurm's B: signals the batch shell alone) while the
+    sweep runs reaches the sweep, whose own stop the script waits for (its trial marked interrupted, its resume
+    command printed) before it stops the Ray nodes it started; the job ends with the sweep's 143 and leaves nothing
+    running. The next job, submitted with --resume, passes it to the sweep, which finishes."""
+    assert "#SBATCH --signal=B:TERM@120" in SLURM.read_text().splitlines()
+    (tmp_path / "sweep.py").write_text(SWEEP_UNTIL_TERM)
+    fakes = FAKES | {"cifar-ray": f'exec {shlex.quote(sys.executable)} {tmp_path / "sweep.py"} "$@"\n'}
+    storage, trial = tmp_path / "runs", tmp_path / "runs" / "fake" / "t000"
+    command, env, record = slurm_job(tmp_path, fakes, str(storage))
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60  # bounds a hang only
+        while not (trial / "metrics.jsonl").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 143, (out, err)
+    assert json.loads((trial / "trial.json").read_text())["status"] == "interrupted"
+    assert "interrupted: 1 trial(s) unfinished; continue with:" in out and "--resume" in out, out
+    assert "submit the job again with --resume" in err, err
+    assert processes_of(record) == []  # the sweep and both `ray start`s ended before the script did
+
+    result, _ = run_slurm_script(tmp_path, fakes, str(storage), "--resume")
+    assert result.returncode == 0, result.stderr
+    sweeps = [args for name, args, _ in records(record) if name == "cifar-ray"]
+    assert len(sweeps) == 2 and sweeps[1] == [*sweeps[0], "--resume"], sweeps
+    assert json.loads((trial / "trial.json").read_text())["status"] == "finished"
+    assert processes_of(record) == []

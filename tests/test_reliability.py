@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import assert_tensorboard_holds_every_epoch, wait_for
 
@@ -19,7 +20,8 @@ from cifar_ray.cluster.live_view import logged_epochs
 from cifar_ray.core import provenance, runlog
 from cifar_ray.core.checkpoints import CHECKPOINTS
 
-pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
+pytestmark = pytest.mark.slow
+ON_RAY = pytest.mark.usefixtures("ray_cluster")  # the tests that run a sweep in this process too
 CHECKPOINTED = f"{CHECKPOINTS}/epoch-*/state.pt"  # a warm slot's trial has saved an epoch
 
 
@@ -37,6 +39,7 @@ def _sweep_file(tmp_path: Path) -> Path:
     return path
 
 
+@ON_RAY
 def test_killed_driver_resumes_without_rerunning_finished_trials_and_tensorboard_holds_every_epoch(tmp_path, capsys):
     sweep, storage = _sweep_file(tmp_path), tmp_path / "runs"
     run_dir = storage / "kill"
@@ -154,6 +157,7 @@ def stop_in_its_second_trial(
 CTRL_C_S = 5.0  # from Ctrl-C to the resume command on the screen (2.8 to 3.5 s measured on a busy 2-core machine)
 
 
+@ON_RAY
 def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes_trial_json(tmp_path, capsys):
     """A sweep gets Ctrl-C (SIGINT to its process group, as a terminal sends it) in the middle of its second trial's
     second epoch: the resume command is printed within CTRL_C_S and the driver exits soon after (it took 6 to 15 s
@@ -240,6 +244,100 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_with_exit_143_and_no_ray_dump(tmp_pat
     assert [t.status for t in runlog.load_run(storage / "term").trials] == ["finished", "interrupted"]
 
 
+# Runs a command (argv[2:], its output to the file argv[1]) as the child of a child subreaper (Linux's prctl): a process
+# the command started stays a descendant of this one when its parent dies, so what the command leaves behind is found
+# here whatever Ray renamed it to. Prints the command's pid, its exit status, then as JSON the descendants still
+# running when none is left or LEFT_DEADLINE_S have passed, and kills those.
+SUBREAPER = """
+import ctypes, json, os, subprocess, sys, time
+import psutil
+
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+with open(sys.argv[1], "w") as out:
+    command = subprocess.Popen(sys.argv[2:], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+print(command.pid, flush=True)
+print(command.wait(), flush=True)
+
+
+def running_descendants():
+    while True:  # reap the orphans that ended
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+deadline = time.monotonic() + float(os.environ["LEFT_DEADLINE_S"])
+while (left := running_descendants()) and time.monotonic() < deadline:
+    time.sleep(0.2)
+names = []
+for proc in left:
+    try:
+        names.append(" ".join(proc.cmdline()).strip()[:120] or proc.name())
+        proc.kill()
+    except psutil.Error:
+        pass
+print(json.dumps(names), flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a child subreaper (prctl) finds what the command left")
+@pytest.mark.parametrize(("stop", "status"), [("ctrl-c", 130), ("sigterm", 143)])
+def test_a_stop_while_ray_starts_leaves_no_ray_process_behind(tmp_path, stop, status):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM to the driver once its embedded Ray's
+    raylet has started, before `ray.init` returned: the half-started node's processes were left running, the agents
+    the raylet had started (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) for over 40 s; SIGTERM exited with Ray's
+    status 15 and no message. Now the command stops as it does later on: exit 130 or 143, its "interrupted" line, no
+    traceback, and no process it started is left within 30 s (each is found as a descendant, see SUBREAPER). Where
+    the signal lands in the start does not matter: any moment from the raylet's start on must pass."""
+    sweep_file, output = tmp_path / "start.yaml", tmp_path / "output.txt"
+    sweep_file.write_text(
+        "name: start\nbase: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 4, depth: 2, epochs: 1,\n"
+        "       batch_size: 32, workers: 1}\ngrid:\n  seed: [0, 1]\n"
+    )
+    sweep = [sys.executable, "-m", "cifar_ray.cli", "sweep", str(sweep_file), "--storage", str(tmp_path / "runs")]
+    wrapper = subprocess.Popen(
+        [sys.executable, "-c", SUBREAPER, str(output), *sweep],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1", "LEFT_DEADLINE_S": "30"},
+    )
+    driver = None
+    try:
+        driver = psutil.Process(int(wrapper.stdout.readline()))
+
+        def raylet_started() -> bool:
+            with contextlib.suppress(psutil.Error):
+                return any(proc.name() == "raylet" for proc in driver.children(recursive=True))
+            return False
+
+        wait_for(raylet_started, 240, "the raylet of the sweep's own Ray", wrapper)
+        if stop == "ctrl-c":
+            os.killpg(driver.pid, signal.SIGINT)
+        else:
+            os.kill(driver.pid, signal.SIGTERM)
+        exit_status, left = wrapper.communicate(timeout=240)[0].splitlines()
+    finally:
+        if wrapper.poll() is None:  # the test failed before the wrapper's end: nothing may outlive it
+            with contextlib.suppress(ProcessLookupError, AttributeError):
+                os.killpg(driver.pid, signal.SIGKILL)
+            wrapper.kill()
+            wrapper.wait()
+    printed = output.read_text()
+    assert int(exit_status) == status and json.loads(left) == [], (exit_status, left, printed[-2000:])
+    assert "interrupted" in printed and "Traceback" not in printed and "SIGTERM received" not in printed, printed
+
+
+@ON_RAY
 def test_resume_with_another_config_is_refused_naming_the_keys_before_anything_is_written(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text(
         "name: mixed\nbase: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 4, depth: 2, epochs: 1,\n"
