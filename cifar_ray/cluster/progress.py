@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from ..core import runlog, status
+from ..core.estimate import rough_estimate, rough_line
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from ..core.text import counted, rough_duration
@@ -35,9 +36,13 @@ def sweep_header(
     run_dir: StoragePath,
     unfinished: int | None = None,
     estimate_s: float | None = None,
+    isolate: bool = False,
+    command: str | None = None,
 ) -> str:
-    """The first thing a sweep prints: what runs, how many at once, where the logs go, and with `estimate_s`
-    (sweep --estimate) how long it should take. `unfinished`: the trials a --resume still has to run."""
+    """The first thing a sweep prints: what runs, how many at once, where the logs go, and how long it should take:
+    with `estimate_s` (sweep --estimate) the timed estimate, else for a new run a rough one from default CPU speeds,
+    which above 100 trials or an hour suggests timing it first (`command`: the command line that runs it, None from
+    Python). `unfinished`: the trials a --resume still has to run. `isolate`: a slot per trial."""
     shapes = trials_at_once(plan, capacity, limit)
     at_once = ", ".join(f"{fit} of {count} with {label}" for label, (count, fit) in shapes.items())
     nodes = capacity["nodes"]
@@ -47,8 +52,24 @@ def sweep_header(
     what = f"{plan.name}: {trials}"
     if unfinished is not None:
         what = f"resuming {plan.name}: {unfinished} of {trials} unfinished"
-    expected = f"; estimated wall time ~{rough_duration(estimate_s)} (--estimate)" if estimate_s is not None else ""
+    if estimate_s is not None:
+        expected = f"; estimated wall time ~{rough_duration(estimate_s)} (--estimate)"
+    elif unfinished is None:
+        fits = {label: fit for label, (_, fit) in shapes.items()}
+        rough = rough_estimate([t.config for t in plan.trials], fits, isolate)
+        expected = "; " + rough_line(rough, len(plan.trials), estimate_command(command))
+    else:
+        expected = ""
     return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}{expected}"
+
+
+def estimate_command(command: str | None) -> str:
+    """The command that times a sweep before it runs: the sweep's own command line (a `cifar-ray sweep ...`) with
+    --dry-run --estimate, else the general form."""
+    words = (command or "").split()
+    if words[1:2] == ["sweep"] and "--dry-run" not in words:
+        return f"{command} --dry-run --estimate"
+    return "cifar-ray sweep FILE --dry-run --estimate"
 
 
 def start_line(trial: RunTrial, done: int, logged: int) -> str:
