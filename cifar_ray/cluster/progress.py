@@ -6,6 +6,8 @@ live bar. The lines come from the Dispatcher's events, read by a thread of the d
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
@@ -108,15 +110,27 @@ def progress_callback():
     return Silent()
 
 
+def terminal_columns(stream: TextIO) -> int:
+    """The width of the terminal `stream` writes to; 0 when it has none or reports none (a size of 0x0: CI logs,
+    `script`, some IDE consoles), where a bar would draw nothing."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return 0
+    return size.columns if size.lines > 0 else 0
+
+
 class SweepProgress:
     """What a sweep prints as its trials go, from the Dispatcher's events in the order it got them: a line when a slot
     takes a trial (it starts or continues), per finished epoch and per failure, and where the sweep stands after each
     trial ends (the counts and ETA of `cifar-ray status`). Elapsed is this session's running time, from `started`
     (Unix time, `clock`'s): a resumed sweep does not count the time since its first session began.
 
-    On a terminal (`stream.isatty()`) the lines go above a live bar of the epochs this session trains (those logged
-    before it count as done), with the elapsed time and where the sweep stands; elsewhere every line is printed with
-    `print_line`, the counts after each trial's end, as before."""
+    On a terminal (`stream.isatty()`, of a known size: terminal_columns) the lines go above a live bar of the epochs
+    this session trains (those logged before it count as done), with the elapsed time and where the sweep stands;
+    elsewhere (a pipe, a file, a terminal of size 0x0 or unknown:
+    CI logs, `script`, some IDE consoles) every line is printed with `print_line`, the counts after each trial's
+    end."""
 
     def __init__(
         self,
@@ -130,7 +144,7 @@ class SweepProgress:
         self.run_dir, self.print_line, self.started, self.clock = run_dir, print_line, started, clock
         self.specs = {spec.name: spec for spec in specs}
         self.bar = None
-        if stream is not None and stream.isatty():
+        if stream is not None and stream.isatty() and terminal_columns(stream) > 0:
             from tqdm import tqdm
 
             self.logged = {spec.name: len(runlog.read_epochs(spec.trial_dir)) for spec in specs}
