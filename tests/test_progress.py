@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import sys
 import time
 
 from cifar_ray.cluster import progress
@@ -257,9 +258,40 @@ def test_a_terminal_of_size_0x0_or_unknown_gets_the_lines_not_a_bar_that_draws_n
             assert printed == "t000-lr=0.1  starts  lr=0.1\n"
 
 
+def test_what_ray_prints_while_the_bar_is_drawn_goes_above_it(tmp_path, monkeypatch):
+    """Ray's lines in the driver (the raylet's and its workers', its logger's) are printed to sys.stdout or sys.stderr
+    as they come; while the bar was drawn they landed in the bar's row, after the bar, and left a copy of it. Now
+    each goes on a row of its own above the bar, which is drawn again below it; the streams are given back after."""
+    from ray._private.worker import print_worker_logs
+
+    run_dir = StoragePath.of(tmp_path)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
+    a = spec(run_dir, 0, epochs=2)
+    monkeypatch.setattr(progress, "terminal_columns", lambda stream: 80)
+    stream = Terminal(tty=True)
+    monkeypatch.setattr(sys, "stdout", stream)  # the terminal the bar and Ray's lines share
+    monkeypatch.setattr(sys, "stderr", stream)
+    view = progress.SweepProgress(run_dir, [a], print, 1000.0, stream, FakeClock(1005.0))
+    assert sys.stdout is not stream and sys.stderr is not stream
+    raylet = {"pid": "raylet", "ip": "10.0.0.1", "localhost": "10.0.0.1", "lines": ["a raylet line", "another"]}
+    print_worker_logs(raylet, sys.stdout)  # as ray._private.worker.print_to_stdstream does
+    print("a warning", end="", file=sys.stderr)  # a line written in parts
+    print(" in two parts", file=sys.stderr)
+    view.event(a.name, {"start": 0})
+    view.close()
+    assert sys.stdout is stream and sys.stderr is stream
+    rows = stream.getvalue().split("\n")
+    for text in ("a raylet line", "another", "a warning in two parts", "t000-lr=0.1  starts"):
+        [row] = [row for row in rows if text in row]
+        shown = row.rsplit("\r", 1)[-1]  # what the row shows: what was written after its last carriage return
+        assert text in shown and "epochs |" not in shown, rows
+    assert rows[-1] == "" and rows[-2].rsplit("\r", 1)[-1].startswith("0/2 epochs |"), rows  # the bar, drawn again
+
+
 def test_a_stream_that_is_no_terminal_is_left_as_it_is(tmp_path, monkeypatch):
     run_dir = StoragePath.of(tmp_path)
     stream = Terminal(tty=False)
+    monkeypatch.setattr(sys, "stdout", stream)
     view = progress.SweepProgress(run_dir, [spec(run_dir, 0)], print, 1000.0, stream)
-    assert view.bar is None
+    assert sys.stdout is stream and view.bar is None
     view.close()

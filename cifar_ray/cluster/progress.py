@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
@@ -120,6 +122,67 @@ def terminal_columns(stream: TextIO) -> int:
     return size.columns if size.lines > 0 else 0
 
 
+class AboveBar(io.TextIOBase):
+    """sys.stdout or sys.stderr while `bar` is drawn: each whole line written goes above the bar (cleared, the line
+    written, the bar drawn again, under tqdm's lock), not into the bar's row, where it left a copy of the bar behind.
+    What Ray prints in the driver while a sweep runs (its workers' and the raylet's lines, its logger's) looks these
+    streams up as it prints (ray._private.worker.print_to_stdstream, ray._private.log.PlainRayHandler)."""
+
+    def __init__(self, stream: TextIO, bar: Any):
+        super().__init__()
+        self.stream, self.bar = stream, bar
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            lines = (self._pending + text).split("\n")
+            self._pending = lines.pop()
+        if lines:
+            with self.bar.get_lock():
+                self.bar.clear()
+                self.stream.write("".join(line + "\n" for line in lines))
+                self.stream.flush()
+                self.bar.refresh()
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def close_line(self) -> None:
+        """What is left of a line not ended, written as it is."""
+        with self._lock:
+            pending, self._pending = self._pending, ""
+        if pending:
+            self.stream.write(pending)
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+def route_above(bar: Any) -> Callable[[], None]:
+    """Sends what is printed to sys.stdout and sys.stderr above `bar` (AboveBar) until the returned function is
+    called; a stream replaced meanwhile by someone else is left as it is then."""
+    routed = {name: AboveBar(getattr(sys, name), bar) for name in ("stdout", "stderr")}
+    for name, stream in routed.items():
+        setattr(sys, name, stream)
+
+    def unroute() -> None:
+        for name, stream in routed.items():
+            if getattr(sys, name) is stream:
+                setattr(sys, name, stream.stream)
+            stream.close_line()
+
+    return unroute
+
+
 class SweepProgress:
     """What a sweep prints as its trials go, from the Dispatcher's events in the order it got them: a line when a slot
     takes a trial (it starts or continues), per finished epoch and per failure, and where the sweep stands after each
@@ -127,8 +190,8 @@ class SweepProgress:
     (Unix time, `clock`'s): a resumed sweep does not count the time since its first session began.
 
     On a terminal (`stream.isatty()`, of a known size: terminal_columns) the lines go above a live bar of the epochs
-    this session trains (those logged before it count as done), with the elapsed time and where the sweep stands;
-    elsewhere (a pipe, a file, a terminal of size 0x0 or unknown:
+    this session trains (those logged before it count as done), with the elapsed time and where the sweep stands, and
+    so do the lines Ray prints meanwhile (route_above); elsewhere (a pipe, a file, a terminal of size 0x0 or unknown:
     CI logs, `script`, some IDE consoles) every line is printed with `print_line`, the counts after each trial's
     end."""
 
@@ -144,6 +207,7 @@ class SweepProgress:
         self.run_dir, self.print_line, self.started, self.clock = run_dir, print_line, started, clock
         self.specs = {spec.name: spec for spec in specs}
         self.bar = None
+        self._unroute: Callable[[], None] | None = None
         if stream is not None and stream.isatty() and terminal_columns(stream) > 0:
             from tqdm import tqdm
 
@@ -160,6 +224,7 @@ class SweepProgress:
             self.bar._time = clock  # the bar's elapsed is this session's, as the lines' is
             self.bar.start_t = started
             self.bar.refresh()
+            self._unroute = route_above(self.bar)
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started
@@ -221,6 +286,9 @@ class SweepProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self._unroute is not None:
+            self._unroute()
+            self._unroute = None
 
 
 FOLLOW_WAIT_S = 1.0  # the longest one read of the Dispatcher's events waits; the bar's clock ticks as often
