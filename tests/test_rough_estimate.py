@@ -24,6 +24,7 @@ from cifar_ray.core.estimate import (
     rough_step_time,
     training_flops_per_image,
 )
+from cifar_ray.core.run import RunOptions
 from cifar_ray.core.sweep import build_plan
 from cifar_ray.core.text import rough_duration
 
@@ -84,7 +85,7 @@ def test_the_rough_line_says_what_it_is_and_suggests_timing_a_long_sweep():
 def test_a_new_sweeps_header_gives_its_rough_wall_time_a_resumed_one_none():
     plan = build_plan({"name": "p", "base": BASE, "grid": {"seed": list(range(101))}})
     command = "cifar-ray sweep p.yaml --set epochs=3"
-    header = progress.sweep_header(plan, TWO_CPUS, None, "runs/p", command=command)
+    header = progress.sweep_header(plan, TWO_CPUS, None, "runs/p", options=RunOptions(command=command))
     assert header.startswith("p: 101 trials, at once: 2 of 101 with 1 worker x 1 CPU"), header
     assert "; logs and checkpoints in runs/p; wall time ~" in header
     assert ": a rough estimate from default CPU speeds, nothing timed here; time it on this machine first: " in header

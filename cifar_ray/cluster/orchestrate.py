@@ -105,8 +105,7 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     if options.resume:  # trials that ended under a driver that died before passing their last epochs to the live view
         fill_in_ended(run.path, [t.name for t in plan.trials if t.name not in to_train])
     untrained = len(slot_plan.specs) if options.resume else None
-    header = sweep_header(plan, capacity, limit, run.path, untrained, options.estimate_s, not warm, options.command)
-    options.print_line(header)
+    options.print_line(sweep_header(plan, capacity, limit, run.path, untrained, options))
     tune_trials = [t for t in plan.trials if t.name in to_train]
     _train_session(run, plan, slot_plan, lambda: new_tuner(tune_trials, run.path, plan.name, limit), options)
     return run.path

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from ..core import runlog, status
 from ..core.estimate import rough_estimate, rough_line
+from ..core.run import RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from ..core.text import counted, rough_duration
@@ -39,14 +40,14 @@ def sweep_header(
     limit: int | None,
     run_dir: StoragePath,
     unfinished: int | None = None,
-    estimate_s: float | None = None,
-    isolate: bool = False,
-    command: str | None = None,
+    options: RunOptions | None = None,
 ) -> str:
     """The first thing a sweep prints: what runs, how many at once, where the logs go, and how long it should take:
-    with `estimate_s` (sweep --estimate) the timed estimate, else for a new run a rough one from default CPU speeds,
-    which above 100 trials or an hour suggests timing it first (`command`: the command line that runs it, None from
-    Python). `unfinished`: the trials a --resume still has to run. `isolate`: a slot per trial."""
+    with `options.estimate_s` (sweep --estimate) the timed estimate, else for a new run a rough one from default CPU
+    speeds (`options.isolate`: a slot per trial), which above 100 trials or an hour suggests timing it first
+    (`options.command`: the command line that runs it, None from Python). `unfinished`: the trials a --resume still
+    has to run."""
+    options = options or RunOptions()
     shapes = trials_at_once(plan, capacity, limit)
     at_once = ", ".join(f"{fit} of {count} with {label}" for label, (count, fit) in shapes.items())
     nodes = capacity["nodes"]
@@ -56,12 +57,12 @@ def sweep_header(
     what = f"{plan.name}: {trials}"
     if unfinished is not None:
         what = f"resuming {plan.name}: {unfinished} of {trials} unfinished"
-    if estimate_s is not None:
-        expected = f"; estimated wall time ~{rough_duration(estimate_s)} (--estimate)"
+    if options.estimate_s is not None:
+        expected = f"; estimated wall time ~{rough_duration(options.estimate_s)} (--estimate)"
     elif unfinished is None:
         fits = {label: fit for label, (_, fit) in shapes.items()}
-        rough = rough_estimate([t.config for t in plan.trials], fits, isolate)
-        expected = "; " + rough_line(rough, len(plan.trials), estimate_command(command))
+        rough = rough_estimate([t.config for t in plan.trials], fits, options.isolate)
+        expected = "; " + rough_line(rough, len(plan.trials), estimate_command(options.command))
     else:
         expected = ""
     return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}{expected}"
