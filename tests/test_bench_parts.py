@@ -11,7 +11,10 @@ import time
 
 from helpers import wait_for
 
-from cifar_ray.cluster.bench import COMMAND, GOALS, ProcessCpu, handoff_gaps
+from cifar_ray.cluster.bench import GOALS
+from cifar_ray.cluster.bench_cpu import ProcessCpu
+from cifar_ray.cluster.bench_peers import COMMAND
+from cifar_ray.cluster.bench_sweeps import handoff_gaps
 from cifar_ray.core import runlog
 from cifar_ray.report.bench import _cold_lines, _goal, _pool_lines, _switch_lines, _warm_details
 
@@ -194,7 +197,7 @@ def test_a_process_is_named_by_its_ray_title_or_by_the_ray_daemon_it_runs():
     import os
     import types
 
-    from cifar_ray.cluster.bench import process_kind
+    from cifar_ray.cluster.bench_cpu import process_kind
 
     def kind(*words: str, pid: int = 1) -> str:
         return process_kind(types.SimpleNamespace(cmdline=lambda: list(words), name=lambda: "x", pid=pid))
