@@ -11,15 +11,16 @@ import time
 from pathlib import Path
 
 
-def process_kind(process) -> str:
-    """What a process of this sweep is, by its title: Ray names its workers `ray::Actor.method` or `ray::task`
-    (`ray::RayTrainWorker`, `ray::TrainController`, the thin trials' `ray::ImplicitFunc`),
-    its daemons by their executables (raylet, gcs_server); an idle pooled worker is `ray::IDLE`. A named actor's
-    name (the run's Dispatcher's) is dropped: the kind is its class."""
-    try:
-        words = process.cmdline()
-    except Exception:  # it ended between the listing and the read
-        return "gone"
+def process_kind(process, words: list[str] | None = None) -> str:
+    """What a process of this sweep is, by its title (`words`: its command line as already read, else read here):
+    Ray names its workers `ray::Actor.method` or `ray::task` (`ray::RayTrainWorker`, `ray::TrainController`, the thin
+    trials' `ray::ImplicitFunc`), its daemons by their executables (raylet, gcs_server); an idle pooled worker is
+    `ray::IDLE`. A named actor's name (the run's Dispatcher's) is dropped: the kind is its class."""
+    if words is None:
+        try:
+            words = process.cmdline()
+        except Exception:  # it ended between the listing and the read
+            return "gone"
     first = words[0] if words else process.name()
     if first.startswith("ray::"):  # an actor's title: ray::[name:]Class.method; a task's: ray::function
         return "ray::" + first[5:].split(" ")[0].split(".")[0].split(":")[-1].lstrip("_")
@@ -48,8 +49,8 @@ class ProcessCpu:
     was first seen. CPU time, unlike wall time, is not stretched by other programs on a loaded machine. A process
     is charged to the first kind it had other than `ray::IDLE` and `default_worker.py` (a pooled worker that
     becomes a trial's actor) and other than its parent's while it still shows its parent's command line (forked, not
-    yet running its own program: the raylet's new workers); what a process spends after the last sample before it
-    ends is not seen."""
+    yet running its own program: the raylet's new workers); a process in `named` is its name from its first sample.
+    What a process spends after the last sample before it ends is not seen."""
 
     FORKED = "forked"  # charged to its parent's kind if it never runs a program of its own
     IDLE = ("ray::IDLE", "default_worker.py", "bash", "sh", "gone", FORKED)  # a worker before its first task or actor
@@ -87,11 +88,18 @@ class ProcessCpu:
                         self.first_seen.setdefault(kind, time.time())
 
     def _kind_now(self, process) -> str:
-        if not process.cmdline():  # ended (a zombie): it keeps the kind it had
+        """Its kind now: a named process's name, whatever it runs (a command started here is that command from its
+        first sample, even while it still shows the command line of the process that forked it); else from one read
+        of its command line, which both names it and tells a forked copy (a process that starts its own program
+        between two reads was taken for its parent's program, for good)."""
+        if process.pid in self.named:
+            return self.named[process.pid]
+        words = process.cmdline()
+        if not words:  # ended (a zombie): it keeps the kind it had
             return "gone"
-        kind = self.named.get(process.pid) or process_kind(process)
+        kind = process_kind(process, words)
         parent = process.parent()
-        if kind not in self.IDLE and parent is not None and parent.cmdline() == process.cmdline():
+        if kind not in self.IDLE and parent is not None and parent.cmdline() == words:
             self.parent_kind.setdefault(process.pid, self.named.get(parent.pid) or process_kind(parent))
             return self.FORKED
         return kind
