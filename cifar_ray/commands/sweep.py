@@ -135,12 +135,12 @@ def run(args: argparse.Namespace) -> int:
     rows = trial_table(plan)
     print(rows_table(rows, list(rows[0])))
     print(work_summary(plan))
+    if not args.estimate:
+        print(rough_estimate_line(plan, args))
     if args.settle:
         print(settle_plan_line(plan, args.settle.max_seeds or default_max_seeds(plan)))
     if args.estimate:
         print_estimate(plan, args)
-    else:
-        print(rough_estimate_line(plan, args))
     if args.json:
         print(json.dumps([t.as_dict() for t in plan.trials]))
     return 0
