@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from cifar_ray.cluster.bench import COMMAND, GOALS, cold_ray_train_peer, cold_sweep
+from cifar_ray.cluster.bench import GOALS
+from cifar_ray.cluster.bench_peers import COMMAND, cold_ray_train_peer, cold_sweep
 from cifar_ray.commands.bench import run_bench
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]

@@ -11,7 +11,10 @@ import time
 
 from helpers import wait_for
 
-from cifar_ray.cluster.bench import COMMAND, GOALS, ProcessCpu, handoff_gaps
+from cifar_ray.cluster.bench import GOALS
+from cifar_ray.cluster.bench_cpu import ProcessCpu
+from cifar_ray.cluster.bench_peers import COMMAND
+from cifar_ray.cluster.bench_sweeps import handoff_gaps
 from cifar_ray.core import runlog
 from cifar_ray.report.bench import _cold_lines, _goal, _pool_lines, _switch_lines, _warm_details
 
@@ -88,6 +91,66 @@ def test_a_forked_process_is_charged_to_the_program_it_then_runs_not_to_its_pare
     assert 0.5 <= seconds["ray::Busy"] <= 1.5 and "ray::Busy" in cpu.first_seen
     # the copy's 0.4 s goes to its parent's kind (the sampler's own CPU is the driver's too: no upper bound)
     assert seconds["driver"] >= 0.35 and ProcessCpu.FORKED not in seconds
+
+
+def test_a_named_process_is_its_own_kind_from_its_first_sample_even_as_its_parents_copy():
+    """cold_sweep names the command it started by its pid: it is that command from the sampler's first look, never
+    its parent's copy first and the command only once seen running its own program (the command was once first seen
+    0.12 s in, charged to its parent's kind until then). The child here stays its parent's copy all along (forked,
+    no program of its own) and works as one; it waits on a pipe until the test has seen what it needs."""
+    go, go_signal = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's copy, until released; then it works and ends
+        os.read(go, 1)
+        work_end = time.process_time() + 0.4
+        while time.process_time() < work_end:
+            pass
+        os._exit(0)
+    try:
+        with ProcessCpu(interval_s=0.05, named={pid: COMMAND}) as cpu:
+            assert cpu.kind[pid] == COMMAND  # the first sample, taken as the block begins
+            os.write(go_signal, b"x")
+            wait_for(lambda: cpu.last.get(pid, 0.0) - cpu.start[pid] >= 0.35, SAMPLED_S, "the child's work")
+    finally:
+        os.write(go_signal, b"x")  # a child still waiting (the test failed early) ends too
+        os.waitpid(pid, 0)
+        os.close(go)
+        os.close(go_signal)
+    assert cpu.seconds()[COMMAND] >= 0.35 and ProcessCpu.FORKED not in cpu.kind.values()
+
+
+class Execs:
+    """A process that runs its own program between two reads of its command line: its parent's words for the first
+    `copy_reads` reads, then `own`."""
+
+    def __init__(self, parent_words: list[str], own: list[str], copy_reads: int):
+        self.pid, self.reads = 4242, 0
+        self.parent_words, self.own, self.copy_reads = parent_words, own, copy_reads
+
+    def cmdline(self) -> list[str]:
+        self.reads += 1
+        return self.parent_words if self.reads <= self.copy_reads else self.own
+
+    def name(self) -> str:
+        return "python3"
+
+    def parent(self):
+        import psutil
+
+        return psutil.Process()  # this test's process: the parent whose words the copy shows
+
+
+def test_a_process_that_starts_its_program_while_being_classified_is_not_taken_for_its_parents_program():
+    """The kind and the copy test come from one read of the command line: with two reads straddling the program's
+    start the copy was named after its parent's program (`python3`) for good, and its work never counted as its own
+    (ray::Busy's). Now it is a copy at that look, and ray::Busy at the next."""
+    import psutil
+
+    parent_words = psutil.Process().cmdline()
+    process = Execs(parent_words, ["ray::Busy", "-c", "pass"], copy_reads=2)
+    cpu = ProcessCpu()
+    looks = [cpu._kind_now(process) for _ in range(3)]  # the program starts after the second read
+    assert looks == [ProcessCpu.FORKED, ProcessCpu.FORKED, "ray::Busy"]
 
 
 def test_the_page_shows_the_gap_the_cpu_per_added_trial_the_start_up_the_estimate_and_the_peers():
@@ -194,7 +257,7 @@ def test_a_process_is_named_by_its_ray_title_or_by_the_ray_daemon_it_runs():
     import os
     import types
 
-    from cifar_ray.cluster.bench import process_kind
+    from cifar_ray.cluster.bench_cpu import process_kind
 
     def kind(*words: str, pid: int = 1) -> str:
         return process_kind(types.SimpleNamespace(cmdline=lambda: list(words), name=lambda: "x", pid=pid))

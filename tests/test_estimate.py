@@ -33,6 +33,7 @@ from cifar_ray.core.estimate import (
     sweep_estimate,
     trial_estimate,
 )
+from cifar_ray.core.run import RunOptions
 from cifar_ray.core.sweep import build_plan
 from cifar_ray.core.text import rough_duration
 from cifar_ray.training import step_time
@@ -240,7 +241,7 @@ def test_estimate_with_flags_it_cannot_honour_is_one_line(words, env, message, t
 def test_the_sweep_header_repeats_the_estimate():
     plan = build_plan({"name": "p", "base": TINY | {"batch_size": 32}})
     capacity = {"cpus": 2.0, "gpus": 0.0, "nodes": 1, "packing": "slots", "per_node": [{"CPU": 2.0, RESOURCE_CPU: 2.0}]}
-    header = progress.sweep_header(plan, capacity, None, "runs/p", estimate_s=300.0)
+    header = progress.sweep_header(plan, capacity, None, "runs/p", options=RunOptions(estimate_s=300.0))
     assert header.endswith("; logs and checkpoints in runs/p; estimated wall time ~5 min (--estimate)")
     assert "estimated" not in progress.sweep_header(plan, capacity, None, "runs/p")
 

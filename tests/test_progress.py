@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import sys
 import time
 
 from cifar_ray.cluster import progress
@@ -149,7 +151,7 @@ def test_elapsed_is_this_sessions_running_time(tmp_path):
     assert lines[1:] == ["t001-lr=0.2  FAILED: RuntimeError: boom", "[1/2 done · 1 failed] 3 min elapsed this session"]
 
 
-def test_a_terminal_gets_a_live_bar_any_other_stream_plain_lines(tmp_path):
+def test_a_terminal_gets_a_live_bar_any_other_stream_plain_lines(tmp_path, monkeypatch):
     """The same events on a stream that is a terminal and on one that is not (a pipe, a file). The bar counts the
     epochs this session trains (t001's logged one done), drops a failed trial's epochs left, shows this session's
     elapsed time and the counts, and keeps the trial lines above it; the lines print no bar."""
@@ -157,6 +159,7 @@ def test_a_terminal_gets_a_live_bar_any_other_stream_plain_lines(tmp_path):
     runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
     a, b = spec(run_dir, 0, epochs=3), spec(run_dir, 1, epochs=2, logged=1)
     events = [(a.name, {"start": 0}), (a.name, {"epoch": epoch_row(1)}), (b.name, {"start": 1})]
+    monkeypatch.setattr(progress, "terminal_columns", lambda stream: 80)  # a StringIO has no size of its own
     outputs = {}
     for tty in (True, False):
         stream = Terminal(tty)
@@ -214,3 +217,81 @@ def test_a_taken_trial_says_where_it_really_continues(tmp_path):
     assert resume_point(run_dir / trial.name) == (3, 3)
     assert progress.start_line(trial, 3, 3).split("  ")[1] == "has trained all 3 epochs: closes it"
     assert progress.start_line(spec(run_dir, index=1), 0, 0).split("  ")[1] == "starts"
+
+
+class SizedTerminal(Terminal):
+    """A terminal stream with a file descriptor for os.get_terminal_size (faked by the tests)."""
+
+    def fileno(self) -> int:
+        return 99
+
+
+def fake_size(monkeypatch, size) -> None:
+    """os.get_terminal_size reports `size` (columns, lines) for any descriptor, or raises it when an exception."""
+
+    def get_terminal_size(fd: int = 1) -> os.terminal_size:
+        if isinstance(size, Exception):
+            raise size
+        return os.terminal_size(size)
+
+    monkeypatch.setattr(progress.os, "get_terminal_size", get_terminal_size)
+
+
+def test_a_terminal_of_size_0x0_or_unknown_gets_the_lines_not_a_bar_that_draws_nothing(tmp_path, monkeypatch):
+    """CI logs, `script` and some IDE consoles are terminals that report a size of 0x0 (or none): the bar drew nothing
+    there and no line was printed. They get the line mode, as a pipe does; a terminal of a real size gets the bar."""
+    run_dir = StoragePath.of(tmp_path)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
+    a = spec(run_dir, 0, epochs=2)
+    assert progress.terminal_columns(io.StringIO()) == 0  # no descriptor at all
+    for size, bar in (((0, 0), False), (OSError(25, "Inappropriate ioctl for device"), False), ((120, 40), True)):
+        fake_size(monkeypatch, size)
+        stream = SizedTerminal(tty=True)
+        assert progress.terminal_columns(stream) == (120 if bar else 0)
+        view = progress.SweepProgress(run_dir, [a], lambda line, s=stream: print(line, file=s), 1000.0, stream)
+        view.event(a.name, {"start": 0})
+        view.close()
+        printed = stream.getvalue()
+        assert (view.bar is not None) == bar, size
+        assert ("epochs |" in printed) == bar and "t000-lr=0.1  starts  lr=0.1" in printed, printed
+        if not bar:
+            assert printed == "t000-lr=0.1  starts  lr=0.1\n"
+
+
+def test_what_ray_prints_while_the_bar_is_drawn_goes_above_it(tmp_path, monkeypatch):
+    """Ray's lines in the driver (the raylet's and its workers', its logger's) are printed to sys.stdout or sys.stderr
+    as they come; while the bar was drawn they landed in the bar's row, after the bar, and left a copy of it. Now
+    each goes on a row of its own above the bar, which is drawn again below it; the streams are given back after."""
+    from ray._private.worker import print_worker_logs
+
+    run_dir = StoragePath.of(tmp_path)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
+    a = spec(run_dir, 0, epochs=2)
+    monkeypatch.setattr(progress, "terminal_columns", lambda stream: 80)
+    stream = Terminal(tty=True)
+    monkeypatch.setattr(sys, "stdout", stream)  # the terminal the bar and Ray's lines share
+    monkeypatch.setattr(sys, "stderr", stream)
+    view = progress.SweepProgress(run_dir, [a], print, 1000.0, stream, FakeClock(1005.0))
+    assert sys.stdout is not stream and sys.stderr is not stream
+    raylet = {"pid": "raylet", "ip": "10.0.0.1", "localhost": "10.0.0.1", "lines": ["a raylet line", "another"]}
+    print_worker_logs(raylet, sys.stdout)  # as ray._private.worker.print_to_stdstream does
+    print("a warning", end="", file=sys.stderr)  # a line written in parts
+    print(" in two parts", file=sys.stderr)
+    view.event(a.name, {"start": 0})
+    view.close()
+    assert sys.stdout is stream and sys.stderr is stream
+    rows = stream.getvalue().split("\n")
+    for text in ("a raylet line", "another", "a warning in two parts", "t000-lr=0.1  starts"):
+        [row] = [row for row in rows if text in row]
+        shown = row.rsplit("\r", 1)[-1]  # what the row shows: what was written after its last carriage return
+        assert text in shown and "epochs |" not in shown, rows
+    assert rows[-1] == "" and rows[-2].rsplit("\r", 1)[-1].startswith("0/2 epochs |"), rows  # the bar, drawn again
+
+
+def test_a_stream_that_is_no_terminal_is_left_as_it_is(tmp_path, monkeypatch):
+    run_dir = StoragePath.of(tmp_path)
+    stream = Terminal(tty=False)
+    monkeypatch.setattr(sys, "stdout", stream)
+    view = progress.SweepProgress(run_dir, [spec(run_dir, 0)], print, 1000.0, stream)
+    assert sys.stdout is stream and view.bar is None
+    view.close()

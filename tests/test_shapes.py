@@ -75,7 +75,7 @@ def test_every_ray_train_run_is_built_by_the_one_builder():
         if re.search(rf"import .*\b{trainer}\b|\b{trainer}\(", p.read_text())
     }
     # and the bench's peer: plain Tune over a TorchTrainer per trial, what a user would write instead of a sweep
-    assert builders == {"cluster/trainer.py", "cluster/bench.py"}
+    assert builders == {"cluster/trainer.py", "cluster/bench_peers.py"}
     callers = {p.name for p in PACKAGE.rglob("*.py") if re.search(r"\btorch_trainer\(", p.read_text())}
     assert callers == {"trainer.py", "slots.py", "checks.py"}
 

@@ -40,7 +40,7 @@ def test_only_start_training_builds_a_training():
 def test_every_path_that_trains_a_config_starts_from_the_same_state(tmp_path, monkeypatch):
     """The model's initial weights (in the loop's memory format) and the random stream training then draws from are
     the same in a trial, a check's steps, the step timing of --estimate and bench's bare loop."""
-    from cifar_ray.cluster.bench import bare_loop
+    from cifar_ray.cluster.bench_loop import bare_loop
     from cifar_ray.training.check_runs import train_steps
     from cifar_ray.training.step_time import timed_step
 

@@ -5,8 +5,8 @@ experiment checkpoints (every 10 s or more), through tensorboardX's writer threa
 (Tune's flush_secs; SummaryWriter.flush() does not wait for that thread): the run folder lags up to 40 s behind, and
 a driver killed in between loses what was not copied yet; a --resume continues from the copy and never reports
 those epochs again. RunFolderTensorBoard, a TBXLoggerCallback (so Tune adds none of its own), writes into each
-trial's folder itself, within LIVE_FLUSH_S of the result, each epoch at step = epoch (slots.thin_trial reports it
-as timesteps_total). Before an epoch, and as the trial ends, it writes from metrics.jsonl, the training's own
+trial's folder itself, within LIVE_FLUSH_S of the result, each epoch at step = epoch (thin_trials.thin_trial reports
+it as timesteps_total). Before an epoch, and as the trial ends, it writes from metrics.jsonl, the training's own
 record, every earlier epoch that the trial's event files lack: those a killed driver never passed on; an epoch its
 files hold already (retrained after a checkpoint fallback) is not written again. A resumed sweep first fills in the
 trials it will not train (fill_in_ended): those that ended while a driver was dying. Each writer
@@ -32,9 +32,9 @@ LIVE_FLUSH_S = 1  # tensorboardX's writer thread writes its file this often; 0 w
 
 def logged_epochs(trial_dir: str | Path) -> set[int]:
     """The epochs that the event files in `trial_dir` hold whole. A result's scalars are written in its order, its
-    epoch metrics before its timesteps_total (slots.thin_trial, and this module's fill-ins), so an epoch counts once
-    its timesteps_total is there. A file is a run of TFRecords (length: 8 bytes, its CRC: 4, the Event, its CRC: 4);
-    a record cut short by a killed writer ends its file."""
+    epoch metrics before its timesteps_total (thin_trials.thin_trial, and this module's fill-ins), so an epoch
+    counts once its timesteps_total is there. A file is a run of TFRecords (length: 8 bytes, its CRC: 4, the Event,
+    its CRC: 4); a record cut short by a killed writer ends its file."""
     from ray.tune.result import TIMESTEPS_TOTAL
     from tensorboardX.proto.event_pb2 import Event
 

@@ -1,6 +1,6 @@
 """Running a sweep plan on Ray: every trial in a worker slot (cifar_ray/cluster/slots.py), Tune as the sweep engine.
 
-Tune runs one thin trial per config (slots.thin_trainable), which forwards to Tune the epochs the trial's slot
+Tune runs one thin trial per config (thin_trials.thin_trainable), which forwards to Tune the epochs the trial's slot
 trains; warm slots train trial after trial in one worker group, `--isolate` gives each trial a slot of its own
 (a fresh worker group) with the same code, checkpoints and failure handling. What the run folder records goes
 through its owner, core/run.py's RunFolder: here the run's start (sweep.json, the first trial.json files), each
@@ -24,7 +24,7 @@ from ..core.run import RunFolder, RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan, TrialSpec
 from ..core.text import counted, precise_duration
-from . import pool, slots
+from . import pool, slots, thin_trials
 from .dispatcher import tune_trial
 from .live_view import fill_in_ended, live_tensorboard
 from .placement import check_fits, cluster_capacity, resolve_plan
@@ -99,7 +99,7 @@ def _run_held(run: RunFolder, plan: SweepPlan, options: RunOptions) -> StoragePa
     if options.resume:  # trials that ended under a driver that died before passing their last epochs to the live view
         fill_in_ended(run.path, [t.name for t in plan.trials if t.name not in to_train])
     untrained = len(slot_plan.specs) if options.resume else None
-    options.print_line(sweep_header(plan, capacity, limit, run.path, untrained, options.estimate_s))
+    options.print_line(sweep_header(plan, capacity, limit, run.path, untrained, options))
     tune_trials = [t for t in plan.trials if t.name in to_train]
     _train_session(run, plan, slot_plan, lambda: new_tuner(tune_trials, run.path, plan.name, limit), options)
     return run.path
@@ -185,7 +185,7 @@ def new_tuner(trials: list[TrialSpec], run_dir: StoragePath, name: str, limit: i
     from ray import tune
 
     return tune.Tuner(
-        slots.thin_trainable(),
+        thin_trials.thin_trainable(),
         param_space={"trial": tune.grid_search([tune_trial(t, run_dir) for t in trials])},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=limit,

@@ -6,11 +6,17 @@ live bar. The lines come from the Dispatcher's events, read by a thread of the d
 from __future__ import annotations
 
 import contextlib
+import io
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from ..core import runlog, status
+from ..core.estimate import rough_estimate, rough_line
+from ..core.run import RunOptions
 from ..core.storage import StoragePath
 from ..core.sweep import SweepPlan
 from ..core.text import counted, rough_duration
@@ -34,10 +40,14 @@ def sweep_header(
     limit: int | None,
     run_dir: StoragePath,
     unfinished: int | None = None,
-    estimate_s: float | None = None,
+    options: RunOptions | None = None,
 ) -> str:
-    """The first thing a sweep prints: what runs, how many at once, where the logs go, and with `estimate_s`
-    (sweep --estimate) how long it should take. `unfinished`: the trials a --resume still has to run."""
+    """The first thing a sweep prints: what runs, how many at once, where the logs go, and how long it should take:
+    with `options.estimate_s` (sweep --estimate) the timed estimate, else for a new run a rough one from default CPU
+    speeds (`options.isolate`: a slot per trial), which above 100 trials or an hour suggests timing it first
+    (`options.command`: the command line that runs it, None from Python). `unfinished`: the trials a --resume still
+    has to run."""
+    options = options or RunOptions()
     shapes = trials_at_once(plan, capacity, limit)
     at_once = ", ".join(f"{fit} of {count} with {label}" for label, (count, fit) in shapes.items())
     nodes = capacity["nodes"]
@@ -47,8 +57,24 @@ def sweep_header(
     what = f"{plan.name}: {trials}"
     if unfinished is not None:
         what = f"resuming {plan.name}: {unfinished} of {trials} unfinished"
-    expected = f"; estimated wall time ~{rough_duration(estimate_s)} (--estimate)" if estimate_s is not None else ""
+    if options.estimate_s is not None:
+        expected = f"; estimated wall time ~{rough_duration(options.estimate_s)} (--estimate)"
+    elif unfinished is None:
+        fits = {label: fit for label, (_, fit) in shapes.items()}
+        rough = rough_estimate([t.config for t in plan.trials], fits, options.isolate)
+        expected = "; " + rough_line(rough, len(plan.trials), estimate_command(options.command))
+    else:
+        expected = ""
     return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}{expected}"
+
+
+def estimate_command(command: str | None) -> str:
+    """The command that times a sweep before it runs: the sweep's own command line (a `cifar-ray sweep ...`) with
+    --dry-run --estimate, else the general form."""
+    words = (command or "").split()
+    if words[1:2] == ["sweep"] and "--dry-run" not in words:
+        return f"{command} --dry-run --estimate"
+    return "cifar-ray sweep FILE --dry-run --estimate"
 
 
 def start_line(trial: RunTrial, done: int, logged: int) -> str:
@@ -87,15 +113,88 @@ def progress_callback():
     return Silent()
 
 
+def terminal_columns(stream: TextIO) -> int:
+    """The width of the terminal `stream` writes to; 0 when it has none or reports none (a size of 0x0: CI logs,
+    `script`, some IDE consoles), where a bar would draw nothing."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return 0
+    return size.columns if size.lines > 0 else 0
+
+
+class AboveBar(io.TextIOBase):
+    """sys.stdout or sys.stderr while `bar` is drawn: each whole line written goes above the bar (cleared, the line
+    written, the bar drawn again, under tqdm's lock), not into the bar's row, where it left a copy of the bar behind.
+    What Ray prints in the driver while a sweep runs (its workers' and the raylet's lines, its logger's) looks these
+    streams up as it prints (ray._private.worker.print_to_stdstream, ray._private.log.PlainRayHandler)."""
+
+    def __init__(self, stream: TextIO, bar: Any):
+        super().__init__()
+        self.stream, self.bar = stream, bar
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            lines = (self._pending + text).split("\n")
+            self._pending = lines.pop()
+        if lines:
+            with self.bar.get_lock():
+                self.bar.clear()
+                self.stream.write("".join(line + "\n" for line in lines))
+                self.stream.flush()
+                self.bar.refresh()
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def close_line(self) -> None:
+        """What is left of a line not ended, written as it is."""
+        with self._lock:
+            pending, self._pending = self._pending, ""
+        if pending:
+            self.stream.write(pending)
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+def route_above(bar: Any) -> Callable[[], None]:
+    """Sends what is printed to sys.stdout and sys.stderr above `bar` (AboveBar) until the returned function is
+    called; a stream replaced meanwhile by someone else is left as it is then."""
+    routed = {name: AboveBar(getattr(sys, name), bar) for name in ("stdout", "stderr")}
+    for name, stream in routed.items():
+        setattr(sys, name, stream)
+
+    def unroute() -> None:
+        for name, stream in routed.items():
+            if getattr(sys, name) is stream:
+                setattr(sys, name, stream.stream)
+            stream.close_line()
+
+    return unroute
+
+
 class SweepProgress:
     """What a sweep prints as its trials go, from the Dispatcher's events in the order it got them: a line when a slot
     takes a trial (it starts or continues), per finished epoch and per failure, and where the sweep stands after each
     trial ends (the counts and ETA of `cifar-ray status`). Elapsed is this session's running time, from `started`
     (Unix time, `clock`'s): a resumed sweep does not count the time since its first session began.
 
-    On a terminal (`stream.isatty()`) the lines go above a live bar of the epochs this session trains (those logged
-    before it count as done), with the elapsed time and where the sweep stands; elsewhere every line is printed with
-    `print_line`, the counts after each trial's end, as before."""
+    On a terminal (`stream.isatty()`, of a known size: terminal_columns) the lines go above a live bar of the epochs
+    this session trains (those logged before it count as done), with the elapsed time and where the sweep stands, and
+    so do the lines Ray prints meanwhile (route_above); elsewhere (a pipe, a file, a terminal of size 0x0 or unknown:
+    CI logs, `script`, some IDE consoles) every line is printed with `print_line`, the counts after each trial's
+    end."""
 
     def __init__(
         self,
@@ -109,7 +208,8 @@ class SweepProgress:
         self.run_dir, self.print_line, self.started, self.clock = run_dir, print_line, started, clock
         self.specs = {spec.name: spec for spec in specs}
         self.bar = None
-        if stream is not None and stream.isatty():
+        self._unroute: Callable[[], None] | None = None
+        if stream is not None and stream.isatty() and terminal_columns(stream) > 0:
             from tqdm import tqdm
 
             self.logged = {spec.name: len(runlog.read_epochs(spec.trial_dir)) for spec in specs}
@@ -125,6 +225,7 @@ class SweepProgress:
             self.bar._time = clock  # the bar's elapsed is this session's, as the lines' is
             self.bar.start_t = started
             self.bar.refresh()
+            self._unroute = route_above(self.bar)
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started
@@ -186,6 +287,9 @@ class SweepProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self._unroute is not None:
+            self._unroute()
+            self._unroute = None
 
 
 FOLLOW_WAIT_S = 1.0  # the longest one read of the Dispatcher's events waits; the bar's clock ticks as often

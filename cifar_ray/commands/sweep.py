@@ -135,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     rows = trial_table(plan)
     print(rows_table(rows, list(rows[0])))
     print(work_summary(plan))
+    if not args.estimate:
+        print(rough_estimate_line(plan, args))
     if args.settle:
         print(settle_plan_line(plan, args.settle.max_seeds or default_max_seeds(plan)))
     if args.estimate:
@@ -153,6 +155,25 @@ def settle_plan_line(plan: SweepPlan, max_seeds: int) -> str:
         f"{UNTIL_SETTLED_OPTION}: then seeds added where a comparison is open, up to {max_seeds} per configuration; "
         f"{describe(count, max_looks(plan.repeats, max_seeds))}"
     )
+
+
+def rough_estimate_line(plan: SweepPlan, args: argparse.Namespace) -> str:
+    """The dry run's rough wall time without --estimate: the header's (cluster/progress.sweep_header) on this
+    machine's CPUs as the embedded Ray would have them, no GPU counted, nothing timed and neither torch nor Ray
+    imported."""
+    from ..cluster.placement import capacity_of, trials_at_once
+    from ..cluster.session import local_resources
+    from ..core.estimate import rough_estimate, rough_line
+    from ..core.text import counted
+    from .common import rerun_command
+
+    cpus = local_resources(num_gpus=0)
+    capacity = capacity_of([{key: float(value) for key, value in cpus.items()}])
+    limit = args.max_concurrent or plan.max_concurrent
+    at_once = {label: fit for label, (_, fit) in trials_at_once(plan, capacity, limit).items()}
+    rough = rough_estimate([t.config for t in plan.trials], at_once, args.isolate)
+    line = rough_line(rough, len(plan.trials), f"{rerun_command(args.argv)} --estimate")
+    return f"on this machine's {counted(cpus['CPU'], 'CPU')}: {line}"
 
 
 def print_estimate(plan: SweepPlan, args: argparse.Namespace) -> None:

@@ -10,7 +10,9 @@ so their times add up, as status's ETA does. Ray's start, the first shape's warm
 shape's switch come on top. Not foreseen: DDP's all-reduce and the contention of workers sharing the machine's
 memory bandwidth; the estimate says so with a likely range (COMPUTE_RANGE, FIXED_RANGE).
 
-No torch, no Ray: the step times come in as numbers.
+No torch, no Ray: the step times come in as numbers. Without --estimate a new sweep's header still gives a rough
+wall time (`rough_*`): the same arithmetic on step times from FLOPs counted on the config and a default CPU speed,
+nothing timed; a GPU trial's is unknown rather than guessed.
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ WARM_TRIAL_S = 0.3
 # and the fixed costs (measured between ~half and twice these on 2-core machines, loaded or not).
 COMPUTE_RANGE = (0.8, 1.3)
 FIXED_RANGE = (0.5, 2.0)
+# The rough estimate's default speed of one CPU core: 60 GFLOP/s of a trial's counted FLOPs, what `cifar-ray train`
+# reached with simple_cnn width 16, batch 64 on one core of a 2-core Xeon (977 images/s x 60 MFLOP; bare loops of
+# the three measured models ran at 62 to 94 GFLOP/s: docs/measurements.md); bf16 on CPU ran half as fast as fp32.
+ROUGH_CPU_FLOPS = 60e9
+ROUGH_BF16_SLOWDOWN = 2.0
+# A sweep above either suggests timing it first (`--dry-run --estimate`) in its header.
+SUGGEST_ABOVE_TRIALS = 100
+SUGGEST_ABOVE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -165,3 +175,72 @@ def estimate_line(estimate: SweepEstimate) -> str:
         f"{shapes}; Ray start ~{estimate.ray_start_s:.0f} s); "
         f"trial time summed: training ~{rough_duration(train)}, evaluation ~{rough_duration(evaluation)}"
     )
+
+
+def _simple_cnn_layers(width: int, depth: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """models.SimpleCNN's 3x3 convolutions (c_in, c_out, side) and linear layers (fan_in, fan_out)."""
+    convs, c_in = [], 3
+    for block in range(depth):
+        c_out, side = width * 2**block, 32 >> block
+        convs += [(c_in, c_out, side), (c_out, c_out, side)]
+        c_in = c_out
+    return convs, [(c_in * (32 >> depth) ** 2, 256), (256, 10)]
+
+
+def _resnet9_layers(width: int, depth: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """models.ResNet9's 3x3 convolutions (c_in, c_out, side: a stage convolves before it pools) and its head."""
+    w = width
+    residual = [(2 * w, 2 * w, 16)] * 2 + [(8 * w, 8 * w, 4)] * 2
+    return [(3, w, 32), (w, 2 * w, 32), (2 * w, 4 * w, 16), (4 * w, 8 * w, 8), *residual], [(8 * w, 10)]
+
+
+# Per model of training/models.py's MODELS (tests/test_estimate.py binds the two): its layers, for FLOPs counted
+# without building it.
+MODEL_LAYERS = {"simple_cnn": _simple_cnn_layers, "resnet9": _resnet9_layers}
+
+
+def training_flops_per_image(config: TrainConfig) -> float:
+    """The forward and backward FLOPs of one 32x32 image through config's model, counted from its layers as
+    training/flops.py counts them on the built model: 2 per multiply-add of the convolutions and linear layers, the
+    backward twice the forward (simple_cnn width 16: 60.9 M here, 60.0 M counted by torch; resnet9 width 32: 572 M
+    and 570 M)."""
+    convs, linears = MODEL_LAYERS[config.model](config.width, config.depth)
+    forward = sum(2 * 9 * c_in * c_out * side * side for c_in, c_out, side in convs)
+    forward += sum(2 * fan_in * fan_out for fan_in, fan_out in linears)
+    return 3.0 * forward
+
+
+def rough_step_time(config: TrainConfig) -> StepTime | None:
+    """A step time from default CPU speeds, nothing timed: the worker's images per step x the model's FLOPs at
+    ROUGH_CPU_FLOPS per core it has; evaluating an image costs the forward's third. None for a GPU trial (use_gpu
+    true once resolved): no default speed of a GPU is worth a guess."""
+    if config.use_gpu == "true":
+        return None
+    rate = ROUGH_CPU_FLOPS * config.cpus_per_worker / (ROUGH_BF16_SLOWDOWN if config.amp == "bf16" else 1.0)
+    flops = training_flops_per_image(config)
+    return StepTime(config.per_worker_batch * config.accum_steps * flops / rate, flops / 3 / rate, 0.0)
+
+
+def rough_estimate(configs: Sequence[TrainConfig], at_once: dict[str, int], isolate: bool) -> SweepEstimate | None:
+    """sweep_estimate on rough_step_time's step times (`at_once`: shape label -> trials of it at once); None when
+    one of the trials runs on GPUs."""
+    trials = []
+    for index, config in enumerate(configs):
+        timing = rough_step_time(config)
+        if timing is None:
+            return None
+        trials.append(trial_estimate(str(index), config, timing, isolate))
+    return sweep_estimate(trials, at_once, isolate)
+
+
+def rough_line(estimate: SweepEstimate | None, trials: int, suggest: str) -> str:
+    """`wall time ~2 h 21 min: a rough estimate from default CPU speeds, nothing timed here; time it on this machine
+    first: SUGGEST` (`suggest`: the command, said above SUGGEST_ABOVE_TRIALS trials or SUGGEST_ABOVE_S); a sweep with
+    GPU trials: `wall time unknown`."""
+    if estimate is None:
+        line = "wall time unknown: GPU trials get no rough estimate (--estimate times them)"
+    else:
+        wall = rough_duration(estimate.wall_s)
+        line = f"wall time ~{wall}: a rough estimate from default CPU speeds, nothing timed here"
+    long = trials > SUGGEST_ABOVE_TRIALS or (estimate is not None and estimate.wall_s > SUGGEST_ABOVE_S)
+    return f"{line}; time it on this machine first: {suggest}" if long else line

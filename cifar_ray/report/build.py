@@ -33,7 +33,7 @@ from .compare import (
 from .effects import Effect
 from .format import fmt_value, values_label
 from .interactions import Evidence, Interactions, find_interactions
-from .judge import Leaders, Ranked, judge_report, rank_configs
+from .judge import judge_report
 from .load import (
     breakdown_keys,
     epochs_frame,
@@ -45,6 +45,7 @@ from .load import (
     trial_frame,
 )
 from .metrics import COMPARED, TIME_TO_TARGET, Compared, Metric, resolve_objective, table_metrics
+from .rankings import Leaders, Ranked, rank_configs
 from .sharing import shared_trials
 from .stats import (
     Overfit,
@@ -99,7 +100,7 @@ class Report:
     per_image: dict[str, ImageScores]  # trial -> which test images its final evaluation got right, where logged
     sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
     comparison: RunComparison | None = None  # None for one run
-    leaders: dict[str, Leaders] = field(default_factory=dict)  # judge.rank_configs: who leads, beyond the noise
+    leaders: dict[str, Leaders] = field(default_factory=dict)  # rankings.rank_configs: who leads, beyond the noise
 
     def trial_label(self, row: pd.Series) -> str:
         """A trial row named by its label_keys' values, or by the trial's name when there are none."""

@@ -33,9 +33,10 @@ from .format import (
 from .header import run_level_text
 from .interactions import DEPENDS as INTERACTS
 from .interactions import MIN_STRATUM_PAIRS, UNTESTABLE, by_label, stratum_label
-from .judge import BEST, FASTEST, LEAST_MEMORY, MOST_ACCURATE, Leaders, ci_label, fmt_dof
+from .judge import ci_label, fmt_dof
 from .load import config_value
 from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, TIME_TO_TARGET, Compared
+from .rankings import BEST, FASTEST, LEAST_MEMORY, MOST_ACCURATE, Leaders
 from .sequential import look_text
 from .stats import PAIRS_DISAGREE, UNFINISHED, included, rows_with
 from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_BAND
@@ -83,7 +84,7 @@ def _leader_line(
     report: Report, title: str, show: Callable[[pd.Series], str], ranking: Leaders | None, said: list[str]
 ) -> str:
     """`**Fastest**: X at 4.11 s/epoch, …` where X beats every other configuration by more than the ranking's noise
-    (judge.rank_configs); else the candidates within noise of it, or, with the noise unknown, the range measured. A
+    (rankings.rank_configs); else the candidates within noise of it, or, with the noise unknown, the range measured. A
     configuration whose trials did not all finish says so first. "" when no configuration logged the measure."""
     if ranking is None or ranking.within == () or not ranking.ranked:
         return ""
@@ -119,7 +120,7 @@ def _leader_line(
 
 
 def fastest_line(report: Report, said: list[str]) -> str:
-    """**Fastest** (judge.rank_fastest), and whether the ranking is fair."""
+    """**Fastest** (rankings._rank_fastest), and whether the ranking is fair."""
     ranking = report.leaders.get(FASTEST)
     line = _leader_line(report, "Fastest", lambda c: f"{fmt_num(c['time_per_epoch_s_mean'])} s/epoch", ranking, said)
     if line and report.shared and set(report.shared) != set(included(report.trials)["trial"]):
