@@ -537,3 +537,26 @@ def test_bench_writes_nothing_git_tracks_unless_told_and_refuses_an_out_it_canno
         f"cifar-ray: error: --out {blocker / 'bench'}: cannot write there: {blocker} is a file, not a folder; "
         "allowed: a folder you can write\n"
     )
+
+
+def test_a_ray_that_does_not_start_is_one_line_not_a_traceback(tmp_path):
+    """On a machine at load 30, Ray's local node timed out during its start: the sweep ended in a 20-line traceback.
+    In a child process (its Ray, if any, is its own), ray.init fails as Ray's Node does."""
+    script = (
+        "import ray\n"
+        "def timed_out(*args, **kwargs):\n"
+        "    raise Exception('The current node timed out during startup. This could happen because some of the raylet "
+        "failed to startup or the GCS has become overloaded.')\n"
+        "ray.init = timed_out\n"
+        "import sys\nfrom cifar_ray.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text("name: tiny\nbase: {dataset: synthetic, epochs: 1}\n")
+    command = [sys.executable, "-c", script, "sweep", str(sweep), "--storage", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        "cifar-ray: error: Ray did not start on this machine: The current node timed out during startup. "
+    )
+    assert done.stderr.rstrip().endswith("nothing of the run was trained: run the same command again")

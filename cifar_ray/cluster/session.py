@@ -148,7 +148,8 @@ def ray_starting() -> Iterator[None]:
     half-started node (found among the interrupted frames' locals) and every Ray process this process started since,
     each with all its descendants, are stopped, then `ray.shutdown()`. A KeyboardInterrupt then goes on as the
     command's stop; Ray's SIGTERM exit is handed to the SIGTERM handler that was in place before Ray's start (a
-    command's turns it into the same stop), else it goes on."""
+    command's turns it into the same stop), else it goes on. A start that fails (Ray's node timed out on a busy
+    machine) is cleared the same way before its error goes on."""
     import ray._private.ray_constants as ray_constants
 
     main = threading.current_thread() is threading.main_thread()
@@ -163,7 +164,7 @@ def ray_starting() -> Iterator[None]:
         ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     try:
         yield
-    except KeyboardInterrupt as stop:
+    except (KeyboardInterrupt, Exception) as stop:  # a stop, or a start that failed (its node timed out)
         _stop_half_started(stop.__traceback__, before)
         raise
     except SystemExit as stop:
@@ -305,16 +306,24 @@ def init_ray(
         # of the job's own: with one, no prestarted worker serves the job and each new worker process waits for the
         # runtime-env agent; its processes inherit RAY_ENV_DEFAULTS, and their logs stay in Ray's files (log_to_driver).
         global _started_here
-        with ray_starting():
-            ray.init(
-                address="local",
-                num_cpus=node["CPU"],
-                num_gpus=node["GPU"],
-                include_dashboard=False,
-                resources={key: node[key] for key in (RESOURCE_CPU, RESOURCE_GPU)},
-                **options,
-            )
-            _started_here = (ray.get_runtime_context().gcs_address, dict(os.environ))
+        try:
+            with ray_starting():
+                ray.init(
+                    address="local",
+                    num_cpus=node["CPU"],
+                    num_gpus=node["GPU"],
+                    include_dashboard=False,
+                    resources={key: node[key] for key in (RESOURCE_CPU, RESOURCE_GPU)},
+                    **options,
+                )
+                _started_here = (ray.get_runtime_context().gcs_address, dict(os.environ))
+        except Exception as error:  # Ray's own: "The current node timed out during startup." on a busy machine
+            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            load = os.getloadavg()[0]
+            raise ClusterError(
+                f"Ray did not start on this machine: {first[:300]} (load average {load:.0f} on {os.cpu_count()} "
+                "cores); nothing of the run was trained: run the same command again"
+            ) from None
     return True
 
 
