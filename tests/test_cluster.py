@@ -360,6 +360,38 @@ def test_a_sweep_through_ray_client_interrupted_and_resumed_on_both_nodes(tmp_pa
     assert len(totals) == 2, resumed.stderr[-3000:]
 
 
+@pytest.mark.parametrize("client", [False, True], ids=["driver", "ray-client"])
+def test_a_connection_refused_for_its_token_says_token_and_the_address_typed_once(tmp_path, token_cluster, client):
+    """Without a token, and with a wrong one, `--address localhost:PORT` (as typed, never the address Ray resolves)
+    is refused in one line naming the token and that address, exit 2: no Ray retry loop (InvalidAuthToken once a
+    second for 20 s) and no traceback. The same through Ray Client (ray://)."""
+    (tmp_path / "sweep.yaml").write_text(
+        "name: no-token\nbase: {dataset: synthetic, train_subset: 256, test_subset: 64, width: 8, epochs: 1}\n"
+        "grid:\n  seed: [0]\n"
+    )
+    port = token_cluster.client_port if client else token_cluster.port
+    typed = f"{'ray://' if client else ''}localhost:{port}"
+    without = {k: v for k, v in token_cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    # RAY_AUTH_TOKEN set (to a wrong token): Ray reads it before RAY_AUTH_TOKEN_PATH and ~/.ray/auth_token
+    wrong = token_cluster.env | {"RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    for env, why in ((without, "none was sent"), (wrong, "refused this machine's token")):
+        done = subprocess.run(
+            [str(BIN / "cifar-ray"), "sweep", str(tmp_path / "sweep.yaml"), "--address", typed]
+            + ["--storage", str(tmp_path / "runs")],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,  # bounds a hang only
+        )
+        printed = (done.stdout + done.stderr).strip().splitlines()
+        assert done.returncode == 2, printed
+        assert len(printed) == 1, printed
+        assert printed[0].startswith(f"cifar-ray: error: cannot connect to the Ray cluster at {typed} "), printed
+        assert "token" in printed[0] and why in printed[0], printed
+        assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.skipif(
     not dashboard_installed(), reason="`ray job submit` needs the dashboard: pip install 'ray[default]'"
 )

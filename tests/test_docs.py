@@ -41,7 +41,8 @@ MODULE_SECTION = "## Layout"  # CONTRIBUTING.md's module map: its tables' first 
 # placeholders of run folders. Everything else in backticks must resolve (see `problem`).
 NOT_SYMBOLS = {
     # other tools' options (ray start, pytest, git, pip)
-    "--head", "--address", "--ray-client-server-port", "--dashboard-host", "--binary", "--strict-markers",
+    "--head", "--address", "--ray-client-server-port", "--dashboard-host", "--node-ip-address", "--binary",
+    "--strict-markers",
     # shell and environment words
     "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
     "AWS_ENDPOINT_URL", "GOOGLE_APPLICATION_CREDENTIALS", "MLFLOW_ALLOW_FILE_STORE", "CIFAR_RAY_LONG_TESTS",

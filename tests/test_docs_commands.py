@@ -4,7 +4,9 @@ order; `...` matches anything), in a scratch folder holding `sweeps/`, `docs/` a
 this checkout's `cifar-ray` on PATH. A block is marked by an HTML comment on the line before its fence:
 `<!-- docs-test: slow -->` (it trains: the slow tier), `<!-- docs-test: long -->` (it trains for minutes: run with
 CIFAR_RAY_LONG_TESTS=1) or `<!-- docs-test: skip (REASON) -->` (it needs what a test machine lacks: a cluster, a GPU,
-S3, the network; or it runs the whole suite), and is then reported as skipped with that reason."""
+S3, the network; or it runs the whole suite), and is then reported as skipped with that reason. Nothing a block starts
+may outlive it (docs/cluster.md starts two Ray nodes in the background and stops them): each block runs with a marker
+in its environment and a TMPDIR of its own, and whatever carries either is waited for, then stopped and reported."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).parent.parent
@@ -24,6 +29,8 @@ SHELL = ("bash", "sh", "console")
 MARK = re.compile(r"^<!-- docs-test: (slow|long|skip \((?P<reason>[^)]+)\)) -->$")
 SKIP_REASONS = ("cluster", "GPU", "S3", "network", "runs the whole suite")  # what may keep a command from running
 FAST_TIMEOUT_S, SLOW_TIMEOUT_S, LONG_TIMEOUT_S = 120, 600, 1800
+MARKER = "CIFAR_RAY_DOCS_BLOCK"  # in the environment of every process a block starts, inherited
+LEFTOVER_GRACE_S = 60  # bounds the wait for a block's processes to end (Ray's drain after SIGTERM: up to 30 s)
 
 
 @dataclass(frozen=True)
@@ -69,24 +76,32 @@ def scratch(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def environment() -> dict[str, str]:
-    env = dict(os.environ)
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ) | (extra or {})
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
     return env
 
 
-def shell(command: str, cwd: Path, timeout_s: int, strict: bool) -> subprocess.CompletedProcess:
+def shell(
+    command: str, cwd: Path, timeout_s: int, strict: bool, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Its output goes to a file, not a pipe: a process it left running in the background (holding the pipe) would
+    keep the command from ending; stop_leftovers finds it."""
     flags = ["-euo", "pipefail"] if strict else []
-    return subprocess.run(
-        ["bash", *flags, "-c", command],
-        cwd=cwd,
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout_s,
-    )
+    with tempfile.TemporaryFile("w+") as out:
+        done = subprocess.run(
+            ["bash", *flags, "-c", command],
+            cwd=cwd,
+            env=environment(extra),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+        )
+        out.seek(0)
+        done.stdout = out.read()
+    return done
 
 
 def console_steps(text: str) -> list[tuple[str, list[str]]]:
@@ -117,13 +132,13 @@ def missing_lines(expected: list[str], printed: str) -> list[str]:
     return missing
 
 
-def run_block(block: Block, cwd: Path, timeout_s: int) -> str | None:
-    """Why the block does not run as written, or None."""
+def run_block(block: Block, cwd: Path, timeout_s: int, extra: dict[str, str] | None = None) -> str | None:
+    """Why the block does not run as written, or None. `extra`: environment variables for its commands."""
     if block.lang != "console":
-        done = shell(block.text, cwd, timeout_s, strict=True)
+        done = shell(block.text, cwd, timeout_s, strict=True, extra=extra)
         return None if done.returncode == 0 else f"exit status {done.returncode}:\n{done.stdout[-3000:]}"
     for command, expected in console_steps(block.text):
-        printed = shell(command, cwd, timeout_s, strict=False).stdout
+        printed = shell(command, cwd, timeout_s, strict=False, extra=extra).stdout
         printed = printed.replace(f"{cwd.resolve()}/", "").replace(str(cwd.resolve()), ".")
         if missing := missing_lines(expected, printed):
             return f"$ {command}\nprinted:\n{printed[-3000:]}\nnot printed: {missing}"
@@ -147,13 +162,56 @@ def written_outside_runs(cwd: Path, before: set[Path]) -> list[str]:
     )
 
 
+def started_by(marker: str, folder: str) -> list[psutil.Process]:
+    """The live processes a block started: `marker` in their environment, or `folder` (its TMPDIR) on their command
+    line or among their open files (a Ray node's agents rename themselves over their environment, which then reads
+    empty)."""
+    spared, found = {os.getpid(), *(p.pid for p in psutil.Process().parents())}, []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid in spared or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if (
+                proc.environ().get(MARKER) == marker
+                or any(folder in part for part in proc.cmdline())
+                or any(f.path.startswith(folder + os.sep) for f in proc.open_files())
+            ):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def stop_leftovers(marker: str, folder: str) -> list[str]:
+    """What the block left running once LEFTOVER_GRACE_S have passed (waited for, not timed): each one's pid and
+    command, after it is killed."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := started_by(marker, folder)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    named = []
+    for proc in left:
+        try:
+            named.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return named
+
+
 def check(block: Block, tmp_path: Path, timeout_s: int) -> None:
     if block.mark == "skip":
         pytest.skip(f"{block.id} skipped: {block.reason}")
     cwd = scratch(tmp_path)
     before = set(cwd.rglob("*"))
-    problem = run_block(block, cwd, timeout_s)
+    marker, folder = f"{os.getpid()}-{time.time_ns()}", tempfile.mkdtemp(prefix="cr-", dir="/tmp")  # short: Ray's
+    try:  # socket paths under it fit 107 characters
+        problem = run_block(block, cwd, timeout_s, {MARKER: marker, "TMPDIR": folder})
+    finally:
+        left = stop_leftovers(marker, folder)
+        if not left:
+            shutil.rmtree(folder, ignore_errors=True)
     assert problem is None, f"{block.id} does not run as written: {problem}"
+    assert not left, f"{block.id} left processes running after it ended (now killed): {left}"
     stray = written_outside_runs(cwd, before)
     assert not stray, f"{block.id} writes outside runs/: {stray[:5]}"
 

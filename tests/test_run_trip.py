@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import sys
 import types
 from pathlib import Path
@@ -23,6 +24,7 @@ from cifar_ray.cluster import session as ray_session
 from cifar_ray.cluster.placement import capacity_of
 from cifar_ray.core import runlog
 from cifar_ray.core.run import RunFolder
+from cifar_ray.core.storage import StoragePath
 
 SWEEP = Path(__file__).parents[1] / "sweeps" / "quickstart.yaml"  # four trials
 ARGS = ["--set", "dataset=synthetic", "epochs=1", "train_subset=64", "test_subset=64"]
@@ -334,3 +336,41 @@ def test_the_slots_start_before_the_driver_records_provenance_and_builds_the_tun
     monkeypatch.setattr(orchestrate, "new_tuner", building)
     assert main(["sweep", str(SWEEP), *ARGS, "--storage", str(tmp_path)]) == 0
     assert order == ["slots", "provenance", "tune"]
+
+
+def test_a_working_folder_deleted_as_tune_ends_leaves_the_summary_and_one_line_of_its_cause(
+    tmp_path, monkeypatch, capsys
+):
+    """Under `ray job submit` on one machine, two Ray nodes sharing a temp folder deleted the job's working folder
+    (its working_dir) while the sweep ran; Tune's fit then died reading its results back (os.getcwd in
+    ExperimentAnalysis: FileNotFoundError) after every trial had ended, and the job failed. The trials' results are
+    in the run folder: the sweep ends with its summary, exit 0, and one line naming the deleted folder and the cure."""
+    job_folder = tmp_path / "job-working-dir"
+    job_folder.mkdir()
+    monkeypatch.chdir(job_folder)  # put back after the test
+    replace_ray(monkeypatch)
+    fit = FakeTuner.fit
+
+    def fit_then_lose_the_folder(self) -> None:
+        fit(self)
+        job_folder.rmdir()
+        os.path.relpath("a", start="b")  # as Tune's ExperimentAnalysis: os.getcwd, FileNotFoundError
+
+    monkeypatch.setattr(FakeTuner, "fit", fit_then_lose_the_folder)
+    storage = tmp_path / "runs"
+    assert main(["sweep", str(SWEEP), *ARGS, "--storage", str(storage)]) == 0
+    printed = capsys.readouterr().out
+    cause = [line for line in printed.splitlines() if "was deleted" in line]
+    assert len(cause) == 1 and str(job_folder) in cause[0] and "--temp-dir" in cause[0], printed
+    assert f"quickstart: 4 trial(s), logs in {storage / 'quickstart'}" in printed, printed
+    assert f"report: cifar-ray report {storage / 'quickstart'}" in printed, printed
+    assert os.getcwd() == str(storage)  # a working folder that exists, for what follows
+
+
+def test_a_file_not_found_with_the_working_folder_still_there_is_raised_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    said = []
+    with pytest.raises(FileNotFoundError, match="a trial's file"):
+        with orchestrate.outliving_the_working_folder(StoragePath.of(tmp_path / "runs" / "x"), said.append):
+            raise FileNotFoundError("a trial's file")
+    assert not said and os.getcwd() == str(tmp_path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -146,7 +147,7 @@ def _train_session(
         view = SweepProgress(run.path, slot_plan.specs, options.print_line, options.started, options.stream)
         dispatcher = started_slots.dispatcher
         with follow(dispatcher_events(dispatcher), view, dispatcher.end_events.remote):  # all printed before stop
-            with ctrl_c_interrupts_tune():
+            with ctrl_c_interrupts_tune(), outliving_the_working_folder(run.path, options.print_line):
                 tuner.fit()
             if run.all_final(names):  # else Tune stopped early (SIGINT, SIGTERM): the slots are stopped
                 started_slots.wait()
@@ -162,6 +163,34 @@ def _train_session(
         if started_slots is not None:
             started_slots.stop()
         run.end_session(names)
+
+
+@contextlib.contextmanager
+def outliving_the_working_folder(run_dir: StoragePath, print_line: Callable[[str], None]) -> Iterator[None]:
+    """Tune's fit reads its results back at the end, and a relative path then needs the working folder: deleted under
+    it, it dies in os.getcwd (FileNotFoundError) after every trial has ended. Under `ray job submit` that folder is
+    the job's working_dir, and two Ray nodes on one machine sharing one temp folder delete each other's (measured:
+    1 job in 10). The trials' results are in the run folder already: the sweep goes on to its summary, in a working
+    folder that exists (the run folder's parent where it is local, else the temp folder), with the cause in one line.
+    A FileNotFoundError with the working folder still there is not this one: raised as it is."""
+    try:
+        folder = os.getcwd()
+    except FileNotFoundError:
+        folder = os.environ.get("PWD", "?")
+    try:
+        yield
+    except FileNotFoundError:
+        try:
+            os.getcwd()
+        except FileNotFoundError:
+            local = run_dir.parent.path if run_dir.is_local else ""
+            os.chdir(local if os.path.isdir(local) else tempfile.gettempdir())
+            print_line(
+                f"this driver's working folder {folder} was deleted as the sweep ended: the results are in "
+                f"{run_dir}; on one machine, give each Ray node its own --temp-dir (docs/cluster.md)"
+            )
+        else:
+            raise
 
 
 @contextlib.contextmanager

@@ -286,6 +286,7 @@ def init_ray(
     if address:
         options["runtime_env"] = cluster_runtime_env(verbose)
         _check_reachable(address)
+        _check_token(address)
         tries = CLIENT_CONNECT_TRIES if address.startswith("ray://") else 1
         for attempt in range(1, tries + 1):
             try:
@@ -369,6 +370,51 @@ def _check_reachable(address: str) -> None:
             f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {error.strerror or error}; "
             "start it with `ray start --head --port=PORT` or pass the head's address"
         ) from None
+
+
+def _check_token(address: str) -> None:
+    """A cluster with token authentication must take this machine's token: Ray's own connection retries a refused
+    one for 20 s (Ray Client: 30 s), a line each second, then names an address it resolved. One call the cluster
+    answers at once (the GCS's cluster id; Ray Client's ping), sent with the token as Ray sends it, tells first.
+    Any other answer (or none) is left to Ray's connection."""
+    import grpc
+    from ray._private.authentication import authentication_utils
+    from ray._private.grpc_utils import init_grpc_channel
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    channel = init_grpc_channel(f"{host}:{port}", asynchronous=False)
+    try:
+        if address.startswith("ray://"):
+            from ray.core.generated import ray_client_pb2 as messages
+            from ray.core.generated import ray_client_pb2_grpc as services
+
+            ping = messages.ClusterInfoRequest(type=messages.ClusterInfoType.PING)
+            services.RayletDriverStub(channel).ClusterInfo(ping, timeout=5)
+        else:
+            from ray.core.generated import gcs_service_pb2 as messages
+            from ray.core.generated import gcs_service_pb2_grpc as services
+
+            services.NodeInfoGcsServiceStub(channel).GetClusterId(messages.GetClusterIdRequest(), timeout=5)
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.UNAUTHENTICATED:
+            return
+        if authentication_utils.is_token_auth_enabled():
+            why = (
+                "the cluster refused this machine's token (from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                "~/.ray/auth_token): set RAY_AUTH_TOKEN to the cluster's token"
+            )
+        else:
+            why = (
+                "the cluster needs a token and none was sent (RAY_AUTH_MODE is not token): "
+                "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<the cluster's token>"
+            )
+        raise ClusterError(
+            f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {why}"
+        ) from None
+    finally:
+        channel.close()
 
 
 def _local_gpu_count() -> int:

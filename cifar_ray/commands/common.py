@@ -10,6 +10,7 @@ import argparse
 import difflib
 import json
 import math
+import os
 import re
 import shlex
 import signal
@@ -253,6 +254,11 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
     # A shell starts a background job (`cifar-ray sweep ... &`) with SIGINT ignored, so Python sets no handler: Ctrl-C,
     # `kill -INT` and the SIGTERM above would do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if len(plan.trials) > 1 and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        # A Ray job's code may come from its working_dir, which a node can delete while the sweep runs
+        # (orchestrate.outliving_the_working_folder): what the summary imports is imported before
+        from ..report import build_report  # noqa: F401
+        from ..report.screen import answer_text  # noqa: F401
     try:
         run_dir = execute_plan(
             plan,
