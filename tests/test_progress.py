@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 import time
 
 from cifar_ray.cluster import progress
@@ -99,17 +100,24 @@ def test_lines_come_as_the_events_happen_in_their_order(tmp_path):
     a, b = spec(run_dir, 0, epochs=1), spec(run_dir, 1, epochs=2, logged=1)
     log: list[tuple[str, dict]] = []
     lines: list[str] = []
-    view = progress.SweepProgress(run_dir, [a, b], lines.append, started=time.time())
+    said = threading.Condition()
+
+    def print_line(line: str) -> None:
+        with said:
+            lines.append(line)
+            said.notify_all()
+
+    view = progress.SweepProgress(run_dir, [a, b], print_line, started=time.time())
 
     def read(since: int, wait_s: float) -> list:
         time.sleep(min(wait_s, 0.05))
         return log[since:]
 
     def printed(count: int) -> list[str]:
-        deadline = time.monotonic() + 5
-        while len(lines) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return lines[:]
+        """The lines once `count` are printed; the deadline ends a hang (the thread may be slow on a loaded machine)."""
+        with said:
+            said.wait_for(lambda: len(lines) >= count, timeout=60)
+            return lines[:]
 
     with progress.follow(read, view):
         log.append((b.name, {"start": 1}))
