@@ -62,7 +62,8 @@ def test_killed_driver_resumes_without_rerunning_finished_trials_and_tensorboard
         wait_for(lambda: len(runlog.read_epochs(first)) >= 1, 240, "epoch 1 of the first trial", driver)
         logged = time.monotonic()
         wait_for(lambda: 1 in logged_epochs(first), 60, "epoch 1 in the run folder's TensorBoard files", driver)
-        print(f"live view: epoch 1 in the TensorBoard files {time.monotonic() - logged:.1f} s after metrics.jsonl")
+        with capsys.disabled():  # printed past the test's capture of the commands' output
+            print(f"live view: epoch 1 in the TensorBoard files {time.monotonic() - logged:.1f} s after metrics.jsonl")
         # Kill once a trial is done and another is cut off after its first checkpoint.
         wait_for(lambda: all(progress()), 240, "a finished trial and a checkpointed running one", driver)
     finally:
@@ -186,7 +187,8 @@ def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes
     printed, pressed, ended = stop_in_its_second_trial(driver, second, into_epoch_2)
     resume = f"cifar-ray sweep {sweep_file} --resume --storage {storage}"
     shown = [at - pressed for at, line in printed if line.strip() == resume]
-    print(f"Ctrl-C: the resume command after {shown} s, the driver's exit after {ended:.1f} s")
+    with capsys.disabled():  # printed past the test's capture of the commands' output
+        print(f"Ctrl-C: the resume command after {shown} s, the driver's exit after {ended:.1f} s")
     output = "".join(line for _, line in printed)
     assert driver.returncode == 130 and len(shown) == 1, (driver.returncode, shown, output[-2000:])
     run = runlog.load_run(run_dir)
