@@ -264,7 +264,7 @@ def test_a_second_driver_is_refused_and_a_damaged_run_resumes_from_what_loads(tm
     import subprocess
     import sys
 
-    from helpers import wait_for
+    from helpers import PROGRESS_S, wait_for
 
     (tmp_path / "two.yaml").write_text(TWO_TRIALS)
     storage = tmp_path / "runs"
@@ -280,13 +280,13 @@ def test_a_second_driver_is_refused_and_a_damaged_run_resumes_from_what_loads(tm
         return run_dir.exists() and any(runlog.read_epochs(run_dir / t) for t in runlog.trial_folders(run_dir))
 
     try:
-        wait_for(epoch_logged, 300, "the first driver's first epoch", first)
+        wait_for(epoch_logged, PROGRESS_S, "the first driver's first epoch", first)
         for extra in ([], ["--resume"]):
             assert main([*argv, *extra]) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and f"in use by a live driver (host {lease.this_host()}, pid {first.pid}" in err
             assert "--resume" not in err
-        assert first.wait(timeout=300) == 0, errors.read_text()
+        assert first.wait(timeout=PROGRESS_S) == 0, errors.read_text()
     finally:
         first.kill()
         first.wait()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_tensorboard_holds_every_epoch, wait_for
+from helpers import PROGRESS_S, assert_tensorboard_holds_every_epoch, wait_for
 
 from cifar_ray.cli import main
 from cifar_ray.cluster.live_view import logged_epochs
@@ -59,13 +59,13 @@ def test_killed_driver_resumes_without_rerunning_finished_trials_and_tensorboard
         # logger copies them there every 10 s or more; the live writer's interval: test_live_view.py). Its lag is
         # printed, not bounded: the deadline only ends a hang.
         first = run_dir / "t000-lr=0.05"
-        wait_for(lambda: len(runlog.read_epochs(first)) >= 1, 240, "epoch 1 of the first trial", driver)
+        wait_for(lambda: len(runlog.read_epochs(first)) >= 1, PROGRESS_S, "epoch 1 of the first trial", driver)
         logged = time.monotonic()
         wait_for(lambda: 1 in logged_epochs(first), 60, "epoch 1 in the run folder's TensorBoard files", driver)
         with capsys.disabled():  # printed past the test's capture of the commands' output
             print(f"live view: epoch 1 in the TensorBoard files {time.monotonic() - logged:.1f} s after metrics.jsonl")
         # Kill once a trial is done and another is cut off after its first checkpoint.
-        wait_for(lambda: all(progress()), 240, "a finished trial and a checkpointed running one", driver)
+        wait_for(lambda: all(progress()), PROGRESS_S, "a finished trial and a checkpointed running one", driver)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started, no cleanup
         driver.wait()
@@ -143,7 +143,7 @@ def stop_in_its_second_trial(
     reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
     reader.start()
     try:
-        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial")
+        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, PROGRESS_S, "epoch 1 of the second trial", driver)
         stop(driver.pid)
         sent = time.monotonic()
         driver.wait(timeout=120)

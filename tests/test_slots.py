@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from helpers import COMPUTED, wait_for
+from helpers import COMPUTED, PROGRESS_S, wait_for
 
 from cifar_ray.cli import main
 from cifar_ray.cluster.dispatcher import dispatcher_name
@@ -100,11 +100,15 @@ def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoin
         "grid:\n  seed: [0, 1]\n"
     )
     run_dir = tmp_path / "runs" / "slot-kill"
-    killed = []
+    killed, swept = [], threading.Event()
 
     def kill_a_worker_in_epoch_two_of_the_second_trial():
+        """Waits for the second trial's first epoch, or for the sweep's end (asserted below): not for a number of
+        seconds, which ran out once while the first trial still trained (20 min beside other sweeps)."""
         second = run_dir / "t001-seed=1"
-        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 240, "epoch 1 of the second trial")
+        while not runlog.read_epochs(second):
+            if swept.wait(0.2):
+                return
         first_epoch = runlog.read_epochs(second)[0]
         # Only a worker of this test session's Ray (the descendants of this process): the host may run other Rays,
         # whose workers the whole process table would offer.
@@ -114,7 +118,10 @@ def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoin
 
     killer = threading.Thread(target=kill_a_worker_in_epoch_two_of_the_second_trial, daemon=True)
     killer.start()
-    code = main(["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs"), "--json"])
+    try:
+        code = main(["sweep", str(tmp_path / "s.yaml"), "--storage", str(tmp_path / "runs"), "--json"])
+    finally:
+        swept.set()
     killer.join(timeout=60)  # ends a hang: the killer's last step follows the sweep's epoch 1 of the second trial
     out, err = capsys.readouterr()
     assert killed, "no worker of this session's Ray was killed"
@@ -140,7 +147,7 @@ def test_resume_trains_a_failed_trial_again_from_its_checkpoint_as_isolate_does(
     blocker = run_dir / "t001-seed=1" / CHECKPOINTS / "epoch-0002"
 
     def block() -> None:
-        wait_for(lambda: (run_dir / runlog.SWEEP_FILE).exists(), 240, "the sweep's start")
+        wait_for(lambda: (run_dir / runlog.SWEEP_FILE).exists(), PROGRESS_S, "the sweep's start")
         blocker.parent.mkdir(parents=True, exist_ok=True)
         blocker.write_text("")
 
@@ -300,7 +307,7 @@ def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reser
     run.create(plan, {})
     started = plan_slots(plan, run, cluster_capacity(), None, one_trial=False).start()
     try:
-        wait_for(lambda: runlog.read_epochs(run.path / plan.trials[0].name), 180, "the trial's first epoch")
+        wait_for(lambda: runlog.read_epochs(run.path / plan.trials[0].name), PROGRESS_S, "the trial's first epoch")
         assert reserved() - before, "the slot's worker group holds a placement group while it trains"
     finally:
         started.stop()
