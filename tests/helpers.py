@@ -310,6 +310,12 @@ def shared_ddp_run() -> tuple[check.CheckResult, check.CheckResult]:
     return _check_ddp(CPU, workers=2, n_steps=4)
 
 
+# The longest wait for a sweep's training to get somewhere (an epoch, a trial's end): a deadline that ends a hang,
+# never a speed. Beside two busy loops and other sessions' sweeps (load average 30 on 2 cores) an epoch of the
+# reliability tests took 4 to 5 min and a 2-trial sweep 20 min.
+PROGRESS_S = 1800
+
+
 def wait_for(condition, timeout: float, what: str, proc=None) -> None:
     """Until `condition()` holds; TimeoutError after `timeout` s, or at once when `proc` (a Popen) has ended."""
     deadline = time.monotonic() + timeout

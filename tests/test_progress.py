@@ -7,6 +7,7 @@ import asyncio
 import io
 import os
 import sys
+import threading
 import time
 
 from cifar_ray.cluster import progress
@@ -101,17 +102,24 @@ def test_lines_come_as_the_events_happen_in_their_order(tmp_path):
     a, b = spec(run_dir, 0, epochs=1), spec(run_dir, 1, epochs=2, logged=1)
     log: list[tuple[str, dict]] = []
     lines: list[str] = []
-    view = progress.SweepProgress(run_dir, [a, b], lines.append, started=time.time())
+    said = threading.Condition()
+
+    def print_line(line: str) -> None:
+        with said:
+            lines.append(line)
+            said.notify_all()
+
+    view = progress.SweepProgress(run_dir, [a, b], print_line, started=time.time())
 
     def read(since: int, wait_s: float) -> list:
         time.sleep(min(wait_s, 0.05))
         return log[since:]
 
     def printed(count: int) -> list[str]:
-        deadline = time.monotonic() + 5
-        while len(lines) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return lines[:]
+        """The lines once `count` are printed; the deadline ends a hang (the thread may be slow on a loaded machine)."""
+        with said:
+            said.wait_for(lambda: len(lines) >= count, timeout=60)
+            return lines[:]
 
     with progress.follow(read, view):
         log.append((b.name, {"start": 1}))
@@ -131,8 +139,10 @@ def test_lines_come_as_the_events_happen_in_their_order(tmp_path):
 
 def test_elapsed_is_this_sessions_running_time(tmp_path):
     """A run whose first session began 17 h ago, resumed 125 s ago: the line after a trial ends says 2 min, and what
-    it measures; the ETA is status's (t000: 30 s per epoch; t001's 2 epochs left, one at a time: 60 s)."""
-    run_dir, now = StoragePath.of(tmp_path), time.time()
+    it measures; the ETA is status's (t000: 30 s per epoch; t001's 2 epochs left, one at a time: 60 s). Both are read
+    at one moment of the view's clock (here a day in 2023: the ETA read at the machine's own clock found the run idle
+    since, and gave none)."""
+    run_dir, now = StoragePath.of(tmp_path), 1_700_000_000.0
     first_began = time.strftime(status.ISO_FORMAT, time.localtime(now - 17 * 3600))
     runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": first_began})
     a, b = spec(run_dir, 0, epochs=2), spec(run_dir, 1, epochs=2)
@@ -141,12 +151,12 @@ def test_elapsed_is_this_sessions_running_time(tmp_path):
         runlog.append_epoch(a.trial_dir, epoch_row(epoch) | {"end_unix": end})
     a.run.record_outcome(a.name)
     lines: list[str] = []
-    view = progress.SweepProgress(run_dir, [a, b], lines.append, started=1000.0, clock=FakeClock(1125.0))
+    view = progress.SweepProgress(run_dir, [a, b], lines.append, started=now - 125, clock=FakeClock(now))
     view.event(a.name, {"done": True})
     assert lines == ["[1/2 done · 1 pending] 2 min elapsed this session · ETA ~60 s"]
 
     runlog.update_json(b.trial_file, status="failed", error="RuntimeError: boom")
-    view.clock.now = 1190.0
+    view.clock.now = now + 65
     view.event(b.name, {"failed": "RuntimeError: boom", "status": "failed"})
     assert lines[1:] == ["t001-lr=0.2  FAILED: RuntimeError: boom", "[1/2 done · 1 failed] 3 min elapsed this session"]
 
@@ -155,8 +165,8 @@ def test_a_terminal_gets_a_live_bar_any_other_stream_plain_lines(tmp_path, monke
     """The same events on a stream that is a terminal and on one that is not (a pipe, a file). The bar counts the
     epochs this session trains (t001's logged one done), drops a failed trial's epochs left, shows this session's
     elapsed time and the counts, and keeps the trial lines above it; the lines print no bar."""
-    run_dir = StoragePath.of(tmp_path)
-    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso()})
+    run_dir, began = StoragePath.of(tmp_path), time.time()
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "p", "started_at": runlog.now_iso(began)})
     a, b = spec(run_dir, 0, epochs=3), spec(run_dir, 1, epochs=2, logged=1)
     events = [(a.name, {"start": 0}), (a.name, {"epoch": epoch_row(1)}), (b.name, {"start": 1})]
     monkeypatch.setattr(progress, "terminal_columns", lambda stream: 80)  # a StringIO has no size of its own
@@ -164,7 +174,7 @@ def test_a_terminal_gets_a_live_bar_any_other_stream_plain_lines(tmp_path, monke
     for tty in (True, False):
         stream = Terminal(tty)
         view = progress.SweepProgress(
-            run_dir, [a, b], lambda line, s=stream: print(line, file=s), 1000.0, stream, FakeClock(1065.0)
+            run_dir, [a, b], lambda line, s=stream: print(line, file=s), began, stream, FakeClock(began + 65)
         )
         for trial, event in events:
             view.event(trial, event)

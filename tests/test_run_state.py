@@ -20,14 +20,28 @@ def test_every_sessions_wall_time_is_kept_and_summed_an_interrupted_one_too(tmp_
     runlog.write_json(sweep_file, {"name": "s", "wall_time_s": 100.0})  # a run from before sessions were kept
     now = time.time()
     RunFolder(run_dir).open_session(now - 30)
-    RunFolder(run_dir).close_session(done=False)  # interrupted: no finished_at
+    RunFolder(run_dir).close_session(done=False, ended=now)  # interrupted: no finished_at
     assert "finished_at" not in runlog.read_json(sweep_file)
-    RunFolder(run_dir).open_session(now - 10)
-    RunFolder(run_dir).close_session(done=True)
+    RunFolder(run_dir).open_session(now + 20)
+    RunFolder(run_dir).close_session(done=True, ended=now + 30)
     sweep = runlog.read_json(sweep_file)
     walls = [s["wall_s"] for s in sweep["sessions"]]
-    assert walls[0] == 100.0 and walls[1] == pytest.approx(30, abs=1) and walls[2] == pytest.approx(10, abs=1)
-    assert sweep["wall_time_s"] == pytest.approx(sum(walls)) and sweep["finished_at"]
+    assert walls == [100.0, 30.0, 10.0] and sweep["wall_time_s"] == pytest.approx(140.0)
+    assert sweep["finished_at"] == runlog.now_iso(now + 30)  # the session's end, read once
+
+
+def test_a_sessions_end_is_read_from_the_clock_once(tmp_path, monkeypatch):
+    """Its end_unix and wall_s and the run's finished_at were two clock reads apart (finished_at could name the
+    next second on a loaded machine)."""
+    run_dir = StoragePath.of(tmp_path)
+    runlog.write_json(run_dir / runlog.SWEEP_FILE, {"name": "s"})
+    RunFolder(run_dir).open_session(1000.0)
+    monkeypatch.setattr(time, "time", lambda: 1030.0)  # what the session's end reads; now_iso() reads the real clock
+    RunFolder(run_dir).close_session(done=True)
+    monkeypatch.undo()
+    sweep = runlog.read_json(run_dir / runlog.SWEEP_FILE)
+    assert (sweep["sessions"][-1]["end_unix"], sweep["sessions"][-1]["wall_s"]) == (1030.0, 30.0)
+    assert sweep["finished_at"] == runlog.now_iso(1030.0)
 
 
 def test_a_killed_drivers_session_ends_at_its_last_logged_epoch(tmp_path):

@@ -266,7 +266,7 @@ def test_status_shows_each_comparison_settled_so_far_and_what_runs_for_each_open
     with lease.hold(StoragePath.of(run), lambda line: None):  # a live driver: the running trial runs
         lines = render(run).splitlines()
         questions = json.loads(render(run, as_json=True))["questions"]
-        round_line = progress_lines(run, None)[1]
+        round_line = progress_lines(run, time.time(), None)[1]
     assert lines[-3:] == [
         "  batch_size=128 vs 64: differs at 3 seeds (look 1)",
         f"  batch_size=512 vs 64: open, 2 of {len(batch)} added trials ended; running {added[2]}",

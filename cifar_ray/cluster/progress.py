@@ -239,11 +239,12 @@ class SweepProgress:
     def _stands(self) -> None:
         """Where the sweep stands, once a trial ended: a line, or the bar's description; in a round of --until-settled
         also what its open comparisons wait for (a line, above the bar)."""
+        now = self.clock()  # read once: the elapsed time and the ETA are of one moment
         if self.bar is None:
-            totals, round_line = status.progress_lines(self.run_dir, self.elapsed_s())
+            totals, round_line = status.progress_lines(self.run_dir, now, self.started)
             self.print_line(totals)
         else:
-            totals, round_line = status.progress_lines(self.run_dir, None)
+            totals, round_line = status.progress_lines(self.run_dir, now, None)
             self.bar.set_description_str(totals, refresh=True)
         if round_line:
             self._say(round_line)

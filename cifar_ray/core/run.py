@@ -311,12 +311,12 @@ class RunFolder:
         ended = max((session["end_unix"] for session in sessions if "end_unix" in session), default=None)
         return self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions), finished_at=runlog.now_iso(ended))
 
-    def close_session(self, done: bool) -> None:
-        """This session's end and wall time; wall_time_s is the sum over sessions; finished_at once every trial
-        is (`done`)."""
-        sessions, ended = self.sweep()["sessions"], time.time()
+    def close_session(self, done: bool, ended: float | None = None) -> None:
+        """This session's end (Unix time `ended`, now if None: one clock read) and wall time; wall_time_s is the sum
+        over sessions; finished_at, the same moment, once every trial is (`done`)."""
+        sessions, ended = self.sweep()["sessions"], time.time() if ended is None else ended
         sessions[-1] |= {"end_unix": ended, "wall_s": ended - sessions[-1]["start_unix"]}
-        finished = {"finished_at": runlog.now_iso()} if done else {}
+        finished = {"finished_at": runlog.now_iso(ended)} if done else {}
         self.update_sweep(sessions=sessions, wall_time_s=_wall(sessions), **finished)
         self._session_open = False
 

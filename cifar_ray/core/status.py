@@ -355,11 +355,13 @@ def totals_line(state: SweepState, explain: bool = False, elapsed: str = "elapse
     return f"[{' · '.join(counts)}] {' · '.join(parts)}".rstrip()
 
 
-def progress_lines(run_dir: runlog.Where, session_s: float | None) -> tuple[str, str]:
-    """What a running sweep prints after each trial ends: the counts, `session_s` (this session's running time,
-    not the time since the run's first session began; None: left out) and the ETA; and for a round of sweep
-    --until-settled, its round_line ("" otherwise)."""
-    state = sweep_state(runlog.load_run(run_dir), time.time())
+def progress_lines(run_dir: runlog.Where, now: float, session_started: float | None) -> tuple[str, str]:
+    """What a running sweep prints after each trial ends, all at Unix time `now` (one clock read: the elapsed time
+    and the ETA of the same moment): the counts, this session's running time since `session_started` (not the time
+    since the run's first session began; None: left out) and the ETA; and for a round of sweep --until-settled, its
+    round_line ("" otherwise)."""
+    state = sweep_state(runlog.load_run(run_dir), now)
+    session_s = None if session_started is None else now - session_started
     return totals_line(replace(state, elapsed_s=session_s), elapsed="elapsed this session"), round_line(state)
 
 
