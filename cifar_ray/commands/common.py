@@ -36,7 +36,7 @@ _TERMINATED = threading.Event()  # the stop that came was SIGTERM
 def _stop_as_ctrl_c(signum: int, frame: Any) -> None:
     """SIGTERM handled as Ctrl-C (trials marked interrupted, the summary, the resume command), its exit status 143.
     The KeyboardInterrupt is raised here, as Python's own SIGINT handler raises it, not sent as a SIGINT: a SIGTERM
-    that Ray's start took (cluster/session.ray_starting hands it on to this handler) stops at once, not at some later
+    that Ray's start took (cluster/ray_start.ray_starting hands it on to this handler) stops at once, not at some later
     line."""
     _TERMINATED.set()
     raise KeyboardInterrupt
@@ -250,7 +250,7 @@ def run_plan_command(plan: SweepPlan, args: argparse.Namespace) -> int:
 
     # Ctrl-C (SIGINT) stops the sweep: run_plan marks the running trials interrupted, Ray stops, the summary and the
     # resume command follow. SIGTERM gets the same treatment.
-    signal.signal(signal.SIGTERM, _stop_as_ctrl_c)  # kept across Ray's start (cluster/session.ray_starting)
+    signal.signal(signal.SIGTERM, _stop_as_ctrl_c)  # kept across Ray's start (cluster/ray_start.ray_starting)
     # A shell starts a background job (`cifar-ray sweep ... &`) with SIGINT ignored, so Python sets no handler: Ctrl-C,
     # `kill -INT` and the SIGTERM above would do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
