@@ -19,10 +19,10 @@ from cifar_ray.core.estimate import (
     RAY_START_S,
     ROUGH_CPU_FLOPS,
     SLOT_START_S,
+    config_flops_per_image,
     rough_estimate,
     rough_line,
     rough_step_time,
-    training_flops_per_image,
 )
 from cifar_ray.core.run import RunOptions
 from cifar_ray.core.sweep import build_plan
@@ -39,12 +39,12 @@ def test_flops_counted_from_the_config_are_torchs_count_of_the_built_model(model
 
     assert set(MODEL_LAYERS) == set(MODELS)  # a new model needs its layers here too
     config = parse_config({"model": model, "width": width})
-    assert math.isclose(training_flops_per_image(config), counted_by_torch(build_model(config)), rel_tol=0.03)
+    assert math.isclose(config_flops_per_image(config), counted_by_torch(build_model(config)), rel_tol=0.03)
 
 
 def test_a_rough_step_is_the_workers_images_at_the_default_speed_of_its_cores():
     config = parse_config(BASE | {"model": "simple_cnn", "width": 16, "batch_size": 64, "workers": 2})
-    flops = training_flops_per_image(config)
+    flops = config_flops_per_image(config)
     timing = rough_step_time(config)
     assert math.isclose(timing.step_s, 32 * flops / ROUGH_CPU_FLOPS)  # each of 2 workers steps on 32 images
     assert math.isclose(timing.eval_image_s, flops / 3 / ROUGH_CPU_FLOPS) and timing.first_step_extra_s == 0

@@ -55,7 +55,7 @@ def run_dir(tmp_path) -> Path:
     return run_dir
 
 
-def logged_epochs(trial_dir: Path) -> dict[int, dict]:
+def logged_rows(trial_dir: Path) -> dict[int, dict]:
     """metrics.jsonl read here on its own: the last line of each epoch counts."""
     rows = [json.loads(line) for line in (trial_dir / runlog.EPOCHS_FILE).read_text().splitlines()]
     return {row["epoch"]: row for row in rows}
@@ -68,7 +68,7 @@ def expected_scalars(trial_dir: Path) -> dict[str, list[tuple[int, float, float]
         return {}
     series: dict[str, list] = {}
     known = {**runlog.EPOCH_METRICS, **runlog.OLD_EPOCH_METRICS}
-    for epoch, row in sorted(logged_epochs(trial_dir).items()):
+    for epoch, row in sorted(logged_rows(trial_dir).items()):
         for key, value in row.items():
             key = runlog.RENAMED_EPOCH_KEYS.get(key, key)
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -30,15 +30,16 @@ EVENT_FILES = "events.out.tfevents.*"
 LIVE_FLUSH_S = 1  # tensorboardX's writer thread writes its file this often; 0 would make it spin
 
 
-def logged_epochs(trial_dir: str | Path) -> set[int]:
-    """The epochs that the event files in `trial_dir` hold whole. A result's scalars are written in its order, its
-    epoch metrics before its timesteps_total (thin_trials.thin_trial, and this module's fill-ins), so an epoch
-    counts once its timesteps_total is there. A file is a run of TFRecords (length: 8 bytes, its CRC: 4, the Event,
-    its CRC: 4); a record cut short by a killed writer ends its file."""
+def logged_steps(trial_dir: str | Path) -> list[int]:
+    """The epochs that the event files in `trial_dir` hold whole, in their files' order, once per copy written (a
+    fault campaign counts the copies). A result's scalars are written in its order, its epoch metrics before its
+    timesteps_total (thin_trials.thin_trial, and this module's fill-ins), so an epoch counts once its timesteps_total
+    is there. A file is a run of TFRecords (length: 8 bytes, its CRC: 4, the Event, its CRC: 4); a record cut short
+    by a killed writer ends its file."""
     from ray.tune.result import TIMESTEPS_TOTAL
     from tensorboardX.proto.event_pb2 import Event
 
-    last_tag, epochs = TUNE_TAG.format(TIMESTEPS_TOTAL), set()
+    last_tag, steps = TUNE_TAG.format(TIMESTEPS_TOTAL), []
     for path in sorted(Path(trial_dir).glob(EVENT_FILES)):
         data, at = path.read_bytes(), 0
         while at + 12 <= len(data):
@@ -47,10 +48,14 @@ def logged_epochs(trial_dir: str | Path) -> set[int]:
             if end > len(data):
                 break
             event = Event.FromString(data[at + 12 : at + 12 + length])
-            if any(value.tag == last_tag for value in event.summary.value):
-                epochs.add(event.step)
+            steps += [event.step for value in event.summary.value if value.tag == last_tag]
             at = end
-    return epochs
+    return steps
+
+
+def logged_epochs(trial_dir: str | Path) -> set[int]:
+    """The epochs that the event files in `trial_dir` hold whole (logged_steps, each once)."""
+    return set(logged_steps(trial_dir))
 
 
 def import_tensorboardx_without_torch() -> None:

@@ -10,11 +10,12 @@ import json
 import os
 import random
 import signal
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from cifar_ray.cluster.live_view import logged_steps
 
 seed, count, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 rng = random.Random(seed)
@@ -43,23 +44,6 @@ def rows(run):
     for m in run.glob("t[0-9]*/metrics.jsonl"):
         found[m.parent.name] = [json.loads(line)["epoch"] for line in m.read_text().splitlines() if line.strip()]
     return found
-
-
-def tb_epochs(trial_dir):
-    from tensorboardX.proto.event_pb2 import Event
-
-    steps = []
-    for path in sorted(trial_dir.glob("events.out.tfevents.*")):
-        data, at = path.read_bytes(), 0
-        while at + 12 <= len(data):
-            (length,) = struct.unpack_from("<Q", data, at)
-            end = at + 12 + length + 4
-            if end > len(data):
-                break
-            event = Event.FromString(data[at + 12 : at + 12 + length])
-            steps += [event.step for v in event.summary.value if v.tag.endswith("timesteps_total")]
-            at = end
-    return sorted(steps)
 
 
 def marked(mark):
@@ -170,7 +154,7 @@ for i in range(count):
         want = list(range(1, (3 if statuses[name] == "finished" else last) + 1))
         lost += len(set(want) - set(epochs))
         dup += len(epochs) - len(set(epochs))
-        tb = tb_epochs(run / name)
+        tb = sorted(logged_steps(run / name))
         tb_lost += len(set(epochs) - set(tb))
         tb_dup += len(tb) - len(set(tb))
     result = {
