@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..core.errors import ConfigError
 from ..core.runlog import RunLog, Where
-from ..core.status import SETTLE_KEY
+from ..core.status import SETTLE_KEY, trial_times
 from ..core.sweep import target_refusal
 from .compare import (
     RUN_FACTOR,
@@ -48,6 +48,7 @@ from .metrics import COMPARED, TIME_TO_TARGET, Compared, Metric, resolve_objecti
 from .rankings import Leaders, Ranked, rank_configs
 from .sharing import shared_trials
 from .stats import (
+    UNFINISHED,
     Overfit,
     Pairing,
     config_frame,
@@ -98,6 +99,9 @@ class Report:
     memory_column: str  # the trial column memory is compared on: the total over workers where every trial has one
     missing: dict[str, str]  # trial -> why it is not in the run: NO_FOLDER, or its folder damaged (RunLog.damaged)
     per_image: dict[str, ImageScores]  # trial -> which test images its final evaluation got right, where logged
+    # core/status.trial_times: a finished trial's mean wall time and the most that ran at once (None: none recorded)
+    trial_times: tuple[float, int] | None
+    unfinished: int  # the run's trials of an UNFINISHED outcome, which a resume runs again
     sources: list[RunSource] = field(default_factory=list)  # the runs, in the order given
     comparison: RunComparison | None = None  # None for one run
     leaders: dict[str, Leaders] = field(default_factory=dict)  # rankings.rank_configs: who leads, beyond the noise
@@ -261,6 +265,8 @@ def build_report(
         memory_column=columns[COMPARED[2].name],
         missing=missing_trials(run),
         per_image=per_image,
+        trial_times=trial_times(run),
+        unfinished=int(trials["outcome"].isin(UNFINISHED).sum()),
         sources=sources,
         comparison=comparison,
     )

@@ -12,7 +12,6 @@ import pandas as pd
 
 from ..core import runlog
 from ..core.datasets import DATASET_SIZES
-from ..core.status import trial_times
 from ..core.sweep import REPEATS_MAX
 from ..core.text import precise_duration, rough_duration
 from .build import NO_FOLDER, Report
@@ -38,7 +37,7 @@ from .load import config_value
 from .metrics import COMPARED, COST_METRICS, FACTOR_METRICS, INCLUDED, PAIRED_METRICS, TIME_TO_TARGET, Compared
 from .rankings import BEST, FASTEST, LEAST_MEMORY, MOST_ACCURATE, Leaders
 from .sequential import look_text
-from .stats import PAIRS_DISAGREE, UNFINISHED, included, rows_with
+from .stats import PAIRS_DISAGREE, included
 from .verdicts import MAX_PAIRS, MIN_PAIRS, RATIO_BAND
 
 
@@ -54,17 +53,15 @@ def shared_note(report: Report) -> str:
     return f"Time/epoch of trials that shared a device includes their neighbours' contention: {shared}."
 
 
-def failures_text(report: Report, config: pd.Series) -> str:
-    """`3 of 6 trials diverged, 1 failed` for the trials of a configuration row that did not finish with every
-    epoch logged; "" when all did."""
-    trials = report.trials
-    for key in report.factors:
-        trials = rows_with(trials, key, config[key])
-    counts = list(trials["outcome"][trials["outcome"] != INCLUDED].value_counts().items())
+def failures_text(config: pd.Series) -> str:
+    """`3 of 6 trials diverged, 1 failed` for a configuration row (stats.config_frame: its outcomes, most common
+    first) whose trials did not all finish with every epoch logged; "" when all did."""
+    outcomes = config["outcomes"]
+    counts = [(outcome, n) for outcome, n in outcomes.items() if outcome != INCLUDED]
     if not counts:
         return ""
     (outcome, n), rest = counts[0], counts[1:]
-    return f"{n} of {len(trials)} trials {outcome}" + "".join(f", {m} {other}" for other, m in rest)
+    return f"{n} of {sum(outcomes.values())} trials {outcome}" + "".join(f", {m} {other}" for other, m in rest)
 
 
 def _name(report: Report, configs: pd.DataFrame, i) -> str:
@@ -92,7 +89,7 @@ def _leader_line(
     head = f"**{title}**" + (f" ({ranking.basis})" if ranking.basis else "")
 
     def named(i) -> str:
-        failed = failures_text(report, configs.loc[i])
+        failed = failures_text(configs.loc[i])
         return _name(report, configs, i) + (f" (whose trials did not all finish: {failed})" if failed else "")
 
     if within is not None and len(within) == 1:
@@ -111,7 +108,7 @@ def _leader_line(
             f"{show(configs.loc[last])})."
         )
     listed = ", ".join(
-        f"{_name(report, configs, i)} ({failed + '; ' if (failed := failures_text(report, configs.loc[i])) else ''}"
+        f"{_name(report, configs, i)} ({failed + '; ' if (failed := failures_text(configs.loc[i])) else ''}"
         f"{show(configs.loc[i])})"
         for i in ranked
         if i in within
@@ -284,7 +281,6 @@ def run_more(report: Report, more: int) -> str:
     """What runs `more` seeds per grid point (and the run's unfinished trials): the `--resume --repeats N` command
     where the sweep command accepts it, else what to change; with how long it would take, from this run's trials."""
     total = report.seeds + more
-    unfinished = int(report.trials["outcome"].isin(UNFINISHED).sum())
     if "seed" in report.grid:  # the sweep refuses repeats beside grid.seed, and a longer grid.seed renumbers trials
         how = (
             f"seed is a grid key, which `--resume --repeats` refuses: list {total} seeds under grid.seed and run it "
@@ -296,11 +292,10 @@ def run_more(report: Report, more: int) -> str:
     else:
         command = report.run.sweep.get("command") if not report.comparison else None
         how = f"`{runlog.more_seeds_command(command, total)}`"
-        trials = more * len(report.configs) + unfinished
-    times = trial_times(report.run)
-    if times is None:
+        trials = more * len(report.configs) + report.unfinished
+    if report.trial_times is None:
         return how + " (how long: unknown, no finished trial recorded its start and end)"
-    wall, at_once = times
+    wall, at_once = report.trial_times
     return (
         f"{how}, ~{rough_duration(trials * wall / at_once)} ({trials} trials at this run's mean of "
         f"{precise_duration(wall)} per finished trial, {at_once} at once: an estimate from this run's trial times)"

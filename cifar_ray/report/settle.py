@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET, trial_times
+from ..core.status import BUDGET, MAX_SEEDS, SETTLED, TESTSET
 from .effects import NO_VERDICT, OPEN
 from .format import same_value
 from .metrics import PAIRED_METRICS
@@ -168,9 +168,8 @@ def look(report: Report, settle: dict) -> Look:
     ordered = answer_first(grid, growable)
     result.points, result.informs = [point for point, _ in ordered], [labels for _, labels in ordered]
     result.trials = sum(max(0, result.seeds - planned.get(point_key(p), 0)) for p in result.points)
-    times = trial_times(report.run)
-    if times is not None:
-        wall, at_once = times
+    if report.trial_times is not None:
+        wall, at_once = report.trial_times
         result.estimate_s = result.trials * wall / at_once
     budget = settle.get("budget_s")
     spent = report.run.sweep.get("wall_time_s") or 0.0
