@@ -28,32 +28,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .core import lease
-from .core.errors import ConfigError, RunInUseError, StorageError, UsageError
+from .core.errors import RunInUseError, StorageError, UsageError
 from .core.run import RunFolder, RunOptions
-from .core.runlog import FINAL_STATUSES
 from .core.storage import StoragePath, local_write_refusal
 from .core.text import rough_duration
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .core.config import Overrides
     from .core.sweep import SweepPlan
-
-# Config overrides: {"epochs": 1} from Python, or ["epochs=1"] as --set takes them.
-Overrides = Mapping[str, Any] | Sequence[str] | None
-DICT_SOURCE = "<dict>"  # how a sweep given as a dict is named in refusals and in sweep.json's source
-
-
-def _override_values(overrides: Overrides) -> dict[str, Any]:
-    from .core.config import parse_overrides
-
-    if overrides is None:
-        return {}
-    if isinstance(overrides, Mapping):
-        return dict(overrides)
-    if isinstance(overrides, str):  # a lone "KEY=VALUE" would otherwise be read letter by letter
-        raise ConfigError(f"overrides are a dict or a list of KEY=VALUE strings, got the string {overrides!r}")
-    return parse_overrides(list(overrides))
+    from .settling import Settle
 
 
 def sweep_plan(
@@ -66,9 +51,10 @@ def sweep_plan(
     repeats, ...), with `overrides` applied to every trial, `name` for the run folder and `repeats` seeds per grid
     point instead of the file's; runs nothing (`cifar-ray sweep FILE --dry-run`). Returns a core.sweep.SweepPlan;
     ConfigError for bad input."""
-    from .core.sweep import build_plan, load_sweep
+    from .core.config import override_values
+    from .core.sweep import DICT_SOURCE, build_plan, load_sweep
 
-    values = _override_values(overrides)
+    values = override_values(overrides)
     if isinstance(source, Mapping):
         return build_plan(dict(source), values, DICT_SOURCE, name, repeats)
     return load_sweep(source, values, name, repeats)
@@ -84,21 +70,23 @@ def resumed_sweep_plan(
     """The plan a resume of the run in storage/<name> continues: its trials as it planned them, and new seeds'
     trials where `repeats` asks for more than it has (`sweep FILE --resume --repeats N`); the plain plan when the
     folder holds no run (the resume then says there is nothing to resume)."""
-    from .core.sweep import resumed_plan
+    from .core.config import override_values
+    from .core.sweep import DICT_SOURCE, resumed_plan
 
     plan = sweep_plan(source, overrides, name, repeats)
     recorded = RunFolder(StoragePath.of(storage) / plan.name).sweep()
     if not recorded:
         return plan
     label = DICT_SOURCE if isinstance(source, Mapping) else None
-    return resumed_plan(source, _override_values(overrides), name, repeats, recorded, label)
+    return resumed_plan(source, override_values(overrides), name, repeats, recorded, label)
 
 
 def train_plan(overrides: Overrides = None, name: str | None = None) -> SweepPlan:
     """One trial: the default config with `overrides`, in a run named `name` (default train-<date>-<time>)."""
+    from .core.config import override_values
     from .core.sweep import single_run_plan
 
-    return single_run_plan(_override_values(overrides), name or time.strftime("train-%Y%m%d-%H%M%S"))
+    return single_run_plan(override_values(overrides), name or time.strftime("train-%Y%m%d-%H%M%S"))
 
 
 def ensure_local_data(plan: SweepPlan) -> None:
@@ -127,42 +115,6 @@ def check_max_concurrent(max_concurrent: int | None) -> None:
         raise UsageError(f"--max-concurrent must be >= 1, got {max_concurrent}")
 
 
-DEFAULT_MAX_SEEDS = 10  # --until-settled without --max-seeds: at most this many seeds (or the file's, if more)
-
-
-@dataclass(frozen=True)
-class Settle:
-    """`sweep --until-settled`'s options, as execute_plan runs its rounds: the sweep (`source`, `overrides`, `name`:
-    what each round's plan is built from), the most seeds per configuration, the wall-time budget in seconds."""
-
-    source: str | os.PathLike | Mapping[str, Any]
-    overrides: Overrides
-    name: str | None
-    max_seeds: int | None  # None: a resumed run's own, else default_max_seeds
-    budget_s: float | None
-
-
-def default_max_seeds(plan: SweepPlan) -> int:
-    return max(DEFAULT_MAX_SEEDS, plan.repeats)
-
-
-def _settle_resolved(settle: Settle, plan: SweepPlan, run: RunFolder, resume: bool) -> Settle:
-    """`settle` with its max_seeds: a resumed run's recorded one (its tests' levels depend on it: another is
-    refused, before Ray starts), else the one given or default_max_seeds; and its budget: the one given, else a
-    resumed run's recorded one."""
-    from .core.status import SETTLE_KEY
-
-    recorded = (run.sweep().get(SETTLE_KEY) or {}) if resume else {}
-    if recorded and settle.max_seeds not in (None, recorded["max_seeds"]):
-        raise UsageError(
-            f"--max-seeds {settle.max_seeds}: this run settles with --max-seeds {recorded['max_seeds']}, which fixed "
-            "its tests' levels; allowed: the same --max-seeds, or none"
-        )
-    seeds = recorded.get("max_seeds") or settle.max_seeds or default_max_seeds(plan)
-    budget_s = settle.budget_s if settle.budget_s is not None else recorded.get("budget_s")  # a resume keeps it
-    return dataclasses.replace(settle, max_seeds=seeds, budget_s=budget_s)
-
-
 def settle_options(
     plan: SweepPlan,
     source: str | os.PathLike | Mapping[str, Any],
@@ -178,6 +130,7 @@ def settle_options(
     repeats (not grid.seed), the sweep's metric test_acc (the report's verdicts are on it), max_seeds at least the
     plan's seeds and within REPEATS_MAX, a positive budget. None without until_settled."""
     from .core.sweep import REPEATS_MAX
+    from .settling import Settle
 
     if not until_settled:
         given = [option for option, value in (("--max-seeds", max_seeds), ("--budget", budget_s)) if value is not None]
@@ -233,9 +186,10 @@ def execute_plan(
     bar instead). `estimate`: time the sweep's distinct steps here before Ray starts; the
     sweep's header repeats the estimate (sweep --estimate). `profile`: torch.profiler over a few steps of one epoch
     per trial (--profile; a trace in each trial folder). `until_settled` (settle_options): then rounds of added seeds
-    until the comparisons are settled (_settle_rounds), on the same Ray; with a budget, the grid's estimate must fit
-    it (refused before Ray starts)."""
+    until the comparisons are settled (settling.settle_rounds), on the same Ray; with a budget, the grid's estimate
+    must fit it (refused before Ray starts)."""
     from .cluster import orchestrate, session  # these import Ray inside their functions only
+    from .settling import rounds_pool, settle_resolved, settle_rounds
 
     check_max_concurrent(max_concurrent)
     options = RunOptions(
@@ -251,7 +205,7 @@ def execute_plan(
     )
     run = RunFolder(options.run_dir(plan.name))
     if until_settled:
-        until_settled = _settle_resolved(until_settled, plan, run, resume)
+        until_settled = settle_resolved(until_settled, plan, run, resume)
     _refuse_before_ray(run, plan, options, resumable)
     with lease.hold(run.path, print_line):  # before anything is written; run_plan holds it again, re-entrantly
         local = session.cluster_address(address) is None
@@ -263,11 +217,11 @@ def execute_plan(
             options = dataclasses.replace(options, estimate_s=_estimate_within(plan, options, budget))
         owns_ray = session.init_ray(address=address, verbose=verbose)
         try:
-            with _rounds_pool(until_settled is not None):
+            with rounds_pool(until_settled is not None):
                 run_dir = orchestrate.run_plan(plan, options, run)
                 if until_settled:
                     resumed = dataclasses.replace(options, resume=True, estimate_s=None)
-                    _settle_rounds(
+                    settle_rounds(
                         plan, until_settled, run, lambda more: orchestrate.run_plan(more, resumed, run), print_line
                     )
             return run_dir
@@ -276,68 +230,6 @@ def execute_plan(
                 import ray
 
                 ray.shutdown()
-
-
-def _rounds_pool(rounds: bool) -> contextlib.AbstractContextManager:
-    """Where a sweep settles in rounds, a warm pool for them (cluster/pool.py): a round of the same single shape
-    trains in the slots the round before started rather than starting its own. None where a pool is open already
-    (`with cifar_ray.pool()`: the rounds use it) or through Ray Client."""
-    from .cluster import pool, session
-
-    if not rounds or pool.active() is not None or session.is_ray_client():
-        return contextlib.nullcontext()
-    return pool.activate()
-
-
-def _settle_rounds(
-    plan: SweepPlan, settle: Settle, run: RunFolder, train: Callable[[SweepPlan], object], print_line: Callable
-) -> None:
-    """--until-settled after the grid has run: look (report/settle.py), record the look in sweep.json, then `train`
-    the round it plans (the plan with the new seeds' trials, resuming the run), until a look stops. Each look
-    is recorded before its trials are added, so a run killed at any point resumes the same rounds
-    (core.sweep.resumed_plan replays them): a look whose trials are not all final is not taken again, they are
-    trained first."""
-    from .core.status import SETTLE_KEY, settle_text
-    from .core.sweep import build_plan, extended_plan, read_sweep_file
-    from .report import build_report
-    from .report.sequential import grid_comparisons
-    from .report.settle import asked, look, settle_record
-
-    recorded = run.sweep().get(SETTLE_KEY)
-    if not recorded:
-        recorded = settle_record(plan.repeats, settle.max_seeds, settle.budget_s, len(grid_comparisons(plan.grid)))
-    recorded["budget_s"] = settle.budget_s
-    run.update_sweep(**{SETTLE_KEY: recorded})
-    data = dict(settle.source) if isinstance(settle.source, Mapping) else read_sweep_file(settle.source)
-    source = DICT_SOURCE if isinstance(settle.source, Mapping) else str(settle.source)
-    overrides = _override_values(settle.overrides)
-    while not (recorded["rounds"] and recorded["rounds"][-1]["stop"]):
-        built = build_report(run.path)
-        if not built.trials["status"].isin(FINAL_STATUSES).all():  # stopped (a Ray Client's Ctrl-C): resume
-            return
-        taken = look(built, recorded)
-        recorded["rounds"].append(taken.record())
-        run.update_sweep(**{SETTLE_KEY: recorded})
-        settled = len(taken.verdicts) - len(taken.open)
-        print_line(
-            f"until settled, look {taken.round}: {settled} of {len(taken.verdicts)} comparisons settled"
-            + (f"; open: {', '.join(taken.open)}" if taken.open else "")
-        )
-        if taken.stop:
-            print_line(f"until settled: {settle_text(recorded)}")
-            return
-        had = len(plan.trials)
-        plan = extended_plan(plan, build_plan(data, overrides, source, settle.name, taken.seeds), taken.points)
-        added = plan.trials[had:]
-        recorded["rounds"][-1]["added"] = [t.name for t in added]  # the next round's trials, in order
-        recorded["rounds"][-1]["questions"] = asked(taken, [(t.name, t.swept) for t in added])  # status shows them
-        run.update_sweep(**{SETTLE_KEY: recorded})
-        estimate = f", ~{rough_duration(taken.estimate_s)} estimated" if taken.estimate_s is not None else ""
-        print_line(
-            f"until settled, round {taken.round + 1}: {taken.trials} trials, to {taken.seeds} seeds at "
-            f"{len(taken.points)} configurations{estimate}"
-        )
-        train(plan)
 
 
 def _estimate_within(plan: SweepPlan, options: RunOptions, budget_s: float | None) -> float:

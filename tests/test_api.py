@@ -20,7 +20,7 @@ from cifar_ray import api
 from cifar_ray.cli import main
 from cifar_ray.cluster import session as ray_session
 from cifar_ray.core.errors import ConfigError, StorageError, UsageError, UserError
-from cifar_ray.core.sweep import load_sweep
+from cifar_ray.core.sweep import DICT_SOURCE, load_sweep
 
 ROOT = Path(__file__).parent.parent
 API_PAGE = ROOT / "docs" / "api.md"
@@ -83,7 +83,7 @@ def test_a_sweep_dict_plans_what_its_file_plans(tmp_path):
     assert [(t.name, t.swept, t.config) for t in from_dict.trials] == [
         (t.name, t.swept, t.config) for t in from_file.trials
     ]
-    assert from_dict.trials[0].config.epochs == 2 and from_dict.source == api.DICT_SOURCE
+    assert from_dict.trials[0].config.epochs == 2 and from_dict.source == DICT_SOURCE
 
 
 # (API call, the same request on the command line); {sweep}, {storage} filled in per test.

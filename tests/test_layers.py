@@ -21,10 +21,10 @@ ALLOWED = {
     "cluster": {"core", "training"},
     "report": {"core"},
     "export": {"core"},
-    "commands": {"core", "training", "cluster", "report", "export", "api"},
+    "commands": {"core", "training", "cluster", "report", "export", "api", "settling"},
 }
 # top-level module -> the packages of cifar_ray it may import
-TOP_LEVEL = {"api": {"core", "training", "cluster", "report"}}
+TOP_LEVEL = {"api": {"core", "training", "cluster", "report", "settling"}, "settling": {"core", "cluster", "report"}}
 
 
 def modules_of(package: str) -> list[str]:
@@ -218,13 +218,11 @@ def test_no_internal_function_takes_more_than_six_parameters():
 
 
 MAX_LINES = 500  # a module past this is split by what its parts do (CONTRIBUTING.md, Layout)
-LONGER = {"api.py": "the Python API is one module, every public function and its options in one place (docs/api.md)"}
 
 
 def test_no_module_is_longer_than_500_lines():
-    """cluster/bench.py grew to 767 lines unnoticed: every module under cifar_ray/ is held to MAX_LINES, LONGER's
-    with the reason they are not."""
+    """cluster/bench.py grew to 767 lines unnoticed: every module under cifar_ray/ is held to MAX_LINES."""
     lines = {str(p.relative_to(PACKAGE_ROOT)): len(p.read_text().splitlines()) for p in PACKAGE_ROOT.rglob("*.py")}
-    assert set(LONGER) <= set(lines)
+    assert "api.py" in lines
     long = [f"{module} ({count})" for module, count in sorted(lines.items()) if count > MAX_LINES]
-    assert [m for m in long if m.split(" ")[0] not in LONGER] == [], f"modules over {MAX_LINES} lines: {long}"
+    assert long == [], f"modules over {MAX_LINES} lines: {long}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import factorial_epochs, ranked_correct, trial_name, write_correct, write_sweep, write_trial
 
-from cifar_ray import api
+from cifar_ray import api, settling
 from cifar_ray.cli import main
 from cifar_ray.core import lease, runlog
 from cifar_ray.core.errors import UsageError
@@ -391,11 +391,11 @@ def fake_run(run_dir: Path, stop_after: int | None = None):
 
 def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(tmp_path):
     run_dir = tmp_path / "loop"
-    settle = api.Settle(LOOP, None, None, 6, None)
+    settle = settling.Settle(LOOP, None, None, 6, None)
     plan = api.sweep_plan(LOOP)
     fake_run(run_dir)(plan)
     with pytest.raises(KeyboardInterrupt):  # killed two trials into the second round
-        api._settle_rounds(
+        settling.settle_rounds(
             plan, settle, RunFolder(run_dir), fake_run(run_dir, stop_after=2), print_line=lambda line: None
         )
     first = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
@@ -408,7 +408,7 @@ def test_the_loop_records_every_look_and_a_killed_round_resumes_the_same_rounds(
     resumed = api.resumed_sweep_plan(LOOP, storage=tmp_path)
     assert [t.name for t in resumed.trials[9:]] == added
     fake_run(run_dir)(resumed, resume=True)
-    api._settle_rounds(resumed, settle, RunFolder(run_dir), fake_run(run_dir), print_line=lambda line: None)
+    settling.settle_rounds(resumed, settle, RunFolder(run_dir), fake_run(run_dir), print_line=lambda line: None)
     rounds = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
     assert rounds[0] == first[0] and [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
     assert rounds[-1]["stop"] in (SETTLED, MAX_SEEDS) and len(rounds) >= 2
@@ -426,7 +426,9 @@ def test_each_look_builds_the_report_once(tmp_path, monkeypatch):
     fake_run(run_dir)(plan)
     build = cifar_ray.report.build_report
     monkeypatch.setattr(cifar_ray.report, "build_report", lambda path: built.append(path) or build(path))
-    api._settle_rounds(plan, api.Settle(LOOP, None, None, 6, None), RunFolder(run_dir), fake_run(run_dir), print)
+    settling.settle_rounds(
+        plan, settling.Settle(LOOP, None, None, 6, None), RunFolder(run_dir), fake_run(run_dir), print
+    )
     rounds = runlog.read_json(run_dir / runlog.SWEEP_FILE)["settle"]["rounds"]
     assert len(built) == len(rounds) and rounds[0]["round"] == 1
 
@@ -437,11 +439,11 @@ def test_a_resume_keeps_the_recorded_budget_unless_another_is_given(tmp_path):
     plan = api.sweep_plan(LOOP)
     fake_run(run_dir)(plan)
     runlog.update_json(run_dir / runlog.SWEEP_FILE, settle={"max_seeds": 6, "budget_s": 600.0, "rounds": []})
-    asked = api.Settle(LOOP, None, None, None, None)
-    assert api._settle_resolved(asked, plan, RunFolder(run_dir), resume=True).budget_s == 600.0
-    given = api.Settle(LOOP, None, None, None, 900.0)
-    assert api._settle_resolved(given, plan, RunFolder(run_dir), resume=True).budget_s == 900.0
-    assert api._settle_resolved(asked, plan, RunFolder(run_dir), resume=False).budget_s is None
+    asked = settling.Settle(LOOP, None, None, None, None)
+    assert settling.settle_resolved(asked, plan, RunFolder(run_dir), resume=True).budget_s == 600.0
+    given = settling.Settle(LOOP, None, None, None, 900.0)
+    assert settling.settle_resolved(given, plan, RunFolder(run_dir), resume=True).budget_s == 900.0
+    assert settling.settle_resolved(asked, plan, RunFolder(run_dir), resume=False).budget_s is None
 
 
 TINY = {

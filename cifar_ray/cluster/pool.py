@@ -1,5 +1,5 @@
 """A warm pool: slots that outlive a sweep, for the sweeps of one Python session (`with cifar_ray.pool(): ...`) and
-for the rounds of a sweep that settles its question (api._rounds_pool).
+for the rounds of a sweep that settles its question (settling.rounds_pool).
 
 A slot (cluster/slots.py) costs seconds to start: a Ray Train controller, a worker group, a process group, imports
 and the dataset. Outside a pool each sweep starts its own and ends them. In a pool, a slot of a single-shape sweep

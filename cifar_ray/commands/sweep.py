@@ -7,8 +7,8 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-from ..api import DEFAULT_MAX_SEEDS
 from ..core.errors import UsageError
+from ..settling import DEFAULT_MAX_SEEDS
 from .common import REPEATS_OPTION, RESUME_OPTION, add_command, add_common, rows_table, run_plan_command
 
 if TYPE_CHECKING:
@@ -109,8 +109,9 @@ def estimate_refusal(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import check_max_concurrent, default_max_seeds, resumed_sweep_plan, settle_options, sweep_plan
+    from ..api import check_max_concurrent, resumed_sweep_plan, settle_options, sweep_plan
     from ..core.work import trial_table, work_summary
+    from ..settling import default_max_seeds
 
     if args.resume:  # the run's trials as it planned them, and new seeds' where --repeats asks for more
         plan = resumed_sweep_plan(args.file, args.set, args.name, args.repeats, args.storage)

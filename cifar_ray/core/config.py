@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -435,6 +435,21 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         except YamlValueError as error:
             raise ConfigError(f"--set: {key}: {error}") from None
     return overrides
+
+
+# Config overrides: {"epochs": 1} from Python, or ["epochs=1"] as --set takes them.
+Overrides = Mapping[str, Any] | Sequence[str] | None
+
+
+def override_values(overrides: Overrides) -> dict[str, Any]:
+    """Overrides as a dict of config keys (a list of KEY=VALUE strings read as --set reads them)."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    if isinstance(overrides, str):  # a lone "KEY=VALUE" would otherwise be read letter by letter
+        raise ConfigError(f"overrides are a dict or a list of KEY=VALUE strings, got the string {overrides!r}")
+    return parse_overrides(list(overrides))
 
 
 def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:

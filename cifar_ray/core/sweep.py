@@ -52,6 +52,7 @@ from .text import counted, shown
 # component that stays inside its folder (no /, no leading dot, so no .. either). Trial names match it too.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$"
 NAME_MAX = 80
+DICT_SOURCE = "<dict>"  # how a sweep given as a dict is named in refusals and in sweep.json's source
 TRIAL_NAME_MAX = 120
 REPEATS_MAX = 100
 TRIALS_MAX = 10_000  # a sweep's trials are listed, validated and printed before Ray starts: 10^6 would hang there
