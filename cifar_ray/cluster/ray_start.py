@@ -11,6 +11,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+# Whether this process cut a Ray start short: Ray's half-built core worker may then crash the interpreter's exit
+# (SIGSEGV in its C++ teardown, seen with a SIGTERM as the first idle worker started), so cli.main skips that teardown.
+cut_short = False
+
 
 @contextlib.contextmanager
 def ray_starting() -> Iterator[None]:
@@ -86,6 +90,8 @@ def _stop_half_started(tb: Any, before: set[tuple[int, float]]) -> None:
     (or Ray's `_global_node`), and this process's children started since `before` that run Ray's programs (one whose
     start was interrupted is in no node's list yet), each with its descendants; then `ray.shutdown()`. Never raises:
     the stop it serves goes on."""
+    global cut_short
+    cut_short = True
     try:
         import psutil
         import ray
