@@ -18,7 +18,8 @@ from helpers import PROGRESS_S, assert_tensorboard_holds_every_epoch, wait_for
 from cifar_ray.cli import main
 from cifar_ray.cluster.live_view import logged_epochs
 from cifar_ray.core import provenance, runlog
-from cifar_ray.core.checkpoints import CHECKPOINTS
+from cifar_ray.core.checkpoints import CHECKPOINTS, complete_checkpoints
+from cifar_ray.core.storage import StoragePath
 
 pytestmark = pytest.mark.slow
 ON_RAY = pytest.mark.usefixtures("ray_cluster")  # the tests that run a sweep in this process too
@@ -139,14 +140,20 @@ os.replace = _logged_replace
 def stop_in_its_second_trial(
     driver: subprocess.Popen, second: Path, stop
 ) -> tuple[list[tuple[float, str]], float, float]:
-    """`stop(pid)` once the driver's second trial (folder `second`) logged an epoch; its output lines with when each
-    came, when the stop was sent, and how long the driver took to end after it (printed by the tests, never bounded:
-    the 120 s deadline ends a hang). Kills what is left after."""
+    """`stop(pid)` once the driver's second trial (folder `second`) logged an epoch and stored its checkpoint whole
+    (rank 0 logs before it stores: a stop between the two, beside two busy loops, rightly trained epoch 1 again); its
+    output lines with when each came, when the stop was sent, and how long the driver took to end after it (printed
+    by the tests, never bounded: the 120 s deadline ends a hang). Kills what is left after."""
     printed: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
     reader.start()
     try:
-        wait_for(lambda: len(runlog.read_epochs(second)) >= 1, PROGRESS_S, "epoch 1 of the second trial", driver)
+        wait_for(
+            lambda: runlog.read_epochs(second) and complete_checkpoints(StoragePath.of(second)),
+            PROGRESS_S,
+            "epoch 1 of the second trial and its checkpoint",
+            driver,
+        )
         stop(driver.pid)
         sent = time.monotonic()
         driver.wait(timeout=120)
@@ -187,8 +194,7 @@ def test_ctrl_c_marks_running_trials_interrupted_and_only_the_driver_side_writes
         env=env | {"PYTHONUNBUFFERED": "1"},
         text=True,
     )
-    into_epoch_2 = lambda pid: (time.sleep(0.5), os.killpg(pid, signal.SIGINT))  # noqa: E731
-    printed, pressed, ended = stop_in_its_second_trial(driver, second, into_epoch_2)
+    printed, pressed, ended = stop_in_its_second_trial(driver, second, lambda pid: os.killpg(pid, signal.SIGINT))
     resume = f"cifar-ray sweep {sweep_file} --resume --storage {storage}"
     shown = [at - pressed for at, line in printed if line.strip() == resume]
     with capsys.disabled():  # printed past the test's capture of the commands' output
