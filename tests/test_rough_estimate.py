@@ -12,7 +12,7 @@ from cifar_ray.cli import main
 from cifar_ray.cluster import progress
 from cifar_ray.cluster import session as ray_session
 from cifar_ray.cluster.placement import RESOURCE_CPU
-from cifar_ray.core import estimate
+from cifar_ray.core import estimate, sysinfo
 from cifar_ray.core.config import parse_config
 from cifar_ray.core.estimate import (
     MODEL_LAYERS,
@@ -30,6 +30,12 @@ from cifar_ray.core.text import rough_duration
 
 TWO_CPUS = {"cpus": 2.0, "gpus": 0.0, "nodes": 1, "packing": "slots", "per_node": [{"CPU": 2.0, RESOURCE_CPU: 2.0}]}
 BASE = {"dataset": "synthetic", "train_subset": 5000, "test_subset": 1000, "train_eval_size": 1000, "epochs": 3}
+
+
+@pytest.fixture(autouse=True)
+def idle_machine(monkeypatch):
+    """The header's and the dry run's lines as on an idle machine, whatever runs beside the test."""
+    monkeypatch.setattr(sysinfo, "machine_load", lambda: (0.0, 2))
 
 
 @pytest.mark.parametrize("model, width", [("simple_cnn", 16), ("simple_cnn", 32), ("resnet9", 32)])
@@ -80,6 +86,22 @@ def test_the_rough_line_says_what_it_is_and_suggests_timing_a_long_sweep():
     assert rough_line(long, 1, "X").startswith(f"wall time ~{rough_duration(long.wall_s)}: ")
     assert rough_line(long, 1, "X").endswith("; time it on this machine first: X")
     assert rough_line(None, 4, "X") == "wall time unknown: GPU trials get no rough estimate (--estimate times them)"
+
+
+def test_a_rough_estimate_on_a_busy_machine_says_to_expect_longer(monkeypatch):
+    """The default speeds are an idle machine's: the demo's ~85 s took 25 min beside two busy loops and a test
+    session. A load above the cores is said with the estimate; an idle machine's, or a cluster's (unknown), is not."""
+    short = rough_estimate([parse_config(BASE)], {"1 worker x 1 CPU": 1}, isolate=False)
+    busy = rough_line(short, 1, "X", (5.94, 2))
+    assert busy.endswith("nothing timed here; this machine is busy (load average 5.9 on 2 cores): expect longer")
+    assert rough_line(short, 1, "X", (1.5, 2)) == rough_line(short, 1, "X", None) == rough_line(short, 1, "X")
+    assert "busy" not in rough_line(None, 1, "X", (5.9, 2))  # no estimate to qualify
+    plan = build_plan({"name": "p", "base": BASE, "grid": {"seed": [0, 1]}})
+    monkeypatch.setattr(sysinfo, "machine_load", lambda: (8.0, 2))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert "; this machine is busy (load average 8.0 on 2 cores)" in progress.sweep_header(plan, TWO_CPUS, None, "r")
+    on_a_cluster = RunOptions(address="10.0.0.1:6379")
+    assert "busy" not in progress.sweep_header(plan, TWO_CPUS, None, "r", options=on_a_cluster)
 
 
 def test_a_new_sweeps_header_gives_its_rough_wall_time_a_resumed_one_none():

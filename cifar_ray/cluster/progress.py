@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from ..core import runlog, status
+from ..core import runlog, status, sysinfo
 from ..core.estimate import rough_estimate, rough_line
 from ..core.run import RunOptions
 from ..core.storage import StoragePath
@@ -22,6 +22,7 @@ from ..core.sweep import SweepPlan
 from ..core.text import counted, rough_duration
 from .dispatcher import RunTrial
 from .placement import trials_at_once
+from .session import cluster_address
 
 
 def format_epoch(trial: str, result: dict, epochs: int) -> str:
@@ -62,7 +63,8 @@ def sweep_header(
     elif unfinished is None:
         fits = {label: fit for label, (_, fit) in shapes.items()}
         rough = rough_estimate([t.config for t in plan.trials], fits, options.isolate)
-        expected = "; " + rough_line(rough, len(plan.trials), estimate_command(options.command))
+        load = sysinfo.machine_load() if capacity["nodes"] == 1 and cluster_address(options.address) is None else None
+        expected = "; " + rough_line(rough, len(plan.trials), estimate_command(options.command), load)
     else:
         expected = ""
     return f"{what}, at once: {at_once} ({where}); logs and checkpoints in {run_dir}{expected}"

@@ -192,10 +192,10 @@ def init_ray(
                 _started_here = (ray.get_runtime_context().gcs_address, dict(os.environ))
         except Exception as error:  # Ray's own: "The current node timed out during startup." on a busy machine
             first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-            load = os.getloadavg()[0]
+            load = sysinfo.load_text(sysinfo.machine_load())
             raise ClusterError(
-                f"Ray did not start on this machine: {first[:300]} (load average {load:.0f} on {os.cpu_count()} "
-                "cores); nothing of the run was trained: run the same command again"
+                f"Ray did not start on this machine: {first[:300]} ({load}); nothing of the run was trained: run the "
+                "same command again"
             ) from None
     return True
 

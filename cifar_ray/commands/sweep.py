@@ -165,6 +165,7 @@ def rough_estimate_line(plan: SweepPlan, args: argparse.Namespace) -> str:
     from ..cluster.placement import capacity_of, trials_at_once
     from ..cluster.session import local_resources
     from ..core.estimate import rough_estimate, rough_line
+    from ..core.sysinfo import machine_load
     from ..core.text import counted
     from .common import rerun_command
 
@@ -173,7 +174,7 @@ def rough_estimate_line(plan: SweepPlan, args: argparse.Namespace) -> str:
     limit = args.max_concurrent or plan.max_concurrent
     at_once = {label: fit for label, (_, fit) in trials_at_once(plan, capacity, limit).items()}
     rough = rough_estimate([t.config for t in plan.trials], at_once, args.isolate)
-    line = rough_line(rough, len(plan.trials), f"{rerun_command(args.argv)} --estimate")
+    line = rough_line(rough, len(plan.trials), f"{rerun_command(args.argv)} --estimate", machine_load())
     return f"on this machine's {counted(cpus['CPU'], 'CPU')}: {line}"
 
 

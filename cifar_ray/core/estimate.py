@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from .config import TrainConfig
 from .shapes import trial_shape
+from .sysinfo import load_text
 from .text import rough_duration
 from .work import trial_work
 
@@ -232,14 +233,17 @@ def rough_estimate(configs: Sequence[TrainConfig], at_once: dict[str, int], isol
     return sweep_estimate(trials, at_once, isolate)
 
 
-def rough_line(estimate: SweepEstimate | None, trials: int, suggest: str) -> str:
+def rough_line(estimate: SweepEstimate | None, trials: int, suggest: str, load: tuple[float, int] | None = None) -> str:
     """`wall time ~2 h 21 min: a rough estimate from default CPU speeds, nothing timed here; time it on this machine
     first: SUGGEST` (`suggest`: the command, said above SUGGEST_ABOVE_TRIALS trials or SUGGEST_ABOVE_S); a sweep with
-    GPU trials: `wall time unknown`."""
+    GPU trials: `wall time unknown`. `load` (sysinfo.machine_load of the machine the trials run on; None: unknown, a
+    cluster): where it is busier than its cores, the estimate, made for an idle machine, says to expect longer."""
     if estimate is None:
         line = "wall time unknown: GPU trials get no rough estimate (--estimate times them)"
     else:
         wall = rough_duration(estimate.wall_s)
         line = f"wall time ~{wall}: a rough estimate from default CPU speeds, nothing timed here"
+        if load is not None and load[0] > load[1]:
+            line += f"; this machine is busy ({load_text(load)}): expect longer"
     long = trials > SUGGEST_ABOVE_TRIALS or (estimate is not None and estimate.wall_s > SUGGEST_ABOVE_S)
     return f"{line}; time it on this machine first: {suggest}" if long else line

@@ -5,6 +5,7 @@ cluster/placement.py where a worker runs)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import socket
 import subprocess
@@ -25,6 +26,16 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def machine_load() -> tuple[float, int]:
+    """This machine's load average over the last minute and its CPU cores: how busy it is now."""
+    return os.getloadavg()[0], os.cpu_count() or 1
+
+
+def load_text(load: tuple[float, int]) -> str:
+    """`load average 5.9 on 2 cores`."""
+    return f"load average {load[0]:.1f} on {load[1]} core{'s' * (load[1] != 1)}"
 
 
 def git_revision(path: str | Path = ".") -> str:
