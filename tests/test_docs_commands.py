@@ -22,13 +22,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import PROGRESS_S
 
 ROOT = Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = ("bash", "sh", "console")
 MARK = re.compile(r"^<!-- docs-test: (slow|long|skip \((?P<reason>[^)]+)\)) -->$")
 SKIP_REASONS = ("cluster", "GPU", "S3", "network", "runs the whole suite")  # what may keep a command from running
-FAST_TIMEOUT_S, SLOW_TIMEOUT_S, LONG_TIMEOUT_S = 120, 600, 1800
+FAST_TIMEOUT_S = 120  # a block that trains gets PROGRESS_S: each bounds a hang only
 MARKER = "CIFAR_RAY_DOCS_BLOCK"  # in the environment of every process a block starts, inherited
 LEFTOVER_GRACE_S = 60  # bounds the wait for a block's processes to end (Ray's drain after SIGTERM: up to 30 s)
 
@@ -224,14 +225,14 @@ def test_a_documented_command_runs_as_written(block, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("block", [p for p in params("slow") if p.values[0].mark == "slow"])
 def test_a_documented_command_that_trains_runs_as_written(block, tmp_path):
-    check(block, tmp_path, SLOW_TIMEOUT_S)
+    check(block, tmp_path, PROGRESS_S)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("CIFAR_RAY_LONG_TESTS"), reason="trains for minutes; set CIFAR_RAY_LONG_TESTS=1")
 @pytest.mark.parametrize("block", [p for p in params("long") if p.values[0].mark == "long"])
 def test_a_documented_command_that_trains_for_minutes_runs_as_written(block, tmp_path):
-    check(block, tmp_path, LONG_TIMEOUT_S)
+    check(block, tmp_path, PROGRESS_S)
 
 
 def test_every_skip_says_why_in_one_of_the_allowed_reasons():

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from faults import FAILURE_LOG, FaultyFiles, failures
-from helpers import wait_for
+from helpers import PROGRESS_S, wait_for
 
 from cifar_ray.core import runlog, storage
 from cifar_ray.core.checkpoints import CHECKPOINT_FILE, CHECKPOINTS, epoch_folder
@@ -128,7 +128,7 @@ def test_a_sweep_on_failing_storage_with_a_worker_and_a_driver_killed_loses_noth
 
     second = driver(tmp_path, resume=True, seed=2)
     try:
-        assert second.wait(timeout=600) == 0, (tmp_path / "driver-resume.log").read_text()[-4000:]
+        assert second.wait(timeout=PROGRESS_S) == 0, (tmp_path / "driver-resume.log").read_text()[-4000:]
     finally:
         kill_group(second)
 
