@@ -11,6 +11,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ..core.text import first_line
+
 # Whether this process cut a Ray start short: Ray's half-built core worker may then crash the interpreter's exit
 # (SIGSEGV in its C++ teardown, seen with a SIGTERM as the first idle worker started), so cli.main skips that teardown.
 cut_short = False
@@ -117,8 +119,7 @@ def _stop_half_started(tb: Any, before: set[tuple[int, float]]) -> None:
         ray.shutdown()
     except Exception as error:
         # the stop goes on; what could not be stopped ends with this process (Ray's fate sharing)
-        first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        logging.getLogger(__name__).warning(f"stopping the Ray processes of an interrupted start: {first}")
+        logging.getLogger(__name__).warning(f"stopping the Ray processes of an interrupted start: {first_line(error)}")
 
 
 def _kill_process_trees(pids: set[int]) -> None:

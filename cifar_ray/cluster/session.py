@@ -16,6 +16,7 @@ from ..core import provenance, sysinfo
 from ..core.errors import GPU_OOM_MARKS, ClusterError, StorageError
 from ..core.run import RunFolder
 from ..core.storage import StoragePath
+from ..core.text import first_line
 from .placement import RESOURCE_CPU, RESOURCE_GPU, capacity_of
 from .ray_start import ray_starting
 
@@ -169,7 +170,7 @@ def init_ray(
                 ray.shutdown()
                 if isinstance(error, ConnectionAbortedError) and attempt < tries:
                     continue  # the head's per-client server died at start: a new connection gets a new one
-                first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+                first = first_line(error)
                 raise ClusterError(
                     f"cannot connect to the Ray cluster at {address} (--address or RAY_ADDRESS): {first[:300]}"
                 ) from None
@@ -191,7 +192,7 @@ def init_ray(
                 )
                 _started_here = (ray.get_runtime_context().gcs_address, dict(os.environ))
         except Exception as error:  # Ray's own: "The current node timed out during startup." on a busy machine
-            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            first = first_line(error)
             load = sysinfo.load_text(sysinfo.machine_load())
             raise ClusterError(
                 f"Ray did not start on this machine: {first[:300]} ({load}); nothing of the run was trained: run the "

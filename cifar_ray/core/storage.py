@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from .errors import StorageError
+from .text import first_line
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -84,7 +85,7 @@ class StoragePath:
         try:
             fs, path = pafs.FileSystem.from_uri(text)
         except (pyarrow.ArrowException, OSError, ValueError) as error:
-            reason = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            reason = first_line(error)
             raise StorageError(f"storage {redact(text)}: {redact(reason)[:200]}; pass {ALLOWED}") from None
         path = path.rstrip("/")
         if not path:

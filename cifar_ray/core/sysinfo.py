@@ -13,6 +13,8 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+from .text import counted
+
 # The cifar_ray package's folder: in a checkout, the checkout whose revision and changes a run records.
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -35,7 +37,7 @@ def machine_load() -> tuple[float, int]:
 
 def load_text(load: tuple[float, int]) -> str:
     """`load average 5.9 on 2 cores`."""
-    return f"load average {load[0]:.1f} on {load[1]} core{'s' * (load[1] != 1)}"
+    return f"load average {load[0]:.1f} on {counted(load[1], 'core')}"
 
 
 def git_revision(path: str | Path = ".") -> str:

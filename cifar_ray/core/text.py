@@ -12,6 +12,11 @@ def counted(number: int | str, noun: str) -> str:
     return f"{number} {noun}" if str(number) == "1" else f"{number} {noun}s"
 
 
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of `error`'s message, or its type's name where it has none."""
+    return next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
 SHOWN_MAX = 60  # characters of a refused value echoed back: a 1 MB name is named, not printed
 
 
