@@ -36,6 +36,8 @@ import torch
 from cifar_ray.cluster import checks as ddp_checks
 from cifar_ray.cluster.live_view import TUNE_TAG
 from cifar_ray.core import runlog
+from cifar_ray.core.checkpoints import complete_checkpoints
+from cifar_ray.core.storage import StoragePath
 from cifar_ray.report.document import to_markdown
 from cifar_ray.report.sections import document
 from cifar_ray.training import checks as check
@@ -314,6 +316,17 @@ def shared_ddp_run() -> tuple[check.CheckResult, check.CheckResult]:
 # never a speed. Beside two busy loops and other sessions' sweeps (load average 30 on 2 cores) an epoch of the
 # reliability tests took 4 to 5 min and a 2-trial sweep 20 min.
 PROGRESS_S = 1800
+
+
+def stored_checkpoint(trial_dir: Path) -> bool:
+    """Whether a trial folder holds a whole checkpoint (core/checkpoints): what a restart continues from."""
+    return bool(complete_checkpoints(StoragePath.of(trial_dir)))
+
+
+def logged_and_checkpointed(trial_dir: Path) -> bool:
+    """A trial's epoch logged and its checkpoint stored whole. Rank 0 logs before it stores: a kill or a stop between
+    the two (beside two busy loops) rightly trains that epoch again, from scratch."""
+    return bool(runlog.read_epochs(trial_dir)) and stored_checkpoint(trial_dir)
 
 
 def wait_for(condition, timeout: float, what: str, proc=None) -> None:

@@ -13,17 +13,20 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import PROGRESS_S, assert_tensorboard_holds_every_epoch, wait_for
+from helpers import (
+    PROGRESS_S,
+    assert_tensorboard_holds_every_epoch,
+    logged_and_checkpointed,
+    stored_checkpoint,
+    wait_for,
+)
 
 from cifar_ray.cli import main
 from cifar_ray.cluster.live_view import logged_epochs
 from cifar_ray.core import provenance, runlog
-from cifar_ray.core.checkpoints import CHECKPOINTS, complete_checkpoints
-from cifar_ray.core.storage import StoragePath
 
 pytestmark = pytest.mark.slow
 ON_RAY = pytest.mark.usefixtures("ray_cluster")  # the tests that run a sweep in this process too
-CHECKPOINTED = f"{CHECKPOINTS}/epoch-*/state.pt"  # a warm slot's trial has saved an epoch
 
 
 def _sweep_file(tmp_path: Path) -> Path:
@@ -56,7 +59,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials_and_tensorboard
             """(trials done, unfinished trials with a checkpoint on disk)"""
             trials = runlog.load_run(run_dir).trials if run_dir.exists() else []
             done = [t.name for t in trials if t.status in ("finished", "diverged")]
-            checkpointed = [t.name for t in trials if t.name not in done and any((run_dir / t.name).glob(CHECKPOINTED))]
+            checkpointed = [t.name for t in trials if t.name not in done and stored_checkpoint(run_dir / t.name)]
             return done, checkpointed
 
         # Live: an epoch in metrics.jsonl reaches the run folder's event files while the driver runs (Tune's own
@@ -141,15 +144,15 @@ def stop_in_its_second_trial(
     driver: subprocess.Popen, second: Path, stop
 ) -> tuple[list[tuple[float, str]], float, float]:
     """`stop(pid)` once the driver's second trial (folder `second`) logged an epoch and stored its checkpoint whole
-    (rank 0 logs before it stores: a stop between the two, beside two busy loops, rightly trained epoch 1 again); its
-    output lines with when each came, when the stop was sent, and how long the driver took to end after it (printed
-    by the tests, never bounded: the 120 s deadline ends a hang). Kills what is left after."""
+    (helpers.logged_and_checkpointed); its output lines with when each came, when the stop was sent, and how long the
+    driver took to end after it (printed by the tests, never bounded: the 120 s deadline ends a hang). Kills what is
+    left after."""
     printed: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), line) for line in driver.stdout))
     reader.start()
     try:
         wait_for(
-            lambda: runlog.read_epochs(second) and complete_checkpoints(StoragePath.of(second)),
+            lambda: logged_and_checkpointed(second),
             PROGRESS_S,
             "epoch 1 of the second trial and its checkpoint",
             driver,

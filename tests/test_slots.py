@@ -12,15 +12,14 @@ import time
 
 import psutil
 import pytest
-from helpers import COMPUTED, PROGRESS_S, wait_for
+from helpers import COMPUTED, PROGRESS_S, logged_and_checkpointed, wait_for
 
 from cifar_ray.cli import main
 from cifar_ray.cluster.dispatcher import dispatcher_name
 from cifar_ray.cluster.slots import SlotLaunch, StartedSlots
 from cifar_ray.core import runlog
-from cifar_ray.core.checkpoints import CHECKPOINTS, complete_checkpoints
+from cifar_ray.core.checkpoints import CHECKPOINTS
 from cifar_ray.core.config import TrainConfig
-from cifar_ray.core.storage import StoragePath
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -104,12 +103,11 @@ def test_a_worker_killed_in_a_slots_second_trial_continues_it_from_its_checkpoin
     killed, swept = [], threading.Event()
 
     def kill_a_worker_in_epoch_two_of_the_second_trial():
-        """Waits for the second trial's first epoch and its checkpoint, whole, or for the sweep's end (asserted
-        below): not for a number of seconds, which ran out once while the first trial still trained (20 min beside
-        other sweeps). Rank 0 logs the epoch before it stores the checkpoint: a kill between the two (beside two busy
-        loops) rightly trained epoch 1 again, from scratch."""
+        """Waits for the second trial's first epoch and its checkpoint (helpers.logged_and_checkpointed), or for the
+        sweep's end (asserted below): not for a number of seconds, which ran out once while the first trial still
+        trained (20 min beside other sweeps)."""
         second = run_dir / "t001-seed=1"
-        while not (runlog.read_epochs(second) and complete_checkpoints(StoragePath.of(second))):
+        while not logged_and_checkpointed(second):
             if swept.wait(0.2):
                 return
         first_epoch = runlog.read_epochs(second)[0]
