@@ -111,3 +111,31 @@ def ray_cluster():
     init_ray(num_cpus=2, num_gpus=0)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_placement_group_outlives_its_test(request):
+    """A test on the session's Ray leaves no placement group reserved: one left holds its cores until the session
+    ends, and a later test's worker group waits for them forever (a CI run hung so, ten tests after the one that
+    left it). What a test left is removed, so the tests after it run, and the test errs at its teardown, naming it."""
+    if "ray_cluster" not in request.fixturenames:
+        yield
+        return
+    import ray
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    def reserved() -> set[str]:
+        if not ray.is_initialized():
+            return set()
+        return {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+    before = reserved()
+    yield
+    deadline = time.monotonic() + 60  # a sweep's own removals are asynchronous
+    while (left := reserved() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        table = placement_group_table()
+        for key in left:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(key))))
+        pytest.fail(f"the test left {len(left)} placement group(s) reserved: {[table[key]['bundles'] for key in left]}")

@@ -116,18 +116,18 @@ def test_the_pools_dispatcher_serves_the_next_sweep_unless_a_slot_was_cut_off_in
 
     monkeypatch.setattr(ray, "get", lambda ref: ref)
     monkeypatch.setattr(ray, "kill", lambda actor, no_restart=True: killed.append(actor))
-    ended_runs: list[dict] = []
-    monkeypatch.setattr(slots, "end_slot_runs", lambda recorder, runs: ended_runs.append(runs))
+    ended_runs: list[list] = []
+    monkeypatch.setattr(slots, "end_slot_runs", ended_runs.append)
     monkeypatch.setattr(pool.WarmPool, "_new_dispatcher", staticmethod(lambda: started.append(1) or len(started)))
     warm = object.__new__(pool.WarmPool)
     warm.broker, warm.lock, warm.running, warm.dispatcher = Broker(), threading.Lock(), None, "first"
     run = StartedRun("controller-a", "ended-a")
     warm.slots = {"slot-a": pool.PoolSlot(slots.SlotLaunch(None, "shape", "slot-a", 1), ("shape", "code"), run)}
     warm._end_sweep("first", finished=True)
-    assert warm.dispatcher == "first" and not killed and not started and ended_runs == [{}]
+    assert warm.dispatcher == "first" and not killed and not started and ended_runs == [[]]
     busy.append("slot-a")
     warm._end_sweep("first", finished=False)
-    assert ended_runs[-1] == {"slot-a": run}  # its controller killed, its placement group removed
+    assert ended_runs[-1] == [run]  # its controller killed, its placement groups removed
     assert killed == ["first"] and warm.dispatcher == 1 and "slot-a" not in warm.slots
 
 

@@ -244,11 +244,6 @@ def test_a_slot_whose_run_fails_or_whose_controller_dies_is_reported_to_the_disp
                 told.append(args)
                 return ray.put(None)
 
-        class placement_groups:  # these slots never started a worker group
-            @staticmethod
-            def remote(slots):
-                return ray.put([])
-
         class wanted:  # the spare slot's shape has no trial left when its turn comes
             @staticmethod
             def remote(shape, slot):
@@ -313,6 +308,33 @@ def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reser
     finally:
         started.stop()
     wait_for(lambda: not reserved() - before, 60, "the stopped slot's placement group to be removed")
+
+
+def test_a_slot_ended_while_its_worker_group_waits_for_cores_leaves_no_placement_group(tmp_path):
+    """A sweep may end a slot whose controller has asked for its worker group's placement group but has no workers
+    yet (a sweep stopped or ended just after its slots started; here every core is taken, so the group waits).
+    Ray scopes the group to the job, not to the killed controller: left, it takes a core once one frees and keeps it
+    until the driver exits, and the next run's worker group waits for that core forever (a CI run hung so)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from cifar_ray.cluster.placement import placement_groups_of
+    from cifar_ray.cluster.slots import end_slot_runs
+    from cifar_ray.cluster.trainer import TrainRun, torch_trainer
+    from cifar_ray.core.config import parse_config
+    from cifar_ray.core.storage import StoragePath
+
+    every_core = placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
+    ray.get(every_core.ready(), timeout=60)
+    try:
+        run = TrainRun("waits", StoragePath.of(tmp_path))
+        started = torch_trainer(lambda config: None, {}, parse_config({"dataset": "synthetic"}), run).start()
+        controller = {started.controller._actor_id.hex()}
+        wait_for(lambda: placement_groups_of(controller), 60, "the controller to ask for its worker group's cores")
+        end_slot_runs([started])
+        assert placement_groups_of(controller) == []
+    finally:
+        remove_placement_group(every_core)
 
 
 def test_a_slot_whose_dispatcher_is_gone_ends_instead_of_restarting():

@@ -54,21 +54,6 @@ class RunTrial:
         return RunFolder(self.run_dir)
 
 
-class PlacementGroupRecords:
-    """The placement group of each slot's latest worker group (slots.slot_callbacks tells it), kept by the actor its
-    slots report to (the Dispatcher; a pool's SlotBroker), for the driver to remove what an ended slot's killed
-    controller leaves (slots.end_slot_runs)."""
-
-    def __init__(self):
-        self.placement_group: dict[str, Any] = {}
-
-    async def record_placement_group(self, slot: str, group: Any) -> None:
-        self.placement_group[slot] = group  # a restarted worker group's replaces the one before (Ray Train removed it)
-
-    async def placement_groups(self, slots: list[str]) -> list:
-        return [self.placement_group[slot] for slot in slots if slot in self.placement_group]
-
-
 def tune_trial(trial: TrialSpec, run_dir: StoragePath) -> dict:
     """A thin Tune trial's value in the param_space: Tune sees the name as is (its folder and trial name are made
     from it before anything else is resolved), the RunTrial only once it runs the trial."""
@@ -80,14 +65,13 @@ def tune_run_trial(tune_config: dict) -> RunTrial:
     return tune_config["trial"]["run"]
 
 
-class Dispatcher(PlacementGroupRecords):
+class Dispatcher:
     """The trials not yet finished, per shape, and what happened to each (an async Ray actor), and the one
     writer of trial.json while a sweep runs. A slot takes trials from it and tells it what happens; a thin Tune
     trial waits on it for its trial's news (no polling: on 2 cores, five thin trials asking five times a second
     slowed the training next to them). `one_trial`: each slot takes one trial, then ends (--isolate)."""
 
     def __init__(self, specs: list[RunTrial], slots: dict[str, list[str]], one_trial: bool = False):
-        super().__init__()
         self.specs = {spec.name: spec for spec in specs}
         self.live = {shape: set(names) for shape, names in slots.items()}  # slots that may still take a trial
         self.pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)

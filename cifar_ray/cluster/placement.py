@@ -210,13 +210,37 @@ def _resolved(config: TrainConfig, has_gpus: bool) -> TrainConfig:
     return resolved
 
 
-def remove_placement_groups(groups: list) -> None:
-    """Removes each placement group not removed yet (its reserved resources are freed)."""
-    from ray.util.placement_group import placement_group_table, remove_placement_group
+def placement_groups_of(actor_ids: set[str]) -> list:
+    """The placement groups, not removed, that these actors (by hex id) created: found by their creator in the GCS's
+    table, which Ray's public placement_group_table leaves out."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated.gcs_pb2 import PlacementGroupTableData
+    from ray.util.placement_group import PlacementGroup
 
-    for group in groups:
-        if placement_group_table(group).get("state") != "REMOVED":
-            remove_placement_group(group)
+    groups = []
+    for raw in state._connect_and_get_accessor().get_placement_group_table():
+        group = PlacementGroupTableData.FromString(raw)
+        if group.creator_actor_id.hex() in actor_ids and group.state != PlacementGroupTableData.REMOVED:
+            groups.append(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+    return groups
+
+
+def remove_placement_groups_of(actor_ids: set[str]) -> None:
+    """Removes the placement groups these actors created (dead actors: they make no more). Ray scopes an actor's
+    placement groups to its job, not to the actor: a killed Ray Train controller's worker group keeps its cores
+    reserved until the driver exits, and one asked for just before the kill (no workers yet, still pending) would
+    take cores later. Through Ray Client, as a task on the cluster: the GCS's table is read there."""
+    from ray._private.client_mode_hook import client_mode_wrap
+
+    client_mode_wrap(_remove_placement_groups_of)(actor_ids)
+
+
+def _remove_placement_groups_of(actor_ids: set[str]) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for group in placement_groups_of(actor_ids):
+        remove_placement_group(group)
 
 
 def worker_placement() -> dict:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import slots as slots_module
-from .dispatcher import Dispatcher, PlacementGroupRecords, broker_name
+from .dispatcher import Dispatcher, broker_name
 from .slots import SlotLaunch, SlotPlan
 from .trainer import StartedRun
 
@@ -91,13 +91,12 @@ class PooledDispatcher(Dispatcher):
         super().__init__(specs, slots)
 
 
-class SlotBroker(PlacementGroupRecords):
+class SlotBroker:
     """The pool's slots' source of trials (an async Ray actor): a slot asks it for its next trial; it asks the
     Dispatcher of the sweep now attached, and when that has none left for the slot, waits for the next sweep, or
     for the slot to be retired or the pool closed (the slot then ends)."""
 
     def __init__(self):
-        super().__init__()
         self.dispatcher = None  # the Dispatcher of the sweep now running, if any
         self.dispatchers: dict[str, Any] = {}  # run name -> its Dispatcher, for its thin trials (find_dispatcher)
         self.generation = 0  # counts the sweeps attached: a slot asks each sweep's Dispatcher until it has none left
@@ -263,7 +262,7 @@ class WarmPool:
         with self.lock:
             self.running = None
             ended = [self.slots.pop(name) for name in busy if name in self.slots]
-        slots_module.end_slot_runs(self.broker, {slot.launch.slot: slot.run for slot in ended})
+        slots_module.end_slot_runs([slot.run for slot in ended])
         if busy:
             ray.kill(dispatcher)
             self.dispatcher = self._new_dispatcher()
@@ -279,7 +278,7 @@ class WarmPool:
         ray.get(self.broker.retire.remote([slot.launch.slot for slot in ended]))
         runs = [slot.run.ended for slot in ended]
         ray.wait(runs, num_returns=len(runs), timeout=RETIRE_WAIT_S)
-        slots_module.end_slot_runs(self.broker, {slot.launch.slot: slot.run for slot in ended})
+        slots_module.end_slot_runs([slot.run for slot in ended])
 
     def _watch(self) -> None:
         import ray
@@ -300,7 +299,7 @@ class WarmPool:
                     running = self.running
                 if running is not None and slot.launch.slot in running[1]:
                     slots_module.report_slot_failure(running[0], slot.run, slot.launch)
-                slots_module.end_slot_runs(self.broker, {slot.launch.slot: slot.run})
+                slots_module.end_slot_runs([slot.run])
 
     def close(self) -> None:
         """Every slot ends; the broker goes. Safe to call twice, and after Ray has ended (nothing is left then)."""

@@ -199,17 +199,11 @@ def slot_loop(loop_config: dict) -> None:
 
 def slot_callbacks(dispatcher, slot: str) -> list:
     """The Ray Train callbacks of a slot's run (on its controller), telling the Dispatcher (a pool's slot: its
-    broker, which tells the Dispatcher of the sweep the slot serves) what no rank can:
-    - when a worker of the slot died: no rank lives to say why, and the restarted group's rank 0 only gets the
-      trial back;
-    - each worker group's placement group: a controller the driver kills (a stopped or ended slot) leaves it
-      reserved until the job ends; the driver removes it (placement.remove_placement_groups) in place
-      of Ray Train's cleaner process (trainer.LeanTrainer).
-    Local classes: slots.py imports no Ray at import time, and cloudpickle sends them to the controller by value."""
-    import ray
+    broker, which tells the Dispatcher of the sweep the slot serves) when a worker of the slot died: no rank lives to
+    say why, and the restarted group's rank 0 only gets the trial back. Local classes: slots.py imports no Ray at
+    import time, and cloudpickle sends them to the controller by value."""
     from ray.train import UserCallback
     from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
-    from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
     class WorkerDeaths(UserCallback):
         def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
@@ -218,12 +212,7 @@ def slot_callbacks(dispatcher, slot: str) -> list:
                 # runs callbacks in its event loop; the restarted group's first question comes seconds later.
                 dispatcher.worker_died.remote(slot, failure_status(deaths[0]), error_line(deaths[0]))
 
-    class PlacementGroupRecord(WorkerGroupCallback):
-        def after_worker_group_start(self, worker_group) -> None:
-            group = worker_group.get_worker_group_state().placement_group_handle.placement_group
-            ray.get(dispatcher.record_placement_group.remote(slot, group))  # before the group trains
-
-    return [WorkerDeaths(), PlacementGroupRecord()]
+    return [WorkerDeaths()]
 
 
 def start_slot(launch: SlotLaunch, dispatcher, storage: StoragePath, one_trial: bool, broker=None) -> StartedRun:
@@ -252,33 +241,28 @@ def report_slot_failure(dispatcher, started: StartedRun, slot: SlotLaunch) -> No
             ray.get(dispatcher.slot_failed.remote(slot.slot, slot.shape, failure_status(error), error_line(error)))
 
 
-def end_slot_runs(recorder, runs: dict[str, StartedRun]) -> None:
-    """Ends the slots' Ray Train runs (slot name -> its run), ended or not: each controller is killed (one whose run
-    ended stays until then) and waited for, so that it cannot start another worker group; then the placement group of
-    its last worker group goes, which a killed controller leaves reserved until the job ends (the next sweep's slots
-    would wait for its cores). `recorder`: the Dispatcher or pool broker the slots' callbacks told (slot_callbacks);
-    gone, it has nothing to say. A slot whose run started no worker group has no placement group."""
+def end_slot_runs(runs: list[StartedRun]) -> None:
+    """Ends the slots' Ray Train runs, ended or not: each controller is killed (one whose run ended stays until then)
+    and waited for, so that it cannot start another worker group; then the placement groups it made go, which a
+    killed controller leaves reserved until the job ends (the next sweep's slots would wait for its cores), the one of
+    a worker group still starting among them (placement.remove_placement_groups_of)."""
     import ray
 
-    from .placement import remove_placement_groups
+    from .placement import remove_placement_groups_of
 
     if not runs:
         return
-    for started in runs.values():
+    for started in runs:
         ray.kill(started.controller, no_restart=True)
     deadline = time.monotonic() + CONTROLLER_END_S
-    for started in runs.values():  # a kill is asynchronous: a call may still be answered just after it
+    for started in runs:  # a kill is asynchronous: a call may still be answered just after it
         while time.monotonic() < deadline:
             try:
                 ray.get(started.controller.__ray_ready__.remote(), timeout=CONTROLLER_END_S)
             except ray.exceptions.RayError:  # dead (or hung past the deadline): it starts nothing more
                 break
             time.sleep(0.05)
-    try:
-        groups = ray.get(recorder.placement_groups.remote(list(runs)))
-    except ray.exceptions.RayError:
-        return
-    remove_placement_groups(groups)
+    remove_placement_groups_of({started.controller._actor_id.hex() for started in runs})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,7 +332,7 @@ class StartedSlots:
                 report_slot_failure(self.dispatcher, started, slot)  # first: a failed slot's trial waits again
                 if not self.stopped.is_set():  # then the next slot, which waits for no leftovers' end
                     running += self._start_next_wanted()
-                end_slot_runs(self.dispatcher, {slot.slot: started})
+                end_slot_runs([started])
                 self.ended.add(run)
 
     def wait(self) -> None:
@@ -362,8 +346,7 @@ class StartedSlots:
 
         self.stopped.set()
         self.watcher.join(timeout=5)
-        left = {slot.slot: started for run, (started, slot) in self.slot_of.items() if run not in self.ended}
-        end_slot_runs(self.dispatcher, left)
+        end_slot_runs([started for run, (started, _) in self.slot_of.items() if run not in self.ended])
         ray.kill(self.dispatcher)
 
 

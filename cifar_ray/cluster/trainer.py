@@ -91,9 +91,9 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict[str, Any
         DatasetManager actor (each worker group, even with no Ray Dataset; our workers load their own data), the
         AutoscalingCoordinator (FixedWorkers) and PlacementGroupCleanerCallback's PlacementGroupCleaner, a detached
         actor per run (a process importing Ray Train, then a state-API query a second) that removes the worker
-        group's placement group if the controller dies. The run's owner does that instead: a slot's callbacks record
-        each worker group's placement group (slots.slot_callbacks) and the driver removes what an ended slot left
-        (slots.end_slot_runs); cifar-ray check's run ends with its driver, and with it the job's placement groups."""
+        group's placement group if the controller dies. The run's owner does that instead: the driver removes the
+        placement groups an ended slot's controller made (slots.end_slot_runs); cifar-ray check's run ends with its
+        driver, and with it the job's placement groups."""
 
         def _create_default_callbacks(self):
             callbacks = super()._create_default_callbacks()
