@@ -305,3 +305,36 @@ def test_a_stream_that_is_no_terminal_is_left_as_it_is(tmp_path, monkeypatch):
     view = progress.SweepProgress(run_dir, [spec(run_dir, 0)], print, 1000.0, stream)
     assert sys.stdout is stream and view.bar is None
     view.close()
+
+
+def test_a_quiet_sweep_says_once_per_quiet_spell_what_waits_for_the_cluster(tmp_path):
+    """A slot whose worker group waits for cores that other work holds prints nothing else: after QUIET_S with no
+    event, the view asks what waits (follow's look: placement.cores_awaited) and says it once; asked again only
+    QUIET_S later, and once more after a new quiet spell. A look that fails says nothing and stops nothing."""
+    run_dir, clock = StoragePath.of(tmp_path), FakeClock(1000.0)
+    a = spec(run_dir, 0)
+    answers = iter(["waiting for the cluster", None, RuntimeError("connection lost"), "waiting again"])
+    looks: list[float] = []
+
+    def awaited() -> str | None:
+        looks.append(clock.now)
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    lines: list[str] = []
+    view = progress.SweepProgress(run_dir, [a], lines.append, started=1000.0, clock=clock)
+    for now in (1000 + progress.QUIET_S - 1, 1000 + progress.QUIET_S, 1500):
+        clock.now = now
+        view.tick(awaited)
+    assert looks == [1000 + progress.QUIET_S] and lines == ["waiting for the cluster"]  # said once
+    view.event(a.name, {"start": 0})  # a new quiet spell begins
+    for now in (1500 + progress.QUIET_S, 1500 + 1.5 * progress.QUIET_S, 1500 + 2 * progress.QUIET_S):
+        clock.now = now
+        view.tick(awaited)  # nothing waits, then the look fails: nothing said
+    for now in (1500 + 3 * progress.QUIET_S, 1500 + 4 * progress.QUIET_S):
+        clock.now = now
+        view.tick(awaited)
+    assert looks == [1000 + progress.QUIET_S, *(1500 + k * progress.QUIET_S for k in (1, 2, 3))]
+    assert lines[1:] == [lines[1], "waiting again"] and lines[1].startswith(a.name)

@@ -312,13 +312,14 @@ def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reser
 
 def test_a_slot_ended_while_its_worker_group_waits_for_cores_leaves_no_placement_group(tmp_path):
     """A sweep may end a slot whose controller has asked for its worker group's placement group but has no workers
-    yet (a sweep stopped or ended just after its slots started; here every core is taken, so the group waits).
-    Ray scopes the group to the job, not to the killed controller: left, it takes a core once one frees and keeps it
-    until the driver exits, and the next run's worker group waits for that core forever (a CI run hung so)."""
+    yet (a sweep stopped or ended just after its slots started; here every core is taken, so the group waits, and
+    the sweep's progress can say so: cores_awaited). Ray scopes the group to the job, not to the killed controller:
+    left, it takes a core once one frees and keeps it until the driver exits, and the next run's worker group waits
+    for that core forever (a CI run hung so)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from cifar_ray.cluster.placement import placement_groups_of
+    from cifar_ray.cluster.placement import cores_awaited, placement_groups_of
     from cifar_ray.cluster.slots import end_slot_runs
     from cifar_ray.cluster.trainer import TrainRun, torch_trainer
     from cifar_ray.core.config import parse_config
@@ -331,8 +332,10 @@ def test_a_slot_ended_while_its_worker_group_waits_for_cores_leaves_no_placement
         started = torch_trainer(lambda config: None, {}, parse_config({"dataset": "synthetic"}), run).start()
         controller = {started.controller._actor_id.hex()}
         wait_for(lambda: placement_groups_of(controller), 60, "the controller to ask for its worker group's cores")
+        cores = ray.cluster_resources()["CPU"]
+        assert f"ask for 1 CPU, and 0 of {cores:g} CPU are free" in cores_awaited()
         end_slot_runs([started])
-        assert placement_groups_of(controller) == []
+        assert placement_groups_of(controller) == [] and cores_awaited() is None
     finally:
         remove_placement_group(every_core)
 

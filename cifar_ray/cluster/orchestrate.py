@@ -28,7 +28,7 @@ from ..core.text import counted, precise_duration
 from . import pool, slots, thin_trials
 from .dispatcher import tune_trial
 from .live_view import fill_in_ended, live_tensorboard
-from .placement import check_fits, cluster_capacity, resolve_plan
+from .placement import check_fits, cluster_capacity, cores_awaited, resolve_plan
 from .progress import SweepProgress, dispatcher_events, follow, progress_callback, sweep_header
 from .session import check_shared_storage, is_ray_client, write_provenance
 
@@ -146,7 +146,8 @@ def _train_session(
         tuner = make_tuner()
         view = SweepProgress(run.path, slot_plan.specs, options.print_line, options.started, options.stream)
         dispatcher = started_slots.dispatcher
-        with follow(dispatcher_events(dispatcher), view, dispatcher.end_events.remote):  # all printed before stop
+        events = dispatcher_events(dispatcher)
+        with follow(events, view, dispatcher.end_events.remote, cores_awaited):  # all printed before stop
             with ctrl_c_interrupts_tune(), outliving_the_working_folder(run.path, options.print_line):
                 tuner.fit()
             if run.all_final(names):  # else Tune stopped early (SIGINT, SIGTERM): the slots are stopped

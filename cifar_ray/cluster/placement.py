@@ -243,6 +243,32 @@ def _remove_placement_groups_of(actor_ids: set[str]) -> None:
         remove_placement_group(group)
 
 
+def cores_awaited() -> str | None:
+    """One line when placement groups on the cluster wait for resources (a worker group of this sweep's, or of other
+    work), saying what they ask for and what is free; None when none waits. A worker group asks only what the
+    cluster has in all (the plan sizes slots to its capacity), so one that waits waits for other work to free it:
+    another job or sweep on the cluster, or a placement group left reserved."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    asked: dict[str, float] = {}
+    for group in placement_group_table().values():
+        if group["state"] in ("PENDING", "RESCHEDULING"):
+            for bundle in group["bundles"].values():
+                for key in ("CPU", "GPU"):
+                    asked[key] = asked.get(key, 0.0) + bundle.get(key, 0.0)
+    asked = {key: amount for key, amount in asked.items() if amount}
+    if not asked:
+        return None
+    free, total = ray.available_resources(), ray.cluster_resources()
+    wanted = " and ".join(f"{amount:g} {key}" for key, amount in asked.items())
+    have = " and ".join(f"{free.get(key, 0.0):g} of {total.get(key, 0.0):g} {key}" for key in asked)
+    return (
+        f"waiting for the cluster: placement groups ask for {wanted}, and {have} are free: other work holds them "
+        "(`ray status` lists it); trials start once it frees them"
+    )
+
+
 def worker_placement() -> dict:
     """Where this process runs: its Ray node id (unique per node, also for several nodes on one
     machine; None outside Ray) and the hostname."""

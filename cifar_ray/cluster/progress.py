@@ -186,6 +186,9 @@ def route_above(bar: Any) -> Callable[[], None]:
     return unroute
 
 
+QUIET_S = 60.0  # how long a sweep with no event goes before SweepProgress asks what waits for the cluster
+
+
 class SweepProgress:
     """What a sweep prints as its trials go, from the Dispatcher's events in the order it got them: a line when a slot
     takes a trial (it starts or continues), per finished epoch and per failure, and where the sweep stands after each
@@ -208,6 +211,7 @@ class SweepProgress:
         clock: Callable[[], float] = time.time,
     ):
         self.run_dir, self.print_line, self.started, self.clock = run_dir, print_line, started, clock
+        self.quiet_since, self.told_awaited = clock(), False
         self.specs = {spec.name: spec for spec in specs}
         self.bar = None
         self._unroute: Callable[[], None] | None = None
@@ -265,6 +269,7 @@ class SweepProgress:
 
     def event(self, trial: str, event: dict) -> None:
         """One of the Dispatcher's events about `trial` (dispatcher.Dispatcher._tell)."""
+        self.quiet_since, self.told_awaited = self.clock(), False
         spec = self.specs[trial]
         if "start" in event:
             self._say(start_line(spec, event["start"], event.get("logged", event["start"])))
@@ -282,10 +287,22 @@ class SweepProgress:
             self._ended_early(trial)  # a diverged trial ends before its last epoch
             self._stands()
 
-    def tick(self) -> None:
-        """The bar's elapsed time moves on while no event comes."""
+    def tick(self, awaited: Callable[[], str | None] | None = None) -> None:
+        """The bar's elapsed time moves on while no event comes. After QUIET_S without one, and again each QUIET_S,
+        `awaited` is asked whether placement groups wait for the cluster's resources: its line is said once per
+        quiet spell (a slot waiting for cores held by other work prints nothing else, for as long as they are)."""
         if self.bar is not None:
             self.bar.refresh()
+        now = self.clock()
+        if awaited is not None and not self.told_awaited and now - self.quiet_since >= QUIET_S:
+            self.quiet_since = now
+            try:
+                line = awaited()
+            except Exception:  # a look at the cluster that fails tells nothing; the sweep's own errors come as events
+                line = None
+            if line:
+                self._say(line)
+                self.told_awaited = True
 
     def close(self) -> None:
         if self.bar is not None:
@@ -300,12 +317,16 @@ FOLLOW_WAIT_S = 1.0  # the longest one read of the Dispatcher's events waits; th
 
 @contextlib.contextmanager
 def follow(
-    read: Callable[[int, float], list], view: SweepProgress, wake: Callable[[], Any] | None = None
+    read: Callable[[int, float], list],
+    view: SweepProgress,
+    wake: Callable[[], Any] | None = None,
+    awaited: Callable[[], str | None] | None = None,
 ) -> Iterator[None]:
     """Prints the sweep's events while the body runs: a thread here reads them as they come, `read(since, wait_s)`
     giving the (trial, event) pairs from index `since` on (waiting up to wait_s for one), and hands each to `view` in
-    that order; on the way out it prints what is left (`wake`: ends the thread's waiting read at once). Through Ray
-    Client too: the thread runs in the client, and the Dispatcher it reads lives on the cluster."""
+    that order, then ticks it (`awaited`: its look at what waits for the cluster); on the way out it prints what is
+    left (`wake`: ends the thread's waiting read at once). Through Ray Client too: the thread runs in the client, and
+    the Dispatcher it reads lives on the cluster."""
     import threading
 
     stop = threading.Event()
@@ -321,7 +342,7 @@ def follow(
             seen += len(events)
             for trial, event in events:
                 view.event(trial, event)
-            view.tick()
+            view.tick(awaited)
             if last:
                 return
 
