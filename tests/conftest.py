@@ -122,17 +122,13 @@ def no_placement_group_outlives_its_test(request):
         yield
         return
     import ray
+    from helpers import reserved_placement_groups
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
-    def reserved() -> set[str]:
-        if not ray.is_initialized():
-            return set()
-        return {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
-
-    before = reserved()
+    before = reserved_placement_groups()
     yield
-    deadline = time.monotonic() + 60  # a sweep's own removals are asynchronous
-    while (left := reserved() - before) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # a removal sent just before the test's end may not have landed yet
+    while (left := reserved_placement_groups() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
     if left:
         table = placement_group_table()

@@ -329,6 +329,16 @@ def logged_and_checkpointed(trial_dir: Path) -> bool:
     return bool(runlog.read_epochs(trial_dir)) and stored_checkpoint(trial_dir)
 
 
+def reserved_placement_groups() -> set[str]:
+    """The ids of the placement groups on the session's Ray that are not removed (none before Ray starts)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    if not ray.is_initialized():
+        return set()
+    return {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+
 def wait_for(condition, timeout: float, what: str, proc=None) -> None:
     """Until `condition()` holds; TimeoutError after `timeout` s, or at once when `proc` (a Popen) has ended."""
     deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from helpers import COMPUTED, PROGRESS_S, logged_and_checkpointed, wait_for
+from helpers import COMPUTED, PROGRESS_S, logged_and_checkpointed, reserved_placement_groups, wait_for
 
 from cifar_ray.cli import main
 from cifar_ray.cluster.dispatcher import dispatcher_name
@@ -285,18 +285,13 @@ def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reser
     group would then stay reserved (its cores unusable by the next sweep of a notebook)
     until the job ends. Ray Train's cleaner process is not started (trainer.LeanTrainer): StartedSlots.stop removes
     the group, after the controller."""
-    from ray.util.placement_group import placement_group_table
-
     from cifar_ray.cluster.placement import cluster_capacity, resolve_plan
     from cifar_ray.cluster.slots import plan_slots
     from cifar_ray.core.config import parse_overrides
     from cifar_ray.core.run import RunFolder
     from cifar_ray.core.sweep import build_plan
 
-    def reserved() -> set[str]:
-        return {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
-
-    before = reserved()
+    before = reserved_placement_groups()
     base = parse_overrides(TINY) | {"epochs": 50, "train_subset": 2048}  # typed, as --set reads them
     plan = resolve_plan(build_plan({"name": "stopped", "base": base, "grid": {"seed": [0]}}), cluster_capacity(), print)
     run = RunFolder(tmp_path / "stopped")
@@ -304,10 +299,10 @@ def test_a_slot_stopped_in_the_middle_of_a_trial_leaves_no_placement_group_reser
     started = plan_slots(plan, run, cluster_capacity(), None, one_trial=False).start()
     try:
         wait_for(lambda: runlog.read_epochs(run.path / plan.trials[0].name), PROGRESS_S, "the trial's first epoch")
-        assert reserved() - before, "the slot's worker group holds a placement group while it trains"
+        assert reserved_placement_groups() - before, "the slot's worker group holds a placement group while it trains"
     finally:
         started.stop()
-    wait_for(lambda: not reserved() - before, 60, "the stopped slot's placement group to be removed")
+    wait_for(lambda: not reserved_placement_groups() - before, 60, "the stopped slot's placement group to be removed")
 
 
 def test_a_slot_ended_while_its_worker_group_waits_for_cores_leaves_no_placement_group(tmp_path):
